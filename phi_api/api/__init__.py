@@ -1,0 +1,7 @@
+"""One blueprint per API surface."""
+
+from phi_api.api.chat import bp as chat_bp
+from phi_api.api.completions import bp as completions_bp
+from phi_api.api.models import bp as models_bp
+
+BLUEPRINTS = (models_bp, chat_bp, completions_bp)

@@ -1,0 +1,139 @@
+"""Settings, in one place: defaults, then the environment, then explicit overrides.
+
+Names follow the specification (``MODEL_PATH``, ``SERVER_PORT``, ...). Every
+value is parsed and checked here; a bad one raises :class:`ConfigError` naming
+the setting, and start-up stops with that message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+DEFAULT_MODEL_PATH = (
+    "/home/wan/Downloads/models/Phi-3.5-mini-instruct-onnx/cpu_and_mobile/cpu-int4-awq-block-128-acc-level-4"
+)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class ConfigError(ValueError):
+    """A setting has a value the server cannot run with."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The server's settings; see the README's configuration table."""
+
+    MODEL_PATH: str = DEFAULT_MODEL_PATH
+    MODEL_ID: str = "phi-3.5-mini"
+    SERVER_HOST: str = "0.0.0.0"
+    SERVER_PORT: int = 8000
+    WEB_CONCURRENCY: int = 1
+    MAX_CONCURRENT_REQUESTS: int = 10
+    DEFAULT_MAX_TOKENS: int = 1024
+    DEFAULT_TEMPERATURE: float = 0.7
+    GENERATION_TIMEOUT: float = 600.0
+    CORS_ORIGINS: str = "*"
+    MAX_REQUEST_SIZE_MB: float = 10.0
+    LOG_LEVEL: str = "INFO"
+    ENGINE_THREADS: int = 0
+    PREFILL_CHUNK_TOKENS: int = 64
+
+    @property
+    def cors_origins(self) -> list[str] | str:
+        """``CORS_ORIGINS`` as flask-cors wants it: ``"*"`` or a list of origins."""
+        origins = [origin.strip() for origin in self.CORS_ORIGINS.split(",") if origin.strip()]
+        return "*" if origins == ["*"] else origins
+
+    @property
+    def max_request_bytes(self) -> int:
+        """``MAX_REQUEST_SIZE_MB`` in bytes."""
+        return int(self.MAX_REQUEST_SIZE_MB * 1024 * 1024)
+
+    @property
+    def engine_threads(self) -> int:
+        """ONNX Runtime intra-op threads per worker: the cores shared among the workers unless set."""
+        if self.ENGINE_THREADS:
+            return self.ENGINE_THREADS
+        return max(1, (os.cpu_count() or 1) // self.WEB_CONCURRENCY)
+
+
+def _integer(low: int, high: int | None = None) -> Callable[[str, Any], int]:
+    def parse(name: str, raw: Any) -> int:
+        try:
+            value = int(raw) if not isinstance(raw, bool) else None
+        except (TypeError, ValueError):
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise ConfigError(f"{name} must be an integer {bound}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def _number(low: float, high: float | None = None, *, exclusive_low: bool = False) -> Callable[[str, Any], float]:
+    def parse(name: str, raw: Any) -> float:
+        try:
+            value = float(raw) if not isinstance(raw, bool) else float("nan")
+        except (TypeError, ValueError):
+            value = float("nan")
+        below = value <= low if exclusive_low else value < low
+        if value != value or below or (high is not None and value > high) or value == float("inf"):
+            bound = f"between {low} and {high}" if high is not None else f"{'above' if exclusive_low else 'at least'} {low}"
+            raise ConfigError(f"{name} must be a number {bound}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def _text(*, choices: tuple[str, ...] = (), upper: bool = False) -> Callable[[str, Any], str]:
+    def parse(name: str, raw: Any) -> str:
+        value = str(raw).strip()
+        if upper:
+            value = value.upper()
+        if not value:
+            raise ConfigError(f"{name} must not be empty")
+        if choices and value not in choices:
+            raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+        return value
+
+    return parse
+
+
+_PARSERS: dict[str, Callable[[str, Any], Any]] = {
+    "MODEL_PATH": _text(),
+    "MODEL_ID": _text(),
+    "SERVER_HOST": _text(),
+    "SERVER_PORT": _integer(1, 65535),
+    "WEB_CONCURRENCY": _integer(1, 64),
+    "MAX_CONCURRENT_REQUESTS": _integer(1, 10_000),
+    "DEFAULT_MAX_TOKENS": _integer(1, 1_000_000),
+    "DEFAULT_TEMPERATURE": _number(0.0, 2.0),
+    "GENERATION_TIMEOUT": _number(0.0, exclusive_low=True),
+    "CORS_ORIGINS": _text(),
+    "MAX_REQUEST_SIZE_MB": _number(0.0, 1024.0, exclusive_low=True),
+    "LOG_LEVEL": _text(choices=LOG_LEVELS, upper=True),
+    "ENGINE_THREADS": _integer(0, 256),
+    "PREFILL_CHUNK_TOKENS": _integer(1, 1_000_000),
+}
+
+SETTING_NAMES = tuple(field.name for field in dataclasses.fields(Settings))
+
+
+def load_settings(environ: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Build :class:`Settings` from defaults, then ``environ``, then ``overrides``.
+
+    Keys of ``overrides`` that are not settings are ignored here (Flask keeps
+    them in ``app.config``). Raises :class:`ConfigError` on the first bad value.
+    """
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for name in SETTING_NAMES:
+        if overrides is not None and name in overrides:
+            values[name] = _PARSERS[name](name, overrides[name])
+        elif environ.get(name, "").strip():
+            values[name] = _PARSERS[name](name, environ[name])
+    return Settings(**values)

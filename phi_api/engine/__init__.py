@@ -1,0 +1,93 @@
+"""The inference engine: an extension stored on the Flask app.
+
+``Engine`` bundles the loaded model (shared, loaded once before gunicorn
+forks) with this process's scheduler thread (started after the fork).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+import numpy as np
+
+from phi_api.engine.job import Event, Finished, Job, TextDelta
+from phi_api.engine.model import ChatTemplateError, LanguageModel, ModelInfo
+from phi_api.engine.params import SamplingParams
+from phi_api.engine.scheduler import Scheduler
+from phi_api.engine.wakeup import HubWaker
+
+__all__ = [
+    "ChatTemplateError", "Engine", "Event", "Finished", "Generation", "ModelInfo", "SamplingParams", "TextDelta",
+]
+
+
+class Generation:
+    """The request side of one submitted job."""
+
+    def __init__(self, job: Job, waker: HubWaker) -> None:
+        self._job = job
+        self._waker = waker
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Length of the prompt, in tokens."""
+        return len(self._job.prompt)
+
+    def events(self, idle_timeout: float | None = None) -> Iterator[Event | None]:
+        """Yield events until ``Finished``; yield ``None`` after ``idle_timeout`` seconds without any."""
+        while True:
+            events = self._job.drain()
+            for event in events:
+                yield event
+                if isinstance(event, Finished):
+                    return
+            if not events and not self._waker.wait(idle_timeout):
+                yield None
+
+    def close(self) -> None:
+        """Done with this generation: stop it at the engine's next step if it still runs."""
+        self._job.cancel()
+        self._waker.close()
+
+
+class Engine:
+    """The model, its tokenizer and this process's scheduler."""
+
+    def __init__(self, model: Any, *, prefill_chunk: int, timeout: float) -> None:
+        self.model = model
+        self.scheduler = Scheduler(model, prefill_chunk=prefill_chunk)
+        self.loaded_at = int(time.time())
+        self._timeout = timeout
+
+    @property
+    def info(self) -> ModelInfo:
+        """Facts about the loaded model folder."""
+        return self.model.info
+
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids of ``text``."""
+        return self.model.encode(text)
+
+    def decode(self, tokens: Any) -> str:
+        """Text of ``tokens``."""
+        return self.model.decode(tokens)
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt text for chat ``messages``."""
+        return self.model.render_chat(messages)
+
+    def submit(self, prompt: np.ndarray, params: SamplingParams) -> Generation:
+        """Start generating; the returned handle streams the result."""
+        waker = HubWaker()
+        job = Job(prompt, params, timeout=self._timeout, notify=waker.notify)
+        self.scheduler.submit(job)
+        return Generation(job, waker)
+
+    def start(self) -> None:
+        """Start this process's engine thread (call after forking)."""
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        """Cancel running generations and stop the engine thread."""
+        self.scheduler.stop()

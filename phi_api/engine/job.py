@@ -1,0 +1,80 @@
+"""A generation in flight: what the request side and the engine thread share.
+
+The engine thread appends events and calls ``notify``; the request side
+drains them and may ``cancel``. ``collections.deque`` appends and pops are
+atomic, and the only other shared state is the ``cancelled`` flag.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from phi_api.engine.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """New text for the client."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The generation is over; always the last event of a job.
+
+    ``reason`` is ``stop`` (end of sequence or a stop string), ``length``
+    (``max_tokens``), ``cancelled``, ``timeout`` or ``error``.
+    """
+
+    reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    time_to_first_token: float | None
+    decode_seconds: float
+    error: str | None = None
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        """Generated tokens after the first, per second of decoding."""
+        if self.completion_tokens < 2 or self.decode_seconds <= 0:
+            return None
+        return (self.completion_tokens - 1) / self.decode_seconds
+
+
+Event = TextDelta | Finished
+
+
+class Job:
+    """One generation request handed to the scheduler."""
+
+    def __init__(self, prompt: np.ndarray, params: SamplingParams, *, timeout: float,
+                 notify: Callable[[], None]) -> None:
+        self.prompt = prompt
+        self.params = params
+        self.submitted_at = time.monotonic()
+        self.deadline = self.submitted_at + timeout
+        self.cancelled = False
+        self._events: collections.deque[Event] = collections.deque()
+        self._notify = notify
+
+    def emit(self, event: Event) -> None:
+        """Engine side: publish ``event`` and wake the request side."""
+        self._events.append(event)
+        self._notify()
+
+    def drain(self) -> list[Event]:
+        """Request side: take every event published so far."""
+        events = []
+        while self._events:
+            events.append(self._events.popleft())
+        return events
+
+    def cancel(self) -> None:
+        """Request side: stop this generation at the engine's next step."""
+        self.cancelled = True

@@ -1,0 +1,141 @@
+"""The loaded model: weights, tokenizer, chat template, and what its folder says about it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from phi_api.engine import oga
+from phi_api.engine.native import new_lock
+
+# The Phi-3.5 chat format of the specification, for model folders that ship no
+# template of their own (the official Phi-3.5 ONNX folders do ship this one).
+PHI3_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' and message['content'] %}"
+    "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% elif message['role'] == 'user' %}"
+    "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
+
+class ChatTemplateError(ValueError):
+    """The chat template refused the messages (for example, roles that do not alternate)."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about a model folder, read from its ``genai_config.json``."""
+
+    path: str
+    model_type: str
+    context_length: int
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    has_chat_template: bool
+    fingerprint: str
+
+    @classmethod
+    def read(cls, folder: str) -> "ModelInfo":
+        """Read the folder's configuration; raises ``OSError``/``ValueError`` if it is not a model folder."""
+        root = Path(folder)
+        config = json.loads((root / "genai_config.json").read_text(encoding="utf-8"))
+        model = config["model"]
+        eos = model.get("eos_token_id", [])
+        return cls(
+            path=str(root),
+            model_type=str(model.get("type", "unknown")),
+            context_length=int(model["context_length"]),
+            vocab_size=int(model.get("vocab_size", 0)),
+            eos_token_ids=frozenset(eos if isinstance(eos, list) else [eos]),
+            has_chat_template=_has_chat_template(root),
+            fingerprint=_fingerprint(root, config),
+        )
+
+
+def _has_chat_template(root: Path) -> bool:
+    if (root / "chat_template.jinja").is_file():
+        return True
+    try:
+        tokenizer_config = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(tokenizer_config.get("chat_template"), (str, list))
+
+
+def _fingerprint(root: Path, config: dict[str, Any]) -> str:
+    """A short, stable id of the model build: its configuration and the sizes of its files."""
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode("utf-8"))
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.is_file() and not entry.name.startswith("."):
+            digest.update(f"{entry.name}:{entry.stat().st_size};".encode("utf-8"))
+    return "fp_" + digest.hexdigest()[:12]
+
+
+class LanguageModel:
+    """An ONNX Runtime GenAI model folder, loaded once and shared by every generation."""
+
+    def __init__(self, folder: str, *, intra_op_threads: int) -> None:
+        self.info = ModelInfo.read(folder)
+        self.model = oga.Model(folder, intra_op_threads=intra_op_threads)
+        self._tokenizer = oga.Tokenizer(self.model)
+        # The C API promises no thread safety; request greenlets (encode) and the
+        # engine thread (streaming decode) share this tokenizer, so calls take turns.
+        self._tokenizer_lock = new_lock()
+
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids of ``text``, exactly as the model will see them."""
+        with self._tokenizer_lock:
+            return self._tokenizer.encode(text)
+
+    def decode(self, tokens: Any) -> str:
+        """Text of ``tokens``."""
+        with self._tokenizer_lock:
+            return self._tokenizer.decode(tokens)
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt for ``messages``: the folder's own chat template, else the Phi-3.5 one."""
+        template = None if self.info.has_chat_template else PHI3_CHAT_TEMPLATE
+        with self._tokenizer_lock:
+            try:
+                return self._tokenizer.apply_chat_template(json.dumps(messages), template=template)
+            except oga.OgaError as exc:
+                raise ChatTemplateError(str(exc)) from exc
+
+    def new_generator(self, search_options: dict[str, float | bool]) -> oga.Generator:
+        """A generator for one sequence with these search options."""
+        return oga.Generator(self.model, search_options)
+
+    def create_stream(self) -> "LockedStream":
+        """An incremental decoder for one generation."""
+        with self._tokenizer_lock:
+            return LockedStream(self._tokenizer.create_stream(), self._tokenizer_lock)
+
+
+class LockedStream:
+    """A tokenizer stream whose calls take turns with the shared tokenizer's."""
+
+    def __init__(self, stream: oga.TokenizerStream, lock: Any) -> None:
+        self._stream = stream
+        self._lock = lock
+
+    def decode(self, token: int) -> bytes:
+        """The UTF-8 bytes this token completes (often none)."""
+        with self._lock:
+            return self._stream.decode(token)
+
+    def close(self) -> None:
+        """Free the stream."""
+        with self._lock:
+            self._stream.close()

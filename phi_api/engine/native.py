@@ -1,0 +1,47 @@
+"""Real OS threads and locks, even after gevent has monkey-patched ``threading``.
+
+Under gunicorn's gevent worker ``threading.Thread`` becomes a greenlet and
+``threading.Lock`` a gevent lock: a long native call inside such a "thread"
+freezes the whole worker, and gevent primitives must not be touched from
+another OS thread. The engine therefore uses the originals saved by gevent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from gevent import monkey
+
+
+def start_thread(target: Callable[[], Any]) -> int:
+    """Start ``target`` on a new OS thread; returns its identifier."""
+    start_new_thread = monkey.get_original("_thread", "start_new_thread")
+    return start_new_thread(target, ())
+
+
+def new_lock() -> Any:
+    """A plain OS-level lock (``_thread.LockType``)."""
+    return monkey.get_original("_thread", "allocate_lock")()
+
+
+class Signal:
+    """A wake-up flag one OS thread waits on and any thread sets.
+
+    Built on a raw lock held while nothing is pending: ``set`` releases it,
+    ``wait`` re-acquires it. Setting twice before a wait wakes it once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = new_lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        """Wake the waiter (or let its next wait return at once)."""
+        try:
+            self._lock.release()
+        except RuntimeError:
+            pass  # already set: one pending wake-up is enough
+
+    def wait(self, timeout: float) -> bool:
+        """Block this OS thread until set or ``timeout`` seconds; True if it was set."""
+        return self._lock.acquire(timeout=timeout)

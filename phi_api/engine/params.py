@@ -1,0 +1,59 @@
+"""What one generation is asked to do, in engine terms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# The engine's random_seed is a non-negative int32; OpenAI seeds are any integer.
+_SEED_MODULUS = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling and stopping rules for one generation (already validated)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = field(default=())
+    min_tokens: int = 0
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0 (or top-k 1) means: always the most likely token."""
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def edits_logits(self) -> bool:
+        """Whether each step's logits must pass through our own processing."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
+
+    def search_options(self, prompt_tokens: int) -> dict[str, float | bool]:
+        """ONNX Runtime GenAI search options for a prompt of ``prompt_tokens`` tokens.
+
+        Every option is set explicitly: a model folder's ``genai_config.json``
+        carries its own defaults (top_k 50, for one) that an OpenAI request must not inherit.
+        """
+        max_length = prompt_tokens + self.max_tokens
+        options: dict[str, float | bool] = {
+            "max_length": max_length,
+            "do_sample": not self.greedy,
+            "temperature": self.temperature if not self.greedy else 1.0,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "repetition_penalty": self.repetition_penalty,
+        }
+        if self.seed is not None:
+            options["random_seed"] = self.seed % _SEED_MODULUS
+        if self.ignore_eos:
+            options["min_length"] = max_length
+        elif self.min_tokens:
+            options["min_length"] = prompt_tokens + self.min_tokens
+        return options

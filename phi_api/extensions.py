@@ -1,0 +1,67 @@
+"""What the app factory attaches to the Flask app, and how code reaches it.
+
+Everything lives in ``app.extensions``; the accessors fail loudly when an app
+was built without it, instead of letting a ``None`` travel further.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from flask import current_app
+
+from phi_api.config import Settings
+from phi_api.engine import Engine
+from phi_api.errors import ModelLoadingError
+
+ENGINE = "phi_api.engine"
+SETTINGS = "phi_api.settings"
+LIMITER = "phi_api.limiter"
+VALIDATOR = "phi_api.validator"
+
+
+def load_engine(settings: Settings) -> Engine:
+    """Load ``settings.MODEL_PATH``; raises :class:`ModelLoadingError` with the path and the cause."""
+    from phi_api.engine import oga
+    from phi_api.engine.model import LanguageModel
+
+    path = settings.MODEL_PATH
+    if not os.path.isdir(path):
+        raise ModelLoadingError(path, "no such directory")
+    if not os.path.isfile(os.path.join(path, "genai_config.json")):
+        raise ModelLoadingError(path, "genai_config.json not found (not an ONNX Runtime GenAI model folder)")
+    try:
+        model = LanguageModel(path, intra_op_threads=settings.engine_threads)
+    except oga.OgaError as exc:
+        raise ModelLoadingError(path, str(exc)) from exc
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadingError(path, f"unreadable model configuration ({type(exc).__name__}: {exc})") from exc
+    return Engine(model, prefill_chunk=settings.PREFILL_CHUNK_TOKENS, timeout=settings.GENERATION_TIMEOUT)
+
+
+def _get(key: str) -> Any:
+    try:
+        return current_app.extensions[key]
+    except KeyError:
+        raise RuntimeError(f"{key} is not set up on this app; build it with phi_api.create_app()") from None
+
+
+def get_engine() -> Engine:
+    """The app's engine."""
+    return _get(ENGINE)
+
+
+def get_settings() -> Settings:
+    """The app's settings."""
+    return _get(SETTINGS)
+
+
+def get_limiter() -> Any:
+    """The app's server-wide concurrency limiter."""
+    return _get(LIMITER)
+
+
+def get_validator() -> Any:
+    """The app's compiled request schemas."""
+    return _get(VALIDATOR)

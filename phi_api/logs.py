@@ -1,0 +1,79 @@
+"""Logging: one line per request, one per generation, errors with their traceback.
+
+Every line carries the request id (``X-Request-Id``: the client's when it
+sends a sane one, generated otherwise). Only the method and the path are
+logged: never bodies, query strings or headers, where keys and prompts live.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+import sys
+import time
+import uuid
+
+from flask import Flask, Response, g, request
+
+log = logging.getLogger("phi_api.access")
+
+REQUEST_ID_HEADER = "X-Request-Id"
+_SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+_FORMAT = "%(asctime)s %(levelname)s [%(process)d] [%(request_id)s] %(name)s: %(message)s"
+
+
+class _RequestIdFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = _request_id.get()
+        return True
+
+
+def configure_logging(level: str) -> None:
+    """Send the ``phi_api`` loggers to stderr at ``level`` (idempotent)."""
+    logger = logging.getLogger("phi_api")
+    logger.setLevel(level)
+    logger.propagate = False
+    if not any(isinstance(handler, _PhiApiHandler) for handler in logger.handlers):
+        handler = _PhiApiHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(_FORMAT))
+        handler.addFilter(_RequestIdFilter())
+        logger.addHandler(handler)
+
+
+class _PhiApiHandler(logging.StreamHandler):
+    """Our stderr handler (a class of its own so configuring twice adds it once)."""
+
+
+def current_request_id() -> str:
+    """The id of the request being served ("-" outside requests)."""
+    return _request_id.get()
+
+
+def register_request_logging(app: Flask) -> None:
+    """Give each request an id and log it once its response is fully sent."""
+
+    @app.before_request
+    def _start() -> None:
+        incoming = request.headers.get(REQUEST_ID_HEADER, "")
+        g.request_id = incoming if _SANE_REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        g.request_started = time.perf_counter()
+        _request_id.set(g.request_id)
+
+    @app.after_request
+    def _finish(response: Response) -> Response:
+        request_id = g.get("request_id") or uuid.uuid4().hex
+        started = g.get("request_started", time.perf_counter())
+        response.headers[REQUEST_ID_HEADER] = request_id
+        method, path, status = request.method, request.path, response.status_code
+
+        def write_line() -> None:
+            token = _request_id.set(request_id)
+            try:
+                log.info("%s %s %d %.1fms", method, path, status, (time.perf_counter() - started) * 1000)
+            finally:
+                _request_id.reset(token)
+
+        response.call_on_close(write_line)
+        return response

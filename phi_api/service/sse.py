@@ -1,0 +1,41 @@
+"""Server-sent events: the one helper every streaming endpoint uses."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Iterable, Iterator
+
+from flask import Response
+
+# Yielded by an event source when it has had nothing to say for a while: sent
+# as an SSE comment, which clients ignore. A WSGI app only learns that a
+# client has gone when a write fails, so silence must not last.
+KEEPALIVE = object()
+
+SSE_HEADERS = {
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",  # proxies such as nginx must not buffer the stream
+}
+
+
+def encode_event(data: Any) -> str:
+    """One ``data:`` event carrying ``data`` as compact JSON."""
+    return "data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n\n"
+
+
+def sse_response(events: Iterable[Any], on_close: Iterable[Callable[[], None]] = ()) -> Response:
+    """A ``text/event-stream`` response of ``events`` (dicts, or ``KEEPALIVE``), ended by ``data: [DONE]``.
+
+    ``on_close`` callbacks run when the server closes the response, whether
+    the stream finished, failed, or the client went away.
+    """
+
+    def body() -> Iterator[str]:
+        for event in events:
+            yield ": keepalive\n\n" if event is KEEPALIVE else encode_event(event)
+        yield "data: [DONE]\n\n"
+
+    response = Response(body(), mimetype="text/event-stream", headers=SSE_HEADERS)
+    for callback in on_close:
+        response.call_on_close(callback)
+    return response

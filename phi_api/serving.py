@@ -1,0 +1,92 @@
+"""Running under gunicorn: the WSGI app, its start-up failures, and the worker lifecycle hooks.
+
+The model is loaded once, in the master, before gunicorn forks its workers
+(``preload_app``); each worker then starts its own engine thread. A forked
+process that holds an ONNX Runtime GenAI model hangs at normal interpreter
+exit (it joins thread-pool threads that do not exist in the child), so a
+worker leaves through ``os._exit`` once gunicorn has finished with it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from flask import Flask
+
+from phi_api import extensions
+from phi_api.config import ConfigError, Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+EXIT_CONFIG_ERROR = 2
+EXIT_MODEL_LOADING_FAILED = 1
+
+
+def settings_or_exit() -> Settings:
+    """The settings from the environment; on a bad value, say which and exit."""
+    try:
+        return load_settings()
+    except ConfigError as exc:
+        print(f"phi-api: configuration error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+
+
+def build_wsgi_app() -> Flask:
+    """``create_app()``, or exit: a model that fails to load is logged as the error object, one JSON line."""
+    from phi_api.app import create_app
+    from phi_api.errors import ModelLoadingError
+
+    try:
+        return create_app()
+    except ConfigError as exc:
+        print(f"phi-api: configuration error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+    except ModelLoadingError as exc:
+        print(json.dumps(exc.body()), file=sys.stderr, flush=True)
+        sys.exit(EXIT_MODEL_LOADING_FAILED)
+
+
+def bind_address(settings: Settings) -> str:
+    """gunicorn's ``bind`` for ``SERVER_HOST``/``SERVER_PORT`` (IPv6 hosts bracketed)."""
+    host = settings.SERVER_HOST
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{settings.SERVER_PORT}"
+
+
+def _flask_app(wsgi: Any) -> Flask | None:
+    return wsgi if isinstance(wsgi, Flask) else None
+
+
+def post_worker_init(worker: Any) -> None:
+    """gunicorn hook, in the new worker: start its engine thread."""
+    app = _flask_app(getattr(worker, "wsgi", None))
+    if app is not None:
+        app.extensions[extensions.ENGINE].start()
+
+
+def worker_exit(server: Any, worker: Any) -> None:
+    """gunicorn hook, in the exiting worker: stop the engine and leave without the hanging interpreter exit."""
+    app = _flask_app(getattr(worker, "wsgi", None))
+    if app is not None:
+        app.extensions[extensions.ENGINE].stop()
+    exc = sys.exc_info()[1]
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    else:
+        code = 0 if exc is None else 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def on_exit(server: Any) -> None:
+    """gunicorn hook, in the master at shutdown: remove the shared concurrency lock file."""
+    app = _flask_app(server.app.wsgi())
+    if app is not None:
+        app.extensions[extensions.LIMITER].remove_file()
