@@ -26,7 +26,8 @@ _FORMAT = "%(asctime)s %(levelname)s [%(process)d] [%(request_id)s] %(name)s: %(
 
 class _RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = _request_id.get()
+        if not hasattr(record, "request_id"):
+            record.request_id = _request_id.get()
         return True
 
 

@@ -28,10 +28,12 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILDER_RECIPE = {
     "precision": "int4",
     "execution_provider": "cpu",
-    "int4_accuracy_level": 4,
-    "int4_block_size": 128,
+    "accuracy_level": 4,
+    "block_size": 128,
 }
-RECIPE_VERSION = 1
+# 2: the builder of onnxruntime-genai 0.18 silently ignores the older
+# int4_block_size/int4_accuracy_level names (version 1 got block size 32).
+RECIPE_VERSION = 2
 READY_MARKER = ".phi-api-ready.json"
 MODEL_FILES = ("genai_config.json", "model.onnx", "model.onnx.data", "tokenizer.json")
 
@@ -89,10 +91,10 @@ def prepare_default_model(output: Path | None = None, progress: Progress | None 
         _timed(say, "1/3 Reading the GGUF weights and tokenizer (transformers)", lambda: export_hf_folder(gguf, hf_dir))
         _timed(
             say,
-            "2/3 Building the int4 ONNX model (onnxruntime-genai builder: block 128, accuracy level 4)",
+            "2/3 Building the int4 ONNX model (onnxruntime-genai builder: block size 128, accuracy level 4)",
             lambda: run_builder(hf_dir, onnx_dir, staging / "builder-cache", staging / "builder.log"),
         )
-        _timed(say, "3/3 Checking the converted model", lambda: _check_output(onnx_dir))
+        _timed(say, "3/3 Checking the converted model files", lambda: _check_output(onnx_dir))
         _write_marker(onnx_dir, gguf)
         if target.exists():
             shutil.rmtree(target)
@@ -130,14 +132,32 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, log_file: Path, re
         "-m", str(hf_dir), "-i", str(hf_dir), "-o", str(out_dir),
         "-p", recipe["precision"], "-e", recipe["execution_provider"], "-c", str(cache_dir),
         "--extra_options",
-        f"int4_accuracy_level={recipe['int4_accuracy_level']}",
-        f"int4_block_size={recipe['int4_block_size']}",
+        f"accuracy_level={recipe['accuracy_level']}",
+        f"block_size={recipe['block_size']}",
     ]
     with open(log_file, "wb") as log:
         finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
     if finished.returncode != 0:
         tail = log_file.read_text(encoding="utf-8", errors="replace")[-4000:]
         raise PreparationError(f"the model builder failed (exit {finished.returncode}):\n{tail}")
+    check_quantization(out_dir / "model.onnx", recipe)
+
+
+def check_quantization(model_file: Path, recipe: dict | None = None) -> None:
+    """Fail unless every MatMulNBits node of ``model_file`` uses the recipe's bits, block size and accuracy level."""
+    import onnx
+
+    recipe = recipe or BUILDER_RECIPE
+    wanted = (4, recipe["block_size"], recipe["accuracy_level"])
+    graph = onnx.load(str(model_file), load_external_data=False).graph
+    found = set()
+    for node in graph.node:
+        if node.op_type == "MatMulNBits":
+            attributes = {item.name: onnx.helper.get_attribute_value(item) for item in node.attribute}
+            found.add((attributes["bits"], attributes["block_size"], attributes.get("accuracy_level", 0)))
+    if found != {wanted}:
+        raise PreparationError(f"the builder quantized with (bits, block size, accuracy level) {sorted(found)}, "
+                               f"not {wanted}")
 
 
 def _find_gguf() -> Path:

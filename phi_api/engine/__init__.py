@@ -6,6 +6,7 @@ forks) with this process's scheduler thread (started after the fork).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Iterator
 
@@ -16,6 +17,8 @@ from phi_api.engine.model import ChatTemplateError, LanguageModel, ModelInfo
 from phi_api.engine.params import SamplingParams
 from phi_api.engine.scheduler import Scheduler
 from phi_api.engine.wakeup import HubWaker
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ChatTemplateError", "Engine", "Event", "Finished", "Generation", "ModelInfo", "SamplingParams", "TextDelta",
@@ -45,8 +48,12 @@ class Generation:
             if not events and not self._waker.wait(idle_timeout):
                 yield None
 
+    def cancel(self) -> None:
+        """Stop the generation at the engine's next step; its ``Finished`` event will say ``cancelled``."""
+        self._job.cancel()
+
     def close(self) -> None:
-        """Done with this generation: stop it at the engine's next step if it still runs."""
+        """Done with this generation: cancel it if it still runs, and stop listening for its events."""
         self._job.cancel()
         self._waker.close()
 
@@ -56,7 +63,7 @@ class Engine:
 
     def __init__(self, model: Any, *, prefill_chunk: int, timeout: float) -> None:
         self.model = model
-        self.scheduler = Scheduler(model, prefill_chunk=prefill_chunk)
+        self.scheduler = Scheduler(model, prefill_chunk=prefill_chunk, report=log_generation)
         self.loaded_at = int(time.time())
         self._timeout = timeout
 
@@ -77,10 +84,10 @@ class Engine:
         """The prompt text for chat ``messages``."""
         return self.model.render_chat(messages)
 
-    def submit(self, prompt: np.ndarray, params: SamplingParams) -> Generation:
+    def submit(self, prompt: np.ndarray, params: SamplingParams, request_id: str = "-") -> Generation:
         """Start generating; the returned handle streams the result."""
         waker = HubWaker()
-        job = Job(prompt, params, timeout=self._timeout, notify=waker.notify)
+        job = Job(prompt, params, timeout=self._timeout, notify=waker.notify, request_id=request_id)
         self.scheduler.submit(job)
         return Generation(job, waker)
 
@@ -91,3 +98,17 @@ class Engine:
     def stop(self) -> None:
         """Cancel running generations and stop the engine thread."""
         self.scheduler.stop()
+
+
+def log_generation(job: Job, finished: Finished) -> None:
+    """The one log line of every generation (run on the hub's thread, never the engine's)."""
+    ttft = f"{finished.time_to_first_token * 1000:.0f}" if finished.time_to_first_token is not None else "-"
+    rate = finished.decode_tokens_per_second
+    extra = {"request_id": job.request_id}
+    log.info(
+        "generation finish_reason=%s prompt_tokens=%d completion_tokens=%d ttft_ms=%s tokens_per_s=%s",
+        finished.reason, finished.prompt_tokens, finished.completion_tokens, ttft,
+        f"{rate:.1f}" if rate else "-", extra=extra,
+    )
+    if finished.error:
+        log.error("generation failed in the engine:\n%s", finished.error, extra=extra)

@@ -37,7 +37,7 @@ class Finished:
     completion_tokens: int
     time_to_first_token: float | None
     decode_seconds: float
-    error: str | None = None
+    error: str | None = None  # for the log only: never shown to clients
 
     @property
     def decode_tokens_per_second(self) -> float | None:
@@ -54,9 +54,10 @@ class Job:
     """One generation request handed to the scheduler."""
 
     def __init__(self, prompt: np.ndarray, params: SamplingParams, *, timeout: float,
-                 notify: Callable[[], None]) -> None:
+                 notify: Callable[[], None], request_id: str = "-") -> None:
         self.prompt = prompt
         self.params = params
+        self.request_id = request_id
         self.submitted_at = time.monotonic()
         self.deadline = self.submitted_at + timeout
         self.cancelled = False

@@ -7,23 +7,26 @@ starts within one pass instead of waiting for someone else's whole answer,
 and a long prompt cannot stall the others' streams for its whole prefill.
 
 Model steps go through the C API with the GIL released, so the worker's
-gevent hub keeps serving while the thread computes.
+gevent hub keeps serving while the thread computes. The thread never logs:
+under gevent a logging handler's lock is a gevent lock, unsafe from another
+OS thread. It reports each finished generation to the hub's thread instead.
 """
 
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import time
-from typing import Any, Protocol
+import traceback
+from typing import Any, Callable, Protocol
 
 from phi_api.engine.job import Finished, Job, TextDelta
 from phi_api.engine.logits import LogitsEditor
 from phi_api.engine.native import Signal, start_thread
 from phi_api.engine.text import TextAssembler
+from phi_api.engine.wakeup import HubRelay
 
-log = logging.getLogger(__name__)
+Report = Callable[[Job, Finished], None]
 
 
 class Generator(Protocol):
@@ -46,9 +49,10 @@ class Model(Protocol):
 class _Running:
     """Engine-thread state of one job."""
 
-    def __init__(self, model: Model, job: Job, prefill_chunk: int) -> None:
+    def __init__(self, model: Model, job: Job, prefill_chunk: int, report: Report) -> None:
         self.job = job
         self.finished = False
+        self._report = report
         self._model = model
         self._chunk = prefill_chunk
         self._generator: Generator | None = None
@@ -77,13 +81,13 @@ class _Running:
 
     def fail(self, error: Exception) -> None:
         """End the job because the engine raised ``error``."""
-        log.error("Generation failed in the engine: %s", error, exc_info=error)
+        detail = "".join(traceback.format_exception(error)).rstrip()
         try:
-            self._finish("error", error=f"{type(error).__name__}: {error}")
-        except Exception:  # releasing a broken generator failed too: still end the job
-            log.exception("Could not release a failed generation")
-            self.finished = True
-            self.job.emit(Finished("error", len(self.job.prompt), self._generated, None, 0.0, str(error)))
+            self._finish("error", error=detail)
+        except Exception as release_error:  # releasing a broken generator failed too: still end the job
+            self._generator = self._stream = None
+            detail += "\nwhile releasing it: " + "".join(traceback.format_exception(release_error)).rstrip()
+            self._publish(Finished("error", len(self.job.prompt), self._generated, None, 0.0, detail))
 
     def _start(self) -> None:
         self._generator = self._model.new_generator(self.job.params.search_options(len(self.job.prompt)))
@@ -121,8 +125,7 @@ class _Running:
         self._release()
         now = time.monotonic()
         first = self._first_token_at
-        self.finished = True
-        self.job.emit(Finished(
+        self._publish(Finished(
             reason=reason,
             prompt_tokens=len(self.job.prompt),
             completion_tokens=self._generated,
@@ -130,6 +133,11 @@ class _Running:
             decode_seconds=(now - first) if first is not None else 0.0,
             error=error,
         ))
+
+    def _publish(self, finished: Finished) -> None:
+        self.finished = True
+        self.job.emit(finished)
+        self._report(self.job, finished)
 
     def _release(self) -> None:
         for resource in (self._generator, self._stream):
@@ -141,9 +149,11 @@ class _Running:
 class Scheduler:
     """Owns the engine thread of this process and the generations it runs."""
 
-    def __init__(self, model: Model, *, prefill_chunk: int, idle_wait: float = 1.0) -> None:
+    def __init__(self, model: Model, *, prefill_chunk: int, report: Report, idle_wait: float = 1.0) -> None:
         self._model = model
         self._prefill_chunk = prefill_chunk
+        self._report = report
+        self._relay: HubRelay | None = None
         self._idle_wait = idle_wait
         self._inbox: collections.deque[Job] = collections.deque()
         self._signal = Signal()
@@ -156,11 +166,12 @@ class Scheduler:
         return self._thread_pid == os.getpid() and not self._stopping
 
     def start(self) -> None:
-        """Start the engine thread in this process (after a fork, a new one)."""
+        """Start the engine thread in this process (after a fork, a new one); call from the hub's thread."""
         if self._thread_pid != os.getpid():
             self._thread_pid = os.getpid()
             self._stopping = False
             self._signal = Signal()
+            self._relay = HubRelay(lambda item: self._report(*item))
             start_thread(self._run)
 
     def submit(self, job: Job) -> None:
@@ -174,11 +185,15 @@ class Scheduler:
         self._stopping = True
         self._signal.set()
 
+    def _running(self, job: Job) -> _Running:
+        relay = self._relay
+        return _Running(self._model, job, self._prefill_chunk, lambda job, finished: relay.send((job, finished)))
+
     def _run(self) -> None:
         active: list[_Running] = []
         while not self._stopping:
             while self._inbox:
-                active.append(_Running(self._model, self._inbox.popleft(), self._prefill_chunk))
+                active.append(self._running(self._inbox.popleft()))
             if not active:
                 self._signal.wait(self._idle_wait)
                 continue
@@ -189,7 +204,7 @@ class Scheduler:
                     running.fail(exc)
             active = [running for running in active if not running.finished]
         while self._inbox:
-            active.append(_Running(self._model, self._inbox.popleft(), self._prefill_chunk))
+            active.append(self._running(self._inbox.popleft()))
         for running in active:
             running.job.cancel()
             running.advance()

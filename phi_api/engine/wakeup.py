@@ -9,6 +9,8 @@ started watcher also keeps the hub's loop alive while the greenlet waits.
 
 from __future__ import annotations
 
+import collections
+
 import gevent
 from gevent.event import Event
 
@@ -34,3 +36,29 @@ class HubWaker:
     def close(self) -> None:
         """Greenlet side: stop watching (idempotent)."""
         self._watcher.stop()
+
+
+class HubRelay:
+    """Hands items from the engine's OS thread to a callback run on the hub's thread.
+
+    The engine thread must not log or touch anything gevent has patched (a
+    logging handler's lock becomes a gevent lock): it ``send``s plain data
+    here, and ``deliver`` — logging, say — runs where that is safe. Made on
+    the hub's thread; the watcher does not keep an idle loop alive.
+    """
+
+    def __init__(self, deliver) -> None:
+        self._deliver = deliver
+        self._items: collections.deque = collections.deque()
+        self._watcher = gevent.get_hub().loop.async_()
+        self._watcher.ref = False
+        self._watcher.start(self._drain)
+
+    def send(self, item) -> None:
+        """Queue ``item`` for delivery (thread-safe)."""
+        self._items.append(item)
+        self._watcher.send()
+
+    def _drain(self) -> None:
+        while self._items:
+            self._deliver(self._items.popleft())

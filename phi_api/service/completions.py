@@ -20,6 +20,7 @@ from phi_api.errors import (
     RateLimitError,
 )
 from phi_api.extensions import get_engine, get_limiter, get_settings, get_validator
+from phi_api.logs import current_request_id
 from phi_api.service.features import check_supported
 from phi_api.service.formats import Format, role_delta
 from phi_api.service.params import given, sampling_params
@@ -83,7 +84,7 @@ def serve(kind: Format, body: dict[str, Any]) -> Response:
     if slot is None:
         raise RateLimitError("Too many concurrent requests. Please try again later.")
     try:
-        generation = engine.submit(prompt, params)
+        generation = engine.submit(prompt, params, request_id=current_request_id())
     except BaseException:
         slot.release()
         raise
@@ -107,7 +108,6 @@ def _collect(generation: Generation) -> tuple[str, Finished]:
         if isinstance(event, TextDelta):
             parts.append(event.text)
         elif isinstance(event, Finished):
-            _log_generation(event)
             if event.reason not in ("stop", "length"):
                 raise _failure(event)
             return "".join(parts), event
@@ -117,30 +117,21 @@ def _collect(generation: Generation) -> tuple[str, Finished]:
 def _stream(kind: Format, envelope: Envelope, generation: Generation, echo: str,
             include_usage: bool) -> Iterator[Any]:
     extra = {"usage": None} if include_usage else {}
-    finished = False
-    try:
-        if kind.opens_with_role:
-            yield envelope.wrap(kind.chunk_object, [role_delta()], **extra)
-        if echo:
-            yield envelope.wrap(kind.chunk_object, [kind.delta(echo, None)], **extra)
-        for event in generation.events(idle_timeout=KEEPALIVE_SECONDS):
-            if event is None:
-                yield KEEPALIVE
-            elif isinstance(event, TextDelta):
-                yield envelope.wrap(kind.chunk_object, [kind.delta(event.text, None)], **extra)
-            else:
-                finished = True
-                _log_generation(event)
-                if event.reason not in ("stop", "length"):
-                    yield _failure(event).body()
-                    return
-                yield envelope.wrap(kind.chunk_object, [kind.delta("", event.reason)], **extra)
-                if include_usage:
-                    yield envelope.wrap(kind.chunk_object, [], usage=usage(event))
-    finally:
-        if not finished:
-            log.info("generation prompt_tokens=%d finish_reason=cancelled (the client went away)",
-                     generation.prompt_tokens)
+    if kind.opens_with_role:
+        yield envelope.wrap(kind.chunk_object, [role_delta()], **extra)
+    if echo:
+        yield envelope.wrap(kind.chunk_object, [kind.delta(echo, None)], **extra)
+    for event in generation.events(idle_timeout=KEEPALIVE_SECONDS):
+        if event is None:
+            yield KEEPALIVE
+        elif isinstance(event, TextDelta):
+            yield envelope.wrap(kind.chunk_object, [kind.delta(event.text, None)], **extra)
+        elif event.reason not in ("stop", "length"):
+            yield _failure(event).body()
+        else:
+            yield envelope.wrap(kind.chunk_object, [kind.delta("", event.reason)], **extra)
+            if include_usage:
+                yield envelope.wrap(kind.chunk_object, [], usage=usage(event))
 
 
 def _failure(finished: Finished) -> APIError:
@@ -148,12 +139,3 @@ def _failure(finished: Finished) -> APIError:
     if finished.reason == "timeout":
         return GenerationTimeoutError("The generation took longer than the server's GENERATION_TIMEOUT.")
     return InternalError()
-
-
-def _log_generation(finished: Finished) -> None:
-    ttft = f"{finished.time_to_first_token * 1000:.0f}" if finished.time_to_first_token is not None else "-"
-    rate = finished.decode_tokens_per_second
-    log.info(
-        "generation prompt_tokens=%d completion_tokens=%d ttft_ms=%s tokens_per_s=%s finish_reason=%s",
-        finished.prompt_tokens, finished.completion_tokens, ttft, f"{rate:.1f}" if rate else "-", finished.reason,
-    )

@@ -1,0 +1,25 @@
+# phi-api: the server only (no conversion tools). Mount an ONNX Runtime GenAI
+# model folder at /models/model, or point MODEL_PATH elsewhere.
+#   docker build -t phi-api .
+#   docker run -p 8000:8000 -v /path/to/cpu-int4-awq-block-128-acc-level-4:/models/model:ro phi-api
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    MODEL_PATH=/models/model \
+    SERVER_HOST=0.0.0.0 \
+    SERVER_PORT=8000
+
+WORKDIR /app
+COPY requirements.txt .
+RUN pip install -r requirements.txt
+
+COPY phi_api/ phi_api/
+COPY schemas/ schemas/
+COPY wsgi.py gunicorn.conf.py ./
+
+RUN useradd --system --no-create-home phi-api
+USER phi-api
+EXPOSE 8000
+CMD ["gunicorn", "-c", "gunicorn.conf.py", "wsgi:app"]

@@ -1,0 +1,51 @@
+"""POST /v1/completions with a fake engine."""
+
+from __future__ import annotations
+
+import re
+
+from tests.support.sse import completion_text, parse_sse
+
+BODY = {"model": "test-model", "prompt": "Once upon a time"}
+
+
+def test_non_streaming_response_has_openai_s_shape(client):
+    response = client.post("/v1/completions", json=BODY)
+    assert response.status_code == 200
+    body = response.get_json()
+    assert re.fullmatch(r"cmpl-[0-9a-f]{32}", body["id"])
+    assert body["object"] == "text_completion"
+    assert body["choices"] == [{"text": "Hello, world!", "index": 0, "logprobs": None, "finish_reason": "stop"}]
+    assert body["usage"] == {"prompt_tokens": len(BODY["prompt"]), "completion_tokens": 5,
+                             "total_tokens": len(BODY["prompt"]) + 5}
+
+
+def test_the_prompt_is_used_as_it_is(client):
+    body = client.post("/v1/completions", json=BODY).get_json()
+    assert body["usage"]["prompt_tokens"] == len("Once upon a time")  # no chat template around it
+
+
+def test_streaming_chunks_are_text_completion_chunks(client):
+    events = parse_sse(client.post("/v1/completions", json={**BODY, "stream": True}).get_data(as_text=True))
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(chunk["object"] == "text_completion.chunk" for chunk in chunks)
+    assert all(chunk["id"].startswith("cmpl-") for chunk in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["stop"]
+    assert chunks[-1]["choices"][0]["text"] == ""
+    assert completion_text(events) == "Hello, world!"
+
+
+def test_token_id_prompts(client):
+    body = client.post("/v1/completions", json={**BODY, "prompt": [5, 6, 7]}).get_json()
+    assert body["usage"]["prompt_tokens"] == 3
+    body = client.post("/v1/completions", json={**BODY, "prompt": [[5, 6]]}).get_json()
+    assert body["usage"]["prompt_tokens"] == 2
+
+
+def test_echo_puts_the_prompt_first(client):
+    body = client.post("/v1/completions", json={**BODY, "echo": True}).get_json()
+    assert body["choices"][0]["text"] == "Once upon a timeHello, world!"
+    events = parse_sse(client.post("/v1/completions", json={**BODY, "echo": True, "stream": True})
+                       .get_data(as_text=True))
+    assert completion_text(events) == "Once upon a timeHello, world!"

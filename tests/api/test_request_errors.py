@@ -1,0 +1,144 @@
+"""Every way a request can be wrong, on both generation routes: status, type, code, param."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.fakes import fake_engine, text_pieces
+
+ROUTES = {
+    "/v1/chat/completions": {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/completions": {"model": "test-model", "prompt": "hi"},
+}
+PROMPT_PARAM = {"/v1/chat/completions": "messages", "/v1/completions": "prompt"}
+
+
+def assert_error(response, status, type_, code, param):
+    assert response.status_code == status, response.get_data(as_text=True)
+    assert response.mimetype == "application/json"
+    error = response.get_json()["error"]
+    assert (error["type"], error["code"], error["param"]) == (type_, code, param)
+    assert isinstance(error["message"], str) and error["message"]
+    return error
+
+
+@pytest.fixture(params=list(ROUTES))
+def route(request):
+    return request.param
+
+
+def test_unknown_model_is_404(client, route):
+    response = client.post(route, json={**ROUTES[route], "model": "gpt-4"})
+    assert_error(response, 404, "invalid_request_error", "model_not_found", "model")
+
+
+@pytest.mark.parametrize("field,value", [("temperature", 3.5), ("top_p", 2), ("presence_penalty", -2.5),
+                                         ("frequency_penalty", 9), ("max_tokens", 0), ("n", 20)])
+def test_out_of_range_is_invalid_parameter(client, route, field, value):
+    error = assert_error(client.post(route, json={**ROUTES[route], field: value}),
+                         400, "invalid_request_error", "invalid_parameter", field)
+    assert field in error["message"]
+
+
+def test_missing_model_is_missing_parameter(client, route):
+    body = {key: value for key, value in ROUTES[route].items() if key != "model"}
+    assert_error(client.post(route, json=body), 400, "invalid_request_error", "missing_parameter", "model")
+
+
+def test_missing_prompt_or_messages_is_missing_parameter(client, route):
+    param = PROMPT_PARAM[route]
+    assert_error(client.post(route, json={"model": "test-model"}), 400, "invalid_request_error",
+                 "missing_parameter", param)
+
+
+@pytest.mark.parametrize("messages", [[], [{"role": "user"}], [{"role": "wizard", "content": "x"}], "hi"])
+def test_bad_messages_are_invalid_messages(client, messages):
+    body = {**ROUTES["/v1/chat/completions"], "messages": messages}
+    assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_request_error",
+                 "invalid_messages", "messages")
+
+
+def test_prompt_longer_than_the_context_is_context_length_exceeded(make_app, route):
+    client = make_app(fake_engine([1, 0], text_pieces(b"x"), context_length=20)).test_client()
+    body = dict(ROUTES[route])
+    if route == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": "x" * 50}]
+    else:
+        body["prompt"] = "x" * 50
+    assert_error(client.post(route, json=body), 400, "invalid_request_error", "context_length_exceeded",
+                 PROMPT_PARAM[route])
+
+
+def test_max_tokens_beyond_the_context_is_context_length_exceeded(make_app, route):
+    client = make_app(fake_engine([1, 0], text_pieces(b"x"), context_length=40)).test_client()
+    assert_error(client.post(route, json={**ROUTES[route], "max_tokens": 39}), 400, "invalid_request_error",
+                 "context_length_exceeded", "max_tokens")
+
+
+@pytest.mark.parametrize("field,value", [("n", 2), ("min_p", 0.1)])
+def test_valid_but_unsupported_values_are_refused_not_ignored(client, route, field, value):
+    assert_error(client.post(route, json={**ROUTES[route], field: value}), 400, "invalid_request_error",
+                 "unsupported_parameter", field)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("logprobs", True), ("top_logprobs", 3), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("response_format", {"type": "json_object"}), ("audio", {"voice": "alloy", "format": "wav"}),
+    ("store", True), ("modalities", ["text", "audio"]),
+])
+def test_unsupported_chat_features_are_refused(client, field, value):
+    body = {**ROUTES["/v1/chat/completions"], field: value}
+    assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_request_error",
+                 "unsupported_parameter", field)
+
+
+def test_image_parts_are_refused_saying_so(client):
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]
+    error = assert_error(client.post("/v1/chat/completions", json={**ROUTES["/v1/chat/completions"],
+                                                                   "messages": messages}),
+                         400, "invalid_request_error", "unsupported_parameter", "messages")
+    assert "image_url" in error["message"]
+
+
+def test_stream_options_without_stream(client, route):
+    body = {**ROUTES[route], "stream_options": {"include_usage": True}}
+    assert_error(client.post(route, json=body), 400, "invalid_request_error", "invalid_parameter", "stream_options")
+
+
+def test_several_prompts_are_refused(client):
+    body = {**ROUTES["/v1/completions"], "prompt": ["a", "b"]}
+    assert_error(client.post("/v1/completions", json=body), 400, "invalid_request_error",
+                 "unsupported_parameter", "prompt")
+
+
+def test_token_ids_beyond_the_vocabulary(client):
+    body = {**ROUTES["/v1/completions"], "prompt": [1, 10_000]}
+    assert_error(client.post("/v1/completions", json=body), 400, "invalid_request_error",
+                 "invalid_parameter", "prompt")
+
+
+def test_empty_prompt(client):
+    assert_error(client.post("/v1/completions", json={**ROUTES["/v1/completions"], "prompt": ""}),
+                 400, "invalid_request_error", "invalid_parameter", "prompt")
+
+
+def test_unknown_fields_are_ignored(client, route):
+    assert client.post(route, json={**ROUTES[route], "future_field": 1}).status_code == 200
+
+
+def test_over_the_concurrency_limit_is_429(make_app, route):
+    client = make_app(MAX_CONCURRENT_REQUESTS=1).test_client()
+    held = client.post(route, json={**ROUTES[route], "stream": True}, buffered=False)
+    assert held.status_code == 200
+    error = assert_error(client.post(route, json=ROUTES[route]), 429, "rate_limit_error", "rate_limit_exceeded",
+                         None)
+    assert error["message"] == "Too many concurrent requests. Please try again later."
+    held.close()  # the stream's slot comes back when its response is closed
+    assert client.post(route, json=ROUTES[route]).status_code == 200
+
+
+def test_get_endpoints_are_never_limited(make_app):
+    client = make_app(MAX_CONCURRENT_REQUESTS=1).test_client()
+    held = client.post("/v1/completions", json={**ROUTES["/v1/completions"], "stream": True}, buffered=False)
+    assert client.get("/v1/models").status_code == 200
+    held.close()

@@ -1,0 +1,51 @@
+"""Fixtures shared by the whole suite."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from flask import Flask
+
+from phi_api import create_app
+from phi_api.engine import Engine
+from tests.support.fakes import fake_engine, text_pieces
+
+HELLO_PIECES = text_pieces(b"Hello", b",", b" world", b"!", b" How", b" are", b" you", b"?")
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    """The prepared default model (SmolLM2-135M-Instruct, int4); prepared here if `make` did not."""
+    explicit = os.environ.get("PHI_API_TEST_MODEL_PATH")
+    if explicit:
+        return explicit
+    from phi_api.prepare import prepare_default_model
+
+    return str(prepare_default_model())
+
+
+@pytest.fixture
+def make_app(tmp_path: Path) -> Callable[..., Flask]:
+    """Build an app from the factory around a given engine (default: a fake saying "Hello, world!")."""
+    built: list[Flask] = []
+
+    def build(engine: Engine | None = None, **config: Any) -> Flask:
+        settings = {"MODEL_ID": "test-model", "MODEL_PATH": str(tmp_path), **config}
+        app = create_app({"TESTING": True, **settings},
+                         engine=engine or fake_engine([1, 2, 3, 4, 0], HELLO_PIECES))
+        built.append(app)
+        return app
+
+    yield build
+    for app in built:
+        app.extensions["phi_api.engine"].stop()
+        app.extensions["phi_api.limiter"].remove_file()
+
+
+@pytest.fixture
+def client(make_app: Callable[..., Flask]):
+    """A test client of an app with the default fake engine."""
+    return make_app().test_client()

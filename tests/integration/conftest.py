@@ -1,0 +1,58 @@
+"""Integration fixtures: real gunicorn processes serving the real default model on loopback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from openai import OpenAI
+
+from tests.support.server import Server
+
+MODEL_ID = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def logs_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("server-logs")
+
+
+@pytest.fixture(scope="session")
+def server(model_path, logs_dir):
+    """The server as `make serve` runs it: 2 gevent workers, preloaded model."""
+    with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=2,
+                MAX_CONCURRENT_REQUESTS=16) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    """The official openai client, pointed at the server."""
+    return OpenAI(base_url=server.url + "/v1", api_key="not-needed", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def reference(model_path):
+    """ONNX Runtime GenAI's own Python tokenizer for the same model: the yardstick for usage counts."""
+    import onnxruntime_genai as og
+
+    model = og.Model(model_path)
+    tokenizer = og.Tokenizer(model)
+
+    class Reference:
+        def chat_tokens(self, messages) -> int:
+            prompt = tokenizer.apply_chat_template(json.dumps(messages), add_generation_prompt=True)
+            return len(tokenizer.encode(prompt))
+
+        def tokens(self, text: str) -> int:
+            return len(tokenizer.encode(text))
+
+    return Reference()
+
+
+@pytest.fixture(scope="session")
+def limited_server(model_path, logs_dir):
+    """Two workers sharing a limit of two concurrent generations."""
+    with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=2,
+                MAX_CONCURRENT_REQUESTS=2) as running:
+        yield running

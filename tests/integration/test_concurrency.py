@@ -1,0 +1,113 @@
+"""Concurrency against real gunicorn workers: the server-wide 429 limit, disconnects, a responsive hub."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+
+import requests
+
+from tests.integration.conftest import MODEL_ID
+from tests.support.server import wait_until
+
+LONG = {"model": MODEL_ID, "prompt": "Count to ten thousand:", "max_tokens": 4000, "ignore_eos": True,
+        "temperature": 0, "stream": True}
+
+
+def open_stream(server, body=LONG, request_id: str | None = None) -> requests.Response | None:
+    """A running stream (its first event read), or None if the server said 429."""
+    headers = {"X-Request-Id": request_id} if request_id else {}
+    response = requests.post(server.url + "/v1/completions", json=body, stream=True, timeout=60, headers=headers)
+    if response.status_code == 429:
+        response.close()
+        return None
+    assert response.status_code == 200, response.text
+    lines = response.iter_lines()
+    assert next(line for line in lines if line).startswith(b"data: {")
+    response.lines = lines
+    return response
+
+
+@contextlib.contextmanager
+def hold_streams(server, count: int):
+    """Keep ``count`` generations running (each holds a slot) for the duration of the block.
+
+    Slots freed by an earlier test's closed streams come back within moments;
+    each one is waited for, up to a few seconds.
+    """
+    held = []
+    try:
+        for _ in range(count):
+            held.append(wait_until(lambda: open_stream(server), timeout=10, interval=0.1, message="a free slot"))
+        yield held
+    finally:
+        for response in held:
+            response.close()
+
+
+def can_hold(server, count: int) -> bool:
+    try:
+        with hold_streams(server, count):
+            return True
+    except AssertionError:
+        return False
+
+
+def test_limit_holds_across_workers_and_gets_are_never_limited(limited_server):
+    with hold_streams(limited_server, 2):
+        refused = [requests.post(limited_server.url + "/v1/completions", json={**LONG, "stream": False,
+                                                                              "max_tokens": 5})
+                   for _ in range(4)]  # some of these reach the worker that holds no slot
+        assert [response.status_code for response in refused] == [429] * 4
+        assert all(r.json()["error"]["type"] == "rate_limit_error" for r in refused)
+        assert requests.get(limited_server.url + "/v1/models").status_code == 200
+
+
+def test_a_client_that_disconnects_frees_its_slot_and_stops_its_generation(limited_server):
+    with hold_streams(limited_server, 1):
+        victim = wait_until(lambda: open_stream(limited_server, request_id="victim-1"), timeout=10,
+                            message="a free slot")
+        received = 1
+        for line in victim.lines:
+            received += bool(line)
+            if received == 10:
+                break
+        victim.close()
+        replacement = wait_until(lambda: open_stream(limited_server, {**LONG, "max_tokens": 3}), timeout=10,
+                                 message="the disconnected stream's slot")
+        replacement.close()
+    pattern = r"\[victim-1\] phi_api.engine: generation finish_reason=cancelled prompt_tokens=\d+ completion_tokens=(\d+)"
+    generated = int(wait_until(lambda: re.findall(pattern, limited_server.log()), timeout=10,
+                               message="the cancelled generation's log line")[0])
+    # It stopped a few tokens after the last one the client read, far from its max_tokens of 4000.
+    print(f"client read {received} events; the generation was cancelled after {generated} tokens")
+    assert received <= generated < received + 50
+
+
+def test_the_slots_of_a_killed_worker_come_back(limited_server):
+    with hold_streams(limited_server, 2):
+        for pid in limited_server.worker_pids():
+            os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: len(limited_server.worker_pids()) == 2, timeout=30, message="replacement workers")
+    wait_until(lambda: can_hold(limited_server, 2), timeout=30, message="both slots back")
+
+
+def test_models_answer_while_generations_run(server):
+    body = {**LONG, "max_tokens": 300}
+    streams = [open_stream(server, body) for _ in range(2)]
+    for _ in range(20):
+        assert requests.get(server.url + "/v1/models", timeout=30).status_code == 200
+    models_done_at = time.monotonic()
+    finished_at = []
+    for stream in streams:
+        for line in stream.lines:
+            if line == b"data: [DONE]":
+                finished_at.append(time.monotonic())
+        stream.close()
+    # Twenty model listings went through while both 300-token generations were still
+    # running: the hub was not waiting for the engine, whatever this machine's speed.
+    assert len(finished_at) == 2
+    assert models_done_at < min(finished_at)

@@ -1,0 +1,76 @@
+"""Start-up failures, shutdown and worker recycling of a real gunicorn."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import requests
+
+from tests.integration.conftest import MODEL_ID
+from tests.support.server import Server, wait_until
+
+
+def failed_start(logs_dir, **env) -> tuple[int, str]:
+    server = Server(logs_dir, **env).start(wait=False)
+    code = server.process.wait(timeout=60)
+    return code, server.log()
+
+
+@pytest.mark.parametrize("model_path", ["/nonexistent/phi-3.5", "corrupt"])
+def test_model_loading_failure_logs_the_error_object_and_exits_without_workers(logs_dir, tmp_path, model_path):
+    if model_path == "corrupt":
+        folder = tmp_path / "corrupt-model"
+        folder.mkdir()
+        (folder / "genai_config.json").write_text('{"model": {"type": "phi3", "context_length": 4096}}')
+        model_path = str(folder)
+    code, output = failed_start(logs_dir, MODEL_PATH=model_path)
+    assert code != 0
+    json_lines = [line for line in output.splitlines() if line.startswith("{")]
+    assert len(json_lines) == 1
+    error = json.loads(json_lines[0])["error"]
+    assert (error["type"], error["code"]) == ("server_error", "model_loading_failed")
+    assert error["message"].startswith(f"Failed to load model from {model_path}: ")
+    assert "Booting worker" not in output
+
+
+def test_a_bad_setting_stops_start_up_naming_it(logs_dir, model_path):
+    code, output = failed_start(logs_dir, MODEL_PATH=model_path, MAX_CONCURRENT_REQUESTS="lots")
+    assert code != 0
+    assert "MAX_CONCURRENT_REQUESTS" in output and "lots" in output
+
+
+def test_sigterm_on_an_idle_server_exits_zero_promptly(logs_dir, model_path):
+    server = Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=2).start()
+    workers = server.worker_pids()
+    assert server.stop(timeout=15) == 0
+    assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
+
+
+def test_sigterm_lets_an_in_flight_stream_finish(logs_dir, model_path):
+    server = Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID).start()
+    body = {"model": MODEL_ID, "prompt": "Count:", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    response = requests.post(server.url + "/v1/completions", json=body, stream=True)
+    lines = response.iter_lines()
+    assert next(line for line in lines if line).startswith(b"data: {")
+    server.process.send_signal(signal.SIGTERM)
+    rest = [line for line in lines if line]
+    assert rest[-1] == b"data: [DONE]"
+    assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
+    assert server.process.wait(timeout=30) == 0
+
+
+def test_recycled_workers_exit_and_lose_no_request(logs_dir, model_path):
+    server = Server(logs_dir, args=("--max-requests", "3"), MODEL_PATH=model_path, MODEL_ID=MODEL_ID).start()
+    try:
+        first_worker = server.worker_pids()
+        body = {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 3}
+        statuses = [requests.post(server.url + "/v1/completions", json=body).status_code for _ in range(10)]
+        assert statuses == [200] * 10
+        wait_until(lambda: not os.path.exists(f"/proc/{first_worker[0]}"), timeout=30,
+                   message="the recycled worker to exit")
+        assert server.worker_pids() != first_worker
+    finally:
+        assert server.stop() == 0

@@ -1,0 +1,68 @@
+"""The phi3 path, on a tiny random-weight Phi-3 model built with the model builder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import requests
+
+from phi_api.engine.model import PHI3_CHAT_TEMPLATE
+from tests.support.server import Server
+from tests.support.tiny_phi3 import PHI3_EOS_TOKENS, build_tiny_phi3
+
+
+@pytest.fixture(scope="module")
+def tiny_phi3(model_path, tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("tiny-phi3")
+    return build_tiny_phi3(Path(model_path), work / "model", work)
+
+
+@pytest.fixture(scope="module")
+def phi3_server(tiny_phi3, logs_dir):
+    with Server(logs_dir, MODEL_PATH=str(tiny_phi3)) as running:  # MODEL_ID left at its default
+        yield running
+
+
+def test_the_builder_recipe_int4_block_128_accuracy_4(tiny_phi3):
+    import onnx
+
+    config = json.loads((tiny_phi3 / "genai_config.json").read_text())
+    assert config["model"]["type"] == "phi3"
+    nodes = [node for node in onnx.load(str(tiny_phi3 / "model.onnx"), load_external_data=False).graph.node
+             if node.op_type == "MatMulNBits"]
+    assert nodes
+    for node in nodes:
+        attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in node.attribute}
+        assert (attributes["bits"], attributes["block_size"], attributes["accuracy_level"]) == (4, 128, 4)
+
+
+def test_served_as_phi_3_5_mini_with_the_phi_3_5_template(phi3_server, tiny_phi3):
+    import onnxruntime_genai as og
+
+    assert requests.get(phi3_server.url + "/v1/models").json()["data"][0]["id"] == "phi-3.5-mini"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
+                {"role": "assistant", "content": "Hi"}, {"role": "user", "content": "안녕"}]
+    expected_prompt = "<|system|>\nBe brief.<|end|>\n<|user|>\nHello<|end|>\n<|assistant|>\nHi<|end|>\n" \
+                      "<|user|>\n안녕<|end|>\n<|assistant|>\n"
+    tokenizer = og.Tokenizer(og.Model(str(tiny_phi3)))
+    assert tokenizer.apply_chat_template(json.dumps(messages), template_str=PHI3_CHAT_TEMPLATE,
+                                         add_generation_prompt=True) == expected_prompt
+    body = {"model": "phi-3.5-mini", "messages": messages, "max_tokens": 4, "temperature": 0}
+    answer = requests.post(phi3_server.url + "/v1/chat/completions", json=body).json()
+    assert answer["usage"]["prompt_tokens"] == len(tokenizer.encode(expected_prompt))
+
+
+@pytest.mark.parametrize("eos_token", PHI3_EOS_TOKENS)
+def test_each_end_of_sequence_id_ends_the_answer(phi3_server, tiny_phi3, eos_token):
+    eos_ids = json.loads((tiny_phi3 / "genai_config.json").read_text())["model"]["eos_token_id"]
+    tokenizer_config = json.loads((tiny_phi3 / "tokenizer.json").read_text())
+    token_id = next(t["id"] for t in tokenizer_config["added_tokens"] if t["content"] == eos_token)
+    assert token_id in eos_ids
+    body = {"model": "phi-3.5-mini", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20,
+            "temperature": 0, "logit_bias": {str(token_id): 100}}
+    answer = requests.post(phi3_server.url + "/v1/chat/completions", json=body).json()
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    assert answer["choices"][0]["message"]["content"] == ""
+    assert answer["usage"]["completion_tokens"] == 1

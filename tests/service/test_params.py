@@ -1,0 +1,74 @@
+"""From request bodies to engine parameters: defaults, limits and the context window."""
+
+from __future__ import annotations
+
+import pytest
+
+from phi_api.config import Settings
+from phi_api.engine import ModelInfo
+from phi_api.errors import ContextLengthExceededError, InvalidParameterError
+from phi_api.service.params import sampling_params
+
+MODEL = ModelInfo(path="/m", model_type="llama", context_length=100, vocab_size=50, eos_token_ids=frozenset({2}),
+                  has_chat_template=True, fingerprint="fp_test")
+SETTINGS = Settings(DEFAULT_MAX_TOKENS=30, DEFAULT_TEMPERATURE=0.7)
+
+
+def params(body, prompt_tokens=10):
+    return sampling_params(body, prompt_tokens=prompt_tokens, prompt_param="messages", model=MODEL, settings=SETTINGS)
+
+
+def test_defaults_come_from_the_settings():
+    result = params({})
+    assert (result.max_tokens, result.temperature, result.top_p, result.stop) == (30, 0.7, 1.0, ())
+
+
+def test_null_counts_as_not_given():
+    result = params({"max_tokens": None, "temperature": None, "stop": None, "seed": None})
+    assert (result.max_tokens, result.temperature, result.stop, result.seed) == (30, 0.7, (), None)
+
+
+def test_default_max_tokens_is_clamped_to_the_room_left():
+    assert params({}, prompt_tokens=90).max_tokens == 10
+
+
+def test_explicit_max_tokens_beyond_the_room_left_is_refused():
+    with pytest.raises(ContextLengthExceededError) as caught:
+        params({"max_tokens": 11}, prompt_tokens=90)
+    assert caught.value.param == "max_tokens"
+    assert "100" in caught.value.message and "101" in caught.value.message
+
+
+def test_max_completion_tokens_wins_over_max_tokens():
+    assert params({"max_tokens": 5, "max_completion_tokens": 7}).max_tokens == 7
+    with pytest.raises(ContextLengthExceededError) as caught:
+        params({"max_tokens": 5, "max_completion_tokens": 95})
+    assert caught.value.param == "max_completion_tokens"
+
+
+def test_a_prompt_that_fills_the_context_is_refused_naming_the_prompt():
+    with pytest.raises(ContextLengthExceededError) as caught:
+        params({}, prompt_tokens=100)
+    assert caught.value.param == "messages"
+
+
+def test_stop_string_becomes_a_tuple():
+    assert params({"stop": "END"}).stop == ("END",)
+    assert params({"stop": ["a", "b"]}).stop == ("a", "b")
+
+
+def test_logit_bias_keys_are_token_ids_within_the_vocabulary():
+    assert params({"logit_bias": {"3": 5, "1": -1}}).logit_bias == ((1, -1.0), (3, 5.0))
+    with pytest.raises(InvalidParameterError) as caught:
+        params({"logit_bias": {"50": 1}})
+    assert caught.value.param == "logit_bias"
+
+
+def test_min_tokens_may_not_exceed_max_tokens():
+    with pytest.raises(InvalidParameterError) as caught:
+        params({"max_tokens": 3, "min_tokens": 4})
+    assert caught.value.param == "min_tokens"
+
+
+def test_top_k_minus_one_means_disabled():
+    assert params({"top_k": -1}).top_k == 0

@@ -1,0 +1,4 @@
+"""Constants shared by the fault-injecting WSGI entry point and the tests that use it."""
+
+FAIL_SEED = 424242  # a request with this seed gets an engine failure
+FAIL_AFTER_TOKENS = 3

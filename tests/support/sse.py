@@ -1,0 +1,34 @@
+"""Reading server-sent events, strictly."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def parse_sse(raw: str) -> list[Any]:
+    """The events of an SSE body: JSON objects, then the string "[DONE]". Comments are dropped.
+
+    Fails unless every event is a single ``data:`` line ended by a blank line.
+    """
+    assert raw.endswith("\n\n"), "an SSE body ends with a blank line"
+    events = []
+    for block in raw[:-2].split("\n\n"):
+        lines = block.split("\n")
+        if all(line.startswith(":") for line in lines):
+            continue
+        assert len(lines) == 1 and lines[0].startswith("data: "), f"unexpected SSE block {block!r}"
+        data = lines[0][len("data: "):]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def chat_text(events: list[Any]) -> str:
+    """The concatenated content of chat chunks."""
+    return "".join(choice["delta"].get("content") or "" for event in events if isinstance(event, dict)
+                   for choice in event.get("choices", []))
+
+
+def completion_text(events: list[Any]) -> str:
+    """The concatenated text of completion chunks."""
+    return "".join(choice["text"] for event in events if isinstance(event, dict) for choice in event.get("choices", []))

@@ -1,0 +1,65 @@
+"""Settings: defaults, then the environment, then overrides; bad values name the setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from phi_api.config import DEFAULT_MODEL_PATH, ConfigError, load_settings
+
+
+def test_defaults_are_the_specification_s():
+    settings = load_settings(environ={})
+    assert settings.MODEL_PATH == DEFAULT_MODEL_PATH
+    assert (settings.MODEL_ID, settings.SERVER_HOST, settings.SERVER_PORT) == ("phi-3.5-mini", "0.0.0.0", 8000)
+    assert (settings.MAX_CONCURRENT_REQUESTS, settings.DEFAULT_MAX_TOKENS) == (10, 1024)
+    assert (settings.DEFAULT_TEMPERATURE, settings.CORS_ORIGINS, settings.MAX_REQUEST_SIZE_MB) == (0.7, "*", 10.0)
+    assert settings.LOG_LEVEL == "INFO"
+
+
+def test_environment_then_overrides():
+    environ = {"SERVER_PORT": "9000", "MODEL_ID": "from-env", "LOG_LEVEL": "debug"}
+    settings = load_settings(environ=environ, overrides={"MODEL_ID": "from-test"})
+    assert (settings.SERVER_PORT, settings.MODEL_ID, settings.LOG_LEVEL) == (9000, "from-test", "DEBUG")
+
+
+def test_empty_environment_values_mean_default():
+    assert load_settings(environ={"SERVER_PORT": ""}).SERVER_PORT == 8000
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("SERVER_PORT", "eighty"),
+        ("SERVER_PORT", "70000"),
+        ("MAX_CONCURRENT_REQUESTS", "0"),
+        ("DEFAULT_MAX_TOKENS", "-5"),
+        ("DEFAULT_TEMPERATURE", "2.5"),
+        ("DEFAULT_TEMPERATURE", "nan"),
+        ("MAX_REQUEST_SIZE_MB", "0"),
+        ("GENERATION_TIMEOUT", "inf"),
+        ("LOG_LEVEL", "LOUD"),
+        ("WEB_CONCURRENCY", "1.5"),
+    ],
+)
+def test_a_bad_value_stops_with_a_message_naming_the_setting(name, value):
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ={name: value})
+    assert name in str(caught.value)
+
+
+def test_a_blank_override_is_refused():
+    with pytest.raises(ConfigError, match="MODEL_ID"):
+        load_settings(environ={}, overrides={"MODEL_ID": "   "})
+
+
+def test_cors_origins_list():
+    assert load_settings(environ={"CORS_ORIGINS": "https://a.example, https://b.example"}).cors_origins == [
+        "https://a.example", "https://b.example"]
+    assert load_settings(environ={}).cors_origins == "*"
+
+
+def test_engine_threads_share_the_cores_among_workers(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert load_settings(environ={"WEB_CONCURRENCY": "2"}).engine_threads == 4
+    assert load_settings(environ={"WEB_CONCURRENCY": "16"}).engine_threads == 1
+    assert load_settings(environ={"ENGINE_THREADS": "3"}).engine_threads == 3
