@@ -1,4 +1,4 @@
-"""gunicorn settings for phi-api: gevent workers, the model preloaded in the master.
+"""gunicorn settings for phi-api: gevent workers, the model preloaded in the master (PRELOAD_MODEL).
 
 Server settings come from the environment (see the README); any gunicorn
 option can still be overridden with GUNICORN_CMD_ARGS or the command line.
@@ -15,10 +15,10 @@ from phi_api import serving  # noqa: E402
 _settings = serving.settings_or_exit()
 
 bind = serving.bind_address(_settings)
-workers = _settings.WEB_CONCURRENCY
+workers = _settings.workers
 worker_class = "gevent"
 worker_connections = 1000
-preload_app = True
+preload_app = _settings.PRELOAD_MODEL
 timeout = 30
 graceful_timeout = 30
 keepalive = 5

@@ -30,7 +30,8 @@ class Settings:
     MODEL_ID: str = "phi-3.5-mini"
     SERVER_HOST: str = "0.0.0.0"
     SERVER_PORT: int = 8000
-    WEB_CONCURRENCY: int = 1
+    WEB_CONCURRENCY: int = 0
+    PRELOAD_MODEL: bool = True
     MAX_CONCURRENT_REQUESTS: int = 10
     DEFAULT_MAX_TOKENS: int = 1024
     DEFAULT_TEMPERATURE: float = 0.7
@@ -53,11 +54,24 @@ class Settings:
         return int(self.MAX_REQUEST_SIZE_MB * 1024 * 1024)
 
     @property
+    def workers(self) -> int:
+        """gunicorn workers: ``WEB_CONCURRENCY``, else one per CPU core."""
+        return self.WEB_CONCURRENCY or (os.cpu_count() or 1)
+
+    @property
     def engine_threads(self) -> int:
-        """ONNX Runtime intra-op threads per worker: the cores shared among the workers unless set."""
+        """ONNX Runtime intra-op threads for the model.
+
+        A preloaded model is forked into the workers, and ONNX Runtime's thread
+        pool does not survive a fork (the children run every step on their one
+        calling thread), so it gets one thread and the workers share the cores.
+        A model each worker loads for itself gets ``ENGINE_THREADS``, or its share of the cores.
+        """
+        if self.PRELOAD_MODEL:
+            return 1
         if self.ENGINE_THREADS:
             return self.ENGINE_THREADS
-        return max(1, (os.cpu_count() or 1) // self.WEB_CONCURRENCY)
+        return max(1, (os.cpu_count() or 1) // self.workers)
 
 
 def _integer(low: int, high: int | None = None) -> Callable[[str, Any], int]:
@@ -89,6 +103,17 @@ def _number(low: float, high: float | None = None, *, exclusive_low: bool = Fals
     return parse
 
 
+def _boolean(name: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    value = str(raw).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be true or false, got {raw!r}")
+
+
 def _text(*, choices: tuple[str, ...] = (), upper: bool = False) -> Callable[[str, Any], str]:
     def parse(name: str, raw: Any) -> str:
         value = str(raw).strip()
@@ -108,7 +133,8 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "MODEL_ID": _text(),
     "SERVER_HOST": _text(),
     "SERVER_PORT": _integer(1, 65535),
-    "WEB_CONCURRENCY": _integer(1, 64),
+    "WEB_CONCURRENCY": _integer(0, 64),
+    "PRELOAD_MODEL": _boolean,
     "MAX_CONCURRENT_REQUESTS": _integer(1, 10_000),
     "DEFAULT_MAX_TOKENS": _integer(1, 1_000_000),
     "DEFAULT_TEMPERATURE": _number(0.0, 2.0),

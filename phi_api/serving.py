@@ -23,7 +23,9 @@ from phi_api.config import ConfigError, Settings, load_settings
 log = logging.getLogger(__name__)
 
 EXIT_CONFIG_ERROR = 2
-EXIT_MODEL_LOADING_FAILED = 1
+# gunicorn's WORKER_BOOT_ERROR: when workers load the model themselves
+# (PRELOAD_MODEL=false), the arbiter then halts instead of respawning them.
+EXIT_MODEL_LOADING_FAILED = 3
 
 
 def settings_or_exit() -> Settings:

@@ -39,6 +39,7 @@ def test_empty_environment_values_mean_default():
         ("GENERATION_TIMEOUT", "inf"),
         ("LOG_LEVEL", "LOUD"),
         ("WEB_CONCURRENCY", "1.5"),
+        ("PRELOAD_MODEL", "maybe"),
     ],
 )
 def test_a_bad_value_stops_with_a_message_naming_the_setting(name, value):
@@ -58,8 +59,25 @@ def test_cors_origins_list():
     assert load_settings(environ={}).cors_origins == "*"
 
 
-def test_engine_threads_share_the_cores_among_workers(monkeypatch):
+def test_one_worker_per_core_by_default(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)
-    assert load_settings(environ={"WEB_CONCURRENCY": "2"}).engine_threads == 4
-    assert load_settings(environ={"WEB_CONCURRENCY": "16"}).engine_threads == 1
-    assert load_settings(environ={"ENGINE_THREADS": "3"}).engine_threads == 3
+    assert load_settings(environ={}).workers == 8
+    assert load_settings(environ={"WEB_CONCURRENCY": "3"}).workers == 3
+
+
+def test_a_preloaded_model_computes_on_one_thread_per_worker(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert load_settings(environ={"ENGINE_THREADS": "4"}).engine_threads == 1  # the pool would die in the fork
+
+
+def test_models_loaded_by_each_worker_share_the_cores(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    per_worker = {"PRELOAD_MODEL": "false"}
+    assert load_settings(environ={**per_worker, "WEB_CONCURRENCY": "2"}).engine_threads == 4
+    assert load_settings(environ={**per_worker, "WEB_CONCURRENCY": "16"}).engine_threads == 1
+    assert load_settings(environ={**per_worker, "ENGINE_THREADS": "3"}).engine_threads == 3
+
+
+@pytest.mark.parametrize("raw,expected", [("true", True), ("0", False), ("off", False), ("YES", True)])
+def test_booleans(raw, expected):
+    assert load_settings(environ={"PRELOAD_MODEL": raw}).PRELOAD_MODEL is expected

@@ -63,7 +63,8 @@ def test_sigterm_lets_an_in_flight_stream_finish(logs_dir, model_path):
 
 
 def test_recycled_workers_exit_and_lose_no_request(logs_dir, model_path):
-    server = Server(logs_dir, args=("--max-requests", "3"), MODEL_PATH=model_path, MODEL_ID=MODEL_ID).start()
+    server = Server(logs_dir, args=("--max-requests", "3"), MODEL_PATH=model_path, MODEL_ID=MODEL_ID,
+                    WEB_CONCURRENCY=1).start()
     try:
         first_worker = server.worker_pids()
         body = {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 3}
@@ -74,3 +75,18 @@ def test_recycled_workers_exit_and_lose_no_request(logs_dir, model_path):
         assert server.worker_pids() != first_worker
     finally:
         assert server.stop() == 0
+
+
+def test_workers_can_load_the_model_themselves(logs_dir, model_path):
+    with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, PRELOAD_MODEL="false",
+                WEB_CONCURRENCY=1) as server:
+        body = {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 3}
+        assert requests.post(server.url + "/v1/completions", json=body).status_code == 200
+        threads = len(os.listdir(f"/proc/{server.worker_pids()[0]}/task"))
+    assert threads > 2  # the worker's own model has a live ONNX Runtime thread pool
+
+
+def test_a_worker_that_cannot_load_the_model_halts_the_server(logs_dir):
+    code, output = failed_start(logs_dir, MODEL_PATH="/nonexistent/model", PRELOAD_MODEL="false")
+    assert code != 0
+    assert '"model_loading_failed"' in output

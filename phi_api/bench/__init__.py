@@ -1,0 +1,189 @@
+"""``python -m phi_api bench``: phi-api against the raw engine (and other servers), in one run.
+
+Every figure is a median over ``--runs`` repetitions, measured side by side
+in the same invocation, because this kind of machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from phi_api.bench.client import LatencyProbe, StreamResult, concurrent_streams, stream_completion
+from phi_api.bench.raw import RawEngine
+from phi_api.bench.server import Server
+
+PROMPT = (
+    "The history of computing is a story of people trying to make machines that think faster than they do. "
+    "From the abacus to the mechanical calculators of the seventeenth century, from punched cards to vacuum "
+    "tubes and transistors, each step made calculation cheaper and more widely available. Write a long essay "
+    "about this history, with one paragraph for each major era, and explain why each change mattered."
+)
+SHORT_PROMPT = "Hello! How are you today?"
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+@dataclass
+class Target:
+    """A server under test."""
+
+    name: str
+    url: str
+    model: str
+    results: dict[str, Any] = field(default_factory=dict)
+
+
+def first_model(url: str) -> str:
+    """The first model id a server lists."""
+    return requests.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+
+
+def measure_raw(model_path: str, max_tokens: int, runs: int) -> dict[str, Any]:
+    """Prefill time and single-stream decode rate of the engine itself."""
+    engine = RawEngine(model_path)
+    engine.generate(PROMPT, 8)  # warm-up
+    results = [engine.generate(PROMPT, max_tokens) for _ in range(runs)]
+    short = [engine.generate(SHORT_PROMPT, 2) for _ in range(runs)]
+    return {
+        "prompt_tokens": len(engine.encode(PROMPT)),
+        "ttft_s": median([r.prefill_seconds for r in results]),
+        "decode_tokens_per_s": median([r.decode_rate for r in results]),
+        "short_ttft_s": median([r.prefill_seconds for r in short]),
+    }
+
+
+def _body(target: Target, prompt: str, max_tokens: int) -> dict[str, Any]:
+    return {"model": target.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True}
+
+
+def measure_single(target: Target, max_tokens: int, runs: int) -> dict[str, Any]:
+    """One stream at a time: time to first token and decode rate."""
+    body = _body(target, PROMPT, max_tokens)
+    stream_completion(target.url, {**body, "max_tokens": 4})  # warm-up
+    results = [stream_completion(target.url, body) for _ in range(runs)]
+    return {
+        "ttft_s": median([r.ttft for r in results]),
+        "decode_tokens_per_s": median([r.decode_rate for r in results if r.decode_rate]),
+    }
+
+
+def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs: int) -> dict[str, Any]:
+    """Aggregate throughput and first-token times at each concurrency level; /v1/models latency at the top level."""
+    body = _body(target, PROMPT, max_tokens)
+    sweep = {}
+    models_latencies: list[float] = []
+    for level in levels:
+        batches = []
+        for _ in range(runs):
+            if level == max(levels):
+                with LatencyProbe(target.url) as probe:
+                    batches.append(concurrent_streams(target.url, body, level))
+                models_latencies.extend(probe.latencies)
+            else:
+                batches.append(concurrent_streams(target.url, body, level))
+        ttfts = [stream.ttft for batch in batches for stream in batch.streams]
+        sweep[level] = {
+            "aggregate_tokens_per_s": median([batch.aggregate_rate for batch in batches]),
+            "per_stream_decode_tokens_per_s": median([s.decode_rate for b in batches for s in b.streams
+                                                      if s.decode_rate]),
+            "ttft_p50_s": percentile(ttfts, 0.5),
+            "ttft_p95_s": percentile(ttfts, 0.95),
+        }
+    return {
+        "levels": sweep,
+        "models_latency_under_load_p50_s": percentile(models_latencies, 0.5),
+        "models_latency_under_load_p95_s": percentile(models_latencies, 0.95),
+        "models_latency_samples": len(models_latencies),
+    }
+
+
+def measure_head_of_line(target: Target, runs: int, long_tokens: int = 400) -> dict[str, Any]:
+    """First-token time of a short request: on an idle server, and while a long generation runs."""
+    short = _body(target, SHORT_PROMPT, 4)
+    idle = [stream_completion(target.url, short).ttft for _ in range(runs)]
+    busy = []
+    for _ in range(runs):
+        long_body = {**_body(target, PROMPT, long_tokens), "stream": True}
+        with requests.post(target.url + "/v1/completions", json=long_body, stream=True, timeout=600) as long_stream:
+            lines = long_stream.iter_lines()
+            next(line for line in lines if line.startswith(b"data: {"))  # the long one is generating
+            busy.append(stream_completion(target.url, short).ttft)
+    return {"idle_ttft_s": median(idle), "busy_ttft_s": median(busy),
+            "ratio": median(busy) / median(idle)}
+
+
+def measure_memory(model_path: str, model_id: str, log_dir: Path) -> dict[str, Any]:
+    """Proportional set size of the whole server with one worker, then with two."""
+    sizes = {}
+    for workers in (1, 2):
+        with Server(log_dir, MODEL_PATH=model_path, MODEL_ID=model_id, WEB_CONCURRENCY=workers,
+                    MAX_CONCURRENT_REQUESTS=8) as server:
+            body = {"model": model_id, "prompt": SHORT_PROMPT, "max_tokens": 8}
+            for _ in range(4 * workers):  # let every worker run the model once
+                requests.post(server.url + "/v1/completions", json=body, timeout=60).raise_for_status()
+            time.sleep(0.5)
+            sizes[workers] = server.pss_bytes()
+    return {"pss_1_worker_mb": sizes[1] / 2**20, "pss_2_workers_mb": sizes[2] / 2**20,
+            "ratio": sizes[2] / sizes[1]}
+
+
+def run(options: Any) -> dict[str, Any]:
+    """Run every measurement the options ask for; returns the report (also printed and written)."""
+    from phi_api.bench.report import print_report, write_chart, write_json
+
+    levels = [int(level) for level in options.concurrency.split(",")]
+    log_dir = Path(tempfile.mkdtemp(prefix="phi-api-bench-"))
+    report: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%d %H:%M:%S")},
+        "settings": {"runs": options.runs, "max_tokens": options.max_tokens, "concurrency": levels},
+        "targets": {},
+    }
+    own: Server | None = None
+    targets = []
+    if options.url:
+        targets.append(Target("phi-api", options.url.rstrip("/"), first_model(options.url.rstrip("/"))))
+    else:
+        own = Server(log_dir, MODEL_PATH=options.model_path, MODEL_ID="bench-model",
+                     MAX_CONCURRENT_REQUESTS=max(levels) * 2).start()
+        targets.append(Target("phi-api", own.url, "bench-model"))
+    for spec in options.compare or []:
+        name, _, url = spec.partition("=")
+        targets.append(Target(name, url.rstrip("/"), first_model(url.rstrip("/"))))
+    try:
+        if options.model_path:
+            report["raw_engine"] = measure_raw(options.model_path, options.max_tokens, options.runs)
+        for target in targets:
+            target.results["single_stream"] = measure_single(target, options.max_tokens, options.runs)
+            target.results["head_of_line"] = measure_head_of_line(target, options.runs)
+            target.results["concurrency"] = measure_concurrency(target, levels, options.max_tokens, options.runs)
+            report["targets"][target.name] = target.results
+    finally:
+        if own is not None:
+            own.stop()
+    if options.model_path and options.memory:
+        report["memory"] = measure_memory(options.model_path, "bench-model", log_dir)
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(report, out / "bench.json")
+    write_chart(report, out / "bench.png")
+    print_report(report)
+    print(f"\nWrote {out / 'bench.json'} and {out / 'bench.png'}")
+    return report

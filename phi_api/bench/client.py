@@ -1,0 +1,121 @@
+"""Streaming requests against any OpenAI-compatible server, timed from the client's side."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    """One streamed completion, seen from the client."""
+
+    ttft: float  # request sent -> first text received (seconds)
+    tokens: int  # completion tokens (the server's usage when it reports one, else text chunks)
+    decode_seconds: float  # first text -> last text
+
+    @property
+    def decode_rate(self) -> float | None:
+        """Tokens per second after the first one."""
+        return (self.tokens - 1) / self.decode_seconds if self.tokens > 1 and self.decode_seconds > 0 else None
+
+
+def stream_completion(base_url: str, body: dict[str, Any], session: requests.Session | None = None) -> StreamResult:
+    """POST ``body`` to ``/v1/completions`` with streaming and time it."""
+    http = session or requests
+    payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
+    first = last = None
+    chunks = 0
+    usage_tokens = None
+    with http.post(base_url + "/v1/completions", json=payload, stream=True, timeout=600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith(b"data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                usage_tokens = event["usage"].get("completion_tokens")
+            for choice in event.get("choices") or []:
+                if choice.get("text"):
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                    chunks += 1
+    if first is None:
+        raise RuntimeError(f"{base_url} streamed no text")
+    return StreamResult(ttft=first - started, tokens=usage_tokens or chunks, decode_seconds=last - first)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """A batch of concurrent streams."""
+
+    concurrency: int
+    streams: list[StreamResult]
+    wall_seconds: float
+
+    @property
+    def aggregate_rate(self) -> float:
+        """All completion tokens over the wall time of the whole batch."""
+        return sum(stream.tokens for stream in self.streams) / self.wall_seconds
+
+
+def concurrent_streams(base_url: str, body: dict[str, Any], concurrency: int) -> LoadResult:
+    """Start ``concurrency`` identical streams at once and wait for all of them."""
+    results: list[StreamResult | BaseException] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(concurrency)
+
+    def one() -> None:
+        session = requests.Session()
+        barrier.wait()
+        try:
+            result: StreamResult | BaseException = stream_completion(base_url, body, session)
+        except BaseException as exc:  # reported after the batch
+            result = exc
+        with lock:
+            results.append(result)
+
+    threads = [threading.Thread(target=one) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    failures = [result for result in results if isinstance(result, BaseException)]
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {concurrency} streams failed: {failures[0]}")
+    return LoadResult(concurrency, results, wall)  # type: ignore[arg-type]
+
+
+class LatencyProbe:
+    """Polls ``GET /v1/models`` in the background and records each latency."""
+
+    def __init__(self, base_url: str) -> None:
+        self._url = base_url + "/v1/models"
+        self._stop = threading.Event()
+        self.latencies: list[float] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "LatencyProbe":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        session = requests.Session()
+        while not self._stop.is_set():
+            started = time.perf_counter()
+            session.get(self._url, timeout=60).raise_for_status()
+            self.latencies.append(time.perf_counter() - started)
+            self._stop.wait(0.02)

@@ -1,0 +1,57 @@
+"""The reference: ONNX Runtime GenAI's own Python API, in this process, on the same model."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RawResult:
+    """One generation run directly on the engine."""
+
+    prefill_seconds: float  # prompt in -> first token out
+    tokens: int
+    decode_seconds: float
+
+    @property
+    def decode_rate(self) -> float:
+        return (self.tokens - 1) / self.decode_seconds
+
+
+class RawEngine:
+    """``onnxruntime_genai.Generator`` in a tight loop, with the server's thread settings."""
+
+    def __init__(self, model_path: str, threads: int | None = None) -> None:
+        import onnxruntime_genai as og
+
+        self._og = og
+        config = og.Config(model_path)
+        threads = threads or os.cpu_count() or 1
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+            "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+        self._model = og.Model(config)
+        self._tokenizer = og.Tokenizer(self._model)
+
+    def encode(self, text: str):
+        return self._tokenizer.encode(text)
+
+    def generate(self, prompt: str, max_tokens: int) -> RawResult:
+        """Greedy, end-of-sequence ignored, exactly ``max_tokens`` tokens."""
+        og = self._og
+        ids = self._tokenizer.encode(prompt)
+        params = og.GeneratorParams(self._model)
+        length = len(ids) + max_tokens
+        params.set_search_options(max_length=length, min_length=length, do_sample=False)
+        generator = og.Generator(self._model, params)
+        started = time.perf_counter()
+        generator.append_tokens(ids)
+        generator.generate_next_token()
+        first = time.perf_counter()
+        tokens = 1
+        while not generator.is_done() and tokens < max_tokens:
+            generator.generate_next_token()
+            tokens += 1
+        return RawResult(first - started, tokens, time.perf_counter() - first)

@@ -1,0 +1,78 @@
+"""Benchmark output: a table on stdout, a JSON file, a PNG chart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def write_json(report: dict[str, Any], path: Path) -> None:
+    """The whole report, as measured."""
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """A readable summary, with the ratios the performance goals are stated in."""
+    raw = report.get("raw_engine")
+    if raw:
+        print(f"raw engine (onnxruntime_genai Generator, {raw['prompt_tokens']}-token prompt): "
+              f"ttft {_ms(raw['ttft_s'])}, decode {raw['decode_tokens_per_s']:.1f} tok/s")
+    for name, results in report["targets"].items():
+        single = results["single_stream"]
+        print(f"\n== {name}")
+        line = f"one stream: ttft {_ms(single['ttft_s'])}, decode {single['decode_tokens_per_s']:.1f} tok/s"
+        if raw:
+            line += (f" ({single['decode_tokens_per_s'] / raw['decode_tokens_per_s']:.2f}x raw decode; "
+                     f"ttft = raw + {_ms(single['ttft_s'] - raw['ttft_s'])})")
+        print(line)
+        print(f"{'streams':>8} {'aggregate tok/s':>16} {'per-stream tok/s':>17} {'ttft p50':>10} {'ttft p95':>10}"
+              + ("  x raw single" if raw else ""))
+        for level, row in results["concurrency"]["levels"].items():
+            ratio = f"  {row['aggregate_tokens_per_s'] / raw['decode_tokens_per_s']:.2f}x" if raw else ""
+            print(f"{level:>8} {row['aggregate_tokens_per_s']:>16.1f} {row['per_stream_decode_tokens_per_s']:>17.1f} "
+                  f"{_ms(row['ttft_p50_s']):>10} {_ms(row['ttft_p95_s']):>10}{ratio}")
+        hol = results["head_of_line"]
+        print(f"head-of-line: short request ttft idle {_ms(hol['idle_ttft_s'])}, during a 400-token generation "
+              f"{_ms(hol['busy_ttft_s'])} ({hol['ratio']:.2f}x)")
+        concurrency = results["concurrency"]
+        print(f"GET /v1/models at full load: p50 {_ms(concurrency['models_latency_under_load_p50_s'])}, "
+              f"p95 {_ms(concurrency['models_latency_under_load_p95_s'])} "
+              f"({concurrency['models_latency_samples']} samples)")
+    memory = report.get("memory")
+    if memory:
+        print(f"\nmemory (PSS, whole server): 1 worker {memory['pss_1_worker_mb']:.0f} MB, "
+              f"2 workers {memory['pss_2_workers_mb']:.0f} MB ({memory['ratio']:.2f}x)")
+
+
+def write_chart(report: dict[str, Any], path: Path) -> None:
+    """Aggregate throughput and median first-token time against concurrency, one line per server."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (throughput, latency) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, results in report["targets"].items():
+        levels = results["concurrency"]["levels"]
+        xs = [int(level) for level in levels]
+        throughput.plot(xs, [row["aggregate_tokens_per_s"] for row in levels.values()], marker="o", label=name)
+        latency.plot(xs, [row["ttft_p50_s"] * 1000 for row in levels.values()], marker="o", label=name)
+    raw = report.get("raw_engine")
+    if raw:
+        throughput.axhline(raw["decode_tokens_per_s"], linestyle="--", color="grey", label="raw engine, 1 stream")
+    for axis, title, unit in ((throughput, "Aggregate decode throughput", "tokens/s"),
+                              (latency, "Time to first token (p50)", "ms")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("concurrent streams")
+        axis.set_ylabel(unit)
+        axis.set_title(title)
+        axis.grid(True, alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -1,0 +1,116 @@
+"""A real gunicorn process on loopback, started the way `make serve` starts it.
+
+Used by the benchmark (which can start its own server) and by the integration tests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+REPO = Path(__file__).resolve().parents[2]  # gunicorn.conf.py and wsgi.py live here
+GUNICORN = Path(sys.executable).with_name("gunicorn")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_until(condition, timeout: float, interval: float = 0.05, message: str = "condition") -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+class Server:
+    """gunicorn -c gunicorn.conf.py wsgi:app, with the given environment."""
+
+    def __init__(self, log_dir: Path, *, app: str = "wsgi:app", args: tuple[str, ...] = (), **env: Any) -> None:
+        self.app = app
+        self.args = args
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"gunicorn-{self.port}.log"
+        self.env = {
+            **os.environ,
+            "SERVER_HOST": "127.0.0.1",
+            "SERVER_PORT": str(self.port),
+            "PYTHONUNBUFFERED": "1",
+            **{key: str(value) for key, value in env.items()},
+        }
+        self.process: subprocess.Popen | None = None
+
+    def start(self, wait: bool = True) -> "Server":
+        """Launch gunicorn; with ``wait``, return once ``GET /v1/models`` answers."""
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [str(GUNICORN), "-c", "gunicorn.conf.py", *self.args, self.app],
+            cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        if wait:
+            wait_until(self._ready, timeout=90, message=f"gunicorn on {self.url} (log: {self.log_path})")
+        return self
+
+    def _ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"gunicorn exited with {self.process.returncode}:\n{self.log()}")
+        try:
+            return requests.get(self.url + "/v1/models", timeout=1).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    def log(self) -> str:
+        """Everything the server wrote so far."""
+        self._log.flush()
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def worker_pids(self) -> list[int]:
+        """The pids of gunicorn's workers (children of the master)."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        return [int(pid) for pid in children]
+
+    def pss_bytes(self) -> int:
+        """Proportional set size of the master and its workers together (shared pages split fairly)."""
+        total = 0
+        for pid in [self.process.pid, *self.worker_pids()]:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        return total
+
+    def stop(self, timeout: float = 40) -> int:
+        """SIGTERM the master and wait for it; returns its exit status."""
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            raise AssertionError(f"gunicorn did not stop within {timeout}s:\n{self.log()}")
+        finally:
+            self._log.close()
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
