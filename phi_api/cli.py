@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--model-path", help="model folder for the raw-engine reference and the server it starts")
     bench.add_argument("--compare", action="append", metavar="NAME=URL",
                        help="another OpenAI-compatible server to measure side by side (repeatable)")
+    bench.add_argument("--server", action="append", metavar="NAME:KEY=VALUE,...",
+                       help="also start and measure phi-api with these settings, e.g. "
+                            "per-worker:PRELOAD_MODEL=false,WEB_CONCURRENCY=1 (repeatable)")
     bench.add_argument("--runs", type=int, default=3, help="repetitions per measurement (medians are reported)")
     bench.add_argument("--max-tokens", type=int, default=128, help="tokens per streamed completion")
     bench.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated concurrency levels")

@@ -55,17 +55,28 @@ def first_model(url: str) -> str:
     return requests.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
 
 
-def measure_raw(model_path: str, max_tokens: int, runs: int) -> dict[str, Any]:
-    """Prefill time and single-stream decode rate of the engine itself."""
-    engine = RawEngine(model_path)
-    engine.generate(PROMPT, 8)  # warm-up
-    results = [engine.generate(PROMPT, max_tokens) for _ in range(runs)]
-    short = [engine.generate(SHORT_PROMPT, 2) for _ in range(runs)]
+class RawReference:
+    """The engine itself, in this process: with every core, and with one thread."""
+
+    def __init__(self, model_path: str) -> None:
+        self.engines = {os.cpu_count() or 1: RawEngine(model_path), 1: RawEngine(model_path, 1)}
+        self.prompt_tokens = len(self.engines[1].encode(PROMPT))
+        for engine in self.engines.values():
+            engine.generate(PROMPT, 8)  # warm-up
+
+    def sample(self, max_tokens: int) -> dict[int, Any]:
+        """One generation per thread setting."""
+        return {threads: engine.generate(PROMPT, max_tokens) for threads, engine in self.engines.items()}
+
+
+def summarize_raw(samples: list[dict[int, Any]]) -> dict[str, Any]:
+    """Medians of raw-engine samples, per thread setting."""
     return {
-        "prompt_tokens": len(engine.encode(PROMPT)),
-        "ttft_s": median([r.prefill_seconds for r in results]),
-        "decode_tokens_per_s": median([r.decode_rate for r in results]),
-        "short_ttft_s": median([r.prefill_seconds for r in short]),
+        f"{threads}_threads": {
+            "ttft_s": median([sample[threads].prefill_seconds for sample in samples]),
+            "decode_tokens_per_s": median([sample[threads].decode_rate for sample in samples]),
+        }
+        for threads in samples[0]
     }
 
 
@@ -74,15 +85,26 @@ def _body(target: Target, prompt: str, max_tokens: int) -> dict[str, Any]:
             "ignore_eos": True}
 
 
-def measure_single(target: Target, max_tokens: int, runs: int) -> dict[str, Any]:
-    """One stream at a time: time to first token and decode rate."""
+def measure_single(target: Target, max_tokens: int, runs: int, raw: RawReference | None) -> dict[str, Any]:
+    """One stream at a time: time to first token and decode rate, alternating with the raw engine.
+
+    Taking the raw samples between the server's, in the same loop, lets both
+    see the same machine: on a shared host the speed drifts within minutes.
+    """
     body = _body(target, PROMPT, max_tokens)
     stream_completion(target.url, {**body, "max_tokens": 4})  # warm-up
-    results = [stream_completion(target.url, body) for _ in range(runs)]
-    return {
+    results, raw_samples = [], []
+    for _ in range(runs):
+        if raw is not None:
+            raw_samples.append(raw.sample(max_tokens))
+        results.append(stream_completion(target.url, body))
+    single = {
         "ttft_s": median([r.ttft for r in results]),
         "decode_tokens_per_s": median([r.decode_rate for r in results if r.decode_rate]),
     }
+    if raw_samples:
+        single["raw_engine"] = summarize_raw(raw_samples) | {"prompt_tokens": raw.prompt_tokens}
+    return single
 
 
 def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs: int) -> dict[str, Any]:
@@ -145,6 +167,22 @@ def measure_memory(model_path: str, model_id: str, log_dir: Path) -> dict[str, A
             "ratio": sizes[2] / sizes[1]}
 
 
+def _server_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """``NAME:KEY=VALUE,KEY=VALUE`` -> (NAME, environment)."""
+    name, _, assignments = spec.partition(":")
+    env = dict(item.split("=", 1) for item in assignments.split(",") if item)
+    return name, env
+
+
+def measure_target(target: Target, options: Any, levels: list[int], raw: RawReference | None) -> dict[str, Any]:
+    """Every per-server measurement."""
+    return {
+        "single_stream": measure_single(target, options.max_tokens, options.runs, raw),
+        "head_of_line": measure_head_of_line(target, options.runs),
+        "concurrency": measure_concurrency(target, levels, options.max_tokens, options.runs),
+    }
+
+
 def run(options: Any) -> dict[str, Any]:
     """Run every measurement the options ask for; returns the report (also printed and written)."""
     from phi_api.bench.report import print_report, write_chart, write_json
@@ -156,28 +194,20 @@ def run(options: Any) -> dict[str, Any]:
         "settings": {"runs": options.runs, "max_tokens": options.max_tokens, "concurrency": levels},
         "targets": {},
     }
-    own: Server | None = None
-    targets = []
+    raw = RawReference(options.model_path) if options.model_path else None
+    servers = [("phi-api", {})] if not options.url else []
+    servers += [_server_spec(spec) for spec in options.server or []]
+    for name, env in servers:
+        with Server(log_dir, MODEL_PATH=options.model_path, MODEL_ID="bench-model",
+                    MAX_CONCURRENT_REQUESTS=max(levels) * 2, **env) as own:
+            report["targets"][name] = measure_target(Target(name, own.url, "bench-model"), options, levels, raw)
     if options.url:
-        targets.append(Target("phi-api", options.url.rstrip("/"), first_model(options.url.rstrip("/"))))
-    else:
-        own = Server(log_dir, MODEL_PATH=options.model_path, MODEL_ID="bench-model",
-                     MAX_CONCURRENT_REQUESTS=max(levels) * 2).start()
-        targets.append(Target("phi-api", own.url, "bench-model"))
+        url = options.url.rstrip("/")
+        report["targets"]["phi-api"] = measure_target(Target("phi-api", url, first_model(url)), options, levels, raw)
     for spec in options.compare or []:
         name, _, url = spec.partition("=")
-        targets.append(Target(name, url.rstrip("/"), first_model(url.rstrip("/"))))
-    try:
-        if options.model_path:
-            report["raw_engine"] = measure_raw(options.model_path, options.max_tokens, options.runs)
-        for target in targets:
-            target.results["single_stream"] = measure_single(target, options.max_tokens, options.runs)
-            target.results["head_of_line"] = measure_head_of_line(target, options.runs)
-            target.results["concurrency"] = measure_concurrency(target, levels, options.max_tokens, options.runs)
-            report["targets"][target.name] = target.results
-    finally:
-        if own is not None:
-            own.stop()
+        url = url.rstrip("/")
+        report["targets"][name] = measure_target(Target(name, url, first_model(url)), options, levels, raw)
     if options.model_path and options.memory:
         report["memory"] = measure_memory(options.model_path, "bench-model", log_dir)
     out = Path(options.out)
