@@ -41,6 +41,8 @@ class Settings:
     LOG_LEVEL: str = "INFO"
     ENGINE_THREADS: int = 0
     PREFILL_CHUNK_TOKENS: int = 64
+    PROMPT_CACHE_MB: float = 256.0
+    PROMPT_CACHE_HEADROOM_TOKENS: int = 256
 
     @property
     def cors_origins(self) -> list[str] | str:
@@ -144,6 +146,8 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "LOG_LEVEL": _text(choices=LOG_LEVELS, upper=True),
     "ENGINE_THREADS": _integer(0, 256),
     "PREFILL_CHUNK_TOKENS": _integer(1, 1_000_000),
+    "PROMPT_CACHE_MB": _number(0.0, 1_000_000.0),
+    "PROMPT_CACHE_HEADROOM_TOKENS": _integer(0, 1_000_000),
 }
 
 SETTING_NAMES = tuple(field.name for field in dataclasses.fields(Settings))

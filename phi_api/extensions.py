@@ -37,7 +37,9 @@ def load_engine(settings: Settings) -> Engine:
         raise ModelLoadingError(path, str(exc)) from exc
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadingError(path, f"unreadable model configuration ({type(exc).__name__}: {exc})") from exc
-    return Engine(model, prefill_chunk=settings.PREFILL_CHUNK_TOKENS, timeout=settings.GENERATION_TIMEOUT)
+    return Engine(model, prefill_chunk=settings.PREFILL_CHUNK_TOKENS, timeout=settings.GENERATION_TIMEOUT,
+                  cache_bytes=int(settings.PROMPT_CACHE_MB * 2**20),
+                  cache_headroom=settings.PROMPT_CACHE_HEADROOM_TOKENS)
 
 
 def _get(key: str) -> Any:

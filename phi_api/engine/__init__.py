@@ -61,9 +61,11 @@ class Generation:
 class Engine:
     """The model, its tokenizer and this process's scheduler."""
 
-    def __init__(self, model: Any, *, prefill_chunk: int, timeout: float) -> None:
+    def __init__(self, model: Any, *, prefill_chunk: int, timeout: float, cache_bytes: int = 0,
+                 cache_headroom: int = 0) -> None:
         self.model = model
-        self.scheduler = Scheduler(model, prefill_chunk=prefill_chunk, report=log_generation)
+        self.scheduler = Scheduler(model, prefill_chunk=prefill_chunk, report=log_generation,
+                                   cache_bytes=cache_bytes, cache_headroom=cache_headroom)
         self.loaded_at = int(time.time())
         self._timeout = timeout
 
@@ -106,8 +108,9 @@ def log_generation(job: Job, finished: Finished) -> None:
     rate = finished.decode_tokens_per_second
     extra = {"request_id": job.request_id}
     log.info(
-        "generation finish_reason=%s prompt_tokens=%d completion_tokens=%d ttft_ms=%s tokens_per_s=%s",
-        finished.reason, finished.prompt_tokens, finished.completion_tokens, ttft,
+        "generation finish_reason=%s prompt_tokens=%d cached_tokens=%d completion_tokens=%d ttft_ms=%s "
+        "tokens_per_s=%s",
+        finished.reason, finished.prompt_tokens, finished.cached_tokens, finished.completion_tokens, ttft,
         f"{rate:.1f}" if rate else "-", extra=extra,
     )
     if finished.error:

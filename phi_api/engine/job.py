@@ -38,6 +38,7 @@ class Finished:
     time_to_first_token: float | None
     decode_seconds: float
     error: str | None = None  # for the log only: never shown to clients
+    cached_tokens: int = 0  # prompt tokens whose KV cache came from an earlier generation
 
     @property
     def decode_tokens_per_second(self) -> float | None:

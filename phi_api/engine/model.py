@@ -45,6 +45,7 @@ class ModelInfo:
     eos_token_ids: frozenset[int]
     has_chat_template: bool
     fingerprint: str
+    kv_bytes_per_token: int = 0
 
     @classmethod
     def read(cls, folder: str) -> "ModelInfo":
@@ -52,6 +53,7 @@ class ModelInfo:
         root = Path(folder)
         config = json.loads((root / "genai_config.json").read_text(encoding="utf-8"))
         model = config["model"]
+        decoder = model.get("decoder", {})
         eos = model.get("eos_token_id", [])
         return cls(
             path=str(root),
@@ -61,6 +63,9 @@ class ModelInfo:
             eos_token_ids=frozenset(eos if isinstance(eos, list) else [eos]),
             has_chat_template=_has_chat_template(root),
             fingerprint=_fingerprint(root, config),
+            # keys and values, per layer, in float32 (the CPU models' KV type)
+            kv_bytes_per_token=2 * 4 * int(decoder.get("num_hidden_layers", 0))
+            * int(decoder.get("num_key_value_heads", 0)) * int(decoder.get("head_size", 0)),
         )
 
 

@@ -35,15 +35,30 @@ class SamplingParams:
         """Whether each step's logits must pass through our own processing."""
         return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
-    def search_options(self, prompt_tokens: int) -> dict[str, float | bool]:
+    @property
+    def reuse_key(self) -> tuple | None:
+        """What a kept generator's search options must equal for this request to reuse it; None: never.
+
+        A seeded sampling request must start from a freshly seeded generator,
+        and a minimum length is fixed per generator, so those never reuse.
+        """
+        if (self.seed is not None and not self.greedy) or self.ignore_eos or self.min_tokens:
+            return None
+        if self.greedy:
+            return ("greedy", self.repetition_penalty)
+        return ("sample", self.temperature, self.top_p, self.top_k, self.repetition_penalty)
+
+    def search_options(self, prompt_tokens: int, capacity: int | None = None) -> dict[str, float | bool]:
         """ONNX Runtime GenAI search options for a prompt of ``prompt_tokens`` tokens.
 
-        Every option is set explicitly: a model folder's ``genai_config.json``
-        carries its own defaults (top_k 50, for one) that an OpenAI request must not inherit.
+        ``capacity`` (the KV buffer, in tokens) defaults to exactly prompt plus
+        ``max_tokens``; we stop at ``max_tokens`` ourselves either way. Every
+        option is set explicitly: a model folder's ``genai_config.json`` carries
+        its own defaults (top_k 50, for one) that an OpenAI request must not inherit.
         """
         max_length = prompt_tokens + self.max_tokens
         options: dict[str, float | bool] = {
-            "max_length": max_length,
+            "max_length": capacity or max_length,
             "do_sample": not self.greedy,
             "temperature": self.temperature if not self.greedy else 1.0,
             "top_p": self.top_p,

@@ -20,6 +20,7 @@ import time
 import traceback
 from typing import Any, Callable, Protocol
 
+from phi_api.engine.cache import PromptCache
 from phi_api.engine.job import Finished, Job, TextDelta
 from phi_api.engine.logits import LogitsEditor
 from phi_api.engine.native import Signal, start_thread
@@ -46,21 +47,35 @@ class Model(Protocol):
     def create_stream(self) -> Any: ...
 
 
+# SINGLE_ROW_NOTE: ONNX Runtime's int4 MatMulNBits computes a one-row step with
+# another kernel than a multi-row one, and the logits differ in the last bits
+# (enough to flip a near-tie under greedy decoding). Steps of two or more rows
+# give identical rows whatever their count, so prefill chunking, and prompt
+# reuse, never make a prompt token go through a step alone unless the prompt
+# is a single token. A reused prompt then answers exactly as a cold one.
+
+
 class _Running:
     """Engine-thread state of one job."""
 
-    def __init__(self, model: Model, job: Job, prefill_chunk: int, report: Report) -> None:
+    def __init__(self, model: Model, job: Job, prefill_chunk: int, report: Report, cache: PromptCache,
+                 headroom: int) -> None:
         self.job = job
         self.finished = False
         self._report = report
         self._model = model
         self._chunk = prefill_chunk
+        self._cache = cache
+        self._headroom = headroom
+        self._reuse_key = job.params.reuse_key if cache.enabled else None
         self._generator: Generator | None = None
+        self._capacity = 0
         self._stream: Any = None
         self._text: TextAssembler | None = None
         self._editor = LogitsEditor(job.params) if job.params.edits_logits else None
         self._prefilled = 0
-        self._generated = 0
+        self._reused = 0
+        self._generated: list[int] = []
         self._first_token_at: float | None = None
 
     def advance(self) -> None:
@@ -73,33 +88,46 @@ class _Running:
         elif self._generator is None:
             self._start()
         elif self._prefilled < len(job.prompt):
-            chunk = job.prompt[self._prefilled:self._prefilled + self._chunk]
-            self._generator.append_tokens(chunk)
-            self._prefilled += len(chunk)
+            end = self._prefilled + self._chunk
+            if len(job.prompt) - end == 1:
+                end += 1  # never leave one token for a step of its own (see SINGLE_ROW_NOTE)
+            self._generator.append_tokens(job.prompt[self._prefilled:end])
+            self._prefilled = min(end, len(job.prompt))
         else:
             self._decode_one()
 
     def fail(self, error: Exception) -> None:
         """End the job because the engine raised ``error``."""
         detail = "".join(traceback.format_exception(error)).rstrip()
+        self._reuse_key = None  # a generator that failed is not kept
         try:
             self._finish("error", error=detail)
         except Exception as release_error:  # releasing a broken generator failed too: still end the job
             self._generator = self._stream = None
             detail += "\nwhile releasing it: " + "".join(traceback.format_exception(release_error)).rstrip()
-            self._publish(Finished("error", len(self.job.prompt), self._generated, None, 0.0, detail))
+            self._publish(Finished("error", len(self.job.prompt), len(self._generated), None, 0.0, detail))
 
     def _start(self) -> None:
-        self._generator = self._model.new_generator(self.job.params.search_options(len(self.job.prompt)))
+        prompt, params = self.job.prompt, self.job.params
+        needed = len(prompt) + params.max_tokens
+        taken = self._cache.take(prompt, needed, self._reuse_key) if self._reuse_key is not None else None
+        if taken is not None:
+            self._generator, self._reused, self._capacity = taken
+            self._prefilled = self._reused
+        else:
+            # Room for the next turn of the conversation, when this one may be kept.
+            extra = self._headroom if self._reuse_key is not None else 0
+            self._capacity = min(self._model.info.context_length, needed + extra)
+            self._generator = self._model.new_generator(params.search_options(len(prompt), self._capacity))
         self._stream = self._model.create_stream()
-        self._text = TextAssembler(self._stream, self.job.params.stop)
+        self._text = TextAssembler(self._stream, params.stop)
 
     def _decode_one(self) -> None:
         assert self._generator is not None and self._text is not None
         if self._editor is not None:
             self._generator.process_logits(self._editor)
         token = self._generator.generate_next_token()
-        self._generated += 1
+        self._generated.append(token)
         if self._first_token_at is None:
             self._first_token_at = time.monotonic()
         if self._editor is not None:
@@ -112,7 +140,7 @@ class _Running:
             self.job.emit(TextDelta(text))
         if stopped:
             self._finish("stop", flush=False)
-        elif self._generated >= self.job.params.max_tokens:
+        elif len(self._generated) >= self.job.params.max_tokens:
             self._finish("length")
         elif self._generator.is_done():
             self._finish("stop")
@@ -122,16 +150,17 @@ class _Running:
             tail = self._text.finish()
             if tail:
                 self.job.emit(TextDelta(tail))
-        self._release()
+        self._release(keep=reason in ("stop", "length"))
         now = time.monotonic()
         first = self._first_token_at
         self._publish(Finished(
             reason=reason,
             prompt_tokens=len(self.job.prompt),
-            completion_tokens=self._generated,
+            completion_tokens=len(self._generated),
             time_to_first_token=(first - self.job.submitted_at) if first is not None else None,
             decode_seconds=(now - first) if first is not None else 0.0,
             error=error,
+            cached_tokens=self._reused,
         ))
 
     def _publish(self, finished: Finished) -> None:
@@ -139,20 +168,33 @@ class _Running:
         self.job.emit(finished)
         self._report(self.job, finished)
 
-    def _release(self) -> None:
-        for resource in (self._generator, self._stream):
-            if resource is not None:
-                resource.close()
-        self._generator = self._stream = None
+    def _release(self, keep: bool) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        generator, self._generator, self._stream = self._generator, None, None
+        if generator is None:
+            return
+        # Only the prompt is offered for reuse, though the KV cache also holds the
+        # answer: keys and values computed token by token while decoding differ
+        # in the last bits from those a prefill computes (measured: logits off by
+        # up to 1.5), while prefill chunking changes nothing. Re-prefilling the
+        # answer keeps a reused conversation's output identical to a cold one's.
+        if keep and self._reuse_key is not None and self._cache.put(generator, self.job.prompt, self._capacity,
+                                                                    self._reuse_key):
+            return
+        generator.close()
 
 
 class Scheduler:
     """Owns the engine thread of this process and the generations it runs."""
 
-    def __init__(self, model: Model, *, prefill_chunk: int, report: Report, idle_wait: float = 1.0) -> None:
+    def __init__(self, model: Model, *, prefill_chunk: int, report: Report, cache_bytes: int = 0,
+                 cache_headroom: int = 0, idle_wait: float = 1.0) -> None:
         self._model = model
         self._prefill_chunk = prefill_chunk
         self._report = report
+        self._cache = PromptCache(cache_bytes, model.info.kv_bytes_per_token)
+        self._headroom = cache_headroom
         self._relay: HubRelay | None = None
         self._idle_wait = idle_wait
         self._inbox: collections.deque[Job] = collections.deque()
@@ -187,7 +229,8 @@ class Scheduler:
 
     def _running(self, job: Job) -> _Running:
         relay = self._relay
-        return _Running(self._model, job, self._prefill_chunk, lambda job, finished: relay.send((job, finished)))
+        return _Running(self._model, job, self._prefill_chunk, lambda job, finished: relay.send((job, finished)),
+                        self._cache, self._headroom)
 
     def _run(self) -> None:
         active: list[_Running] = []
@@ -208,3 +251,4 @@ class Scheduler:
         for running in active:
             running.job.cancel()
             running.advance()
+        self._cache.clear()

@@ -25,7 +25,7 @@ def test_non_streaming_response_has_openai_s_shape(client):
     }]
     prompt_tokens = len("<user>Say hello<assistant>")  # the fake encodes one token per character
     assert body["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 5,
-                             "total_tokens": prompt_tokens + 5}
+                             "total_tokens": prompt_tokens + 5, "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_ids_are_unique(client):

@@ -76,6 +76,12 @@ def test_prompt_is_prefilled_in_chunks(engine_for):
     assert script.steps[:3] == ["prefill:4", "prefill:4", "prefill:2"]
 
 
+def test_no_prompt_token_is_prefilled_alone(engine_for):
+    engine, script = engine_for([EOS], prefill_chunk=4)
+    run(engine, prompt_length=9, max_tokens=3)
+    assert script.steps[:2] == ["prefill:4", "prefill:5"]
+
+
 def test_jobs_take_turns_step_by_step(engine_for):
     gate = threading.Semaphore(0)
     engine, script = engine_for([1, 2, 3], gate=gate, prefill_chunk=100)

@@ -72,6 +72,11 @@ class FakeGenerator:
     def is_done(self) -> bool:
         return self._done
 
+    def rewind_to(self, length: int) -> None:
+        self._script.steps.append(f"rewind:{length}")
+        self._length = length
+        self._done = False
+
     def close(self) -> None:
         self.closed = True
 
@@ -97,6 +102,7 @@ class FakeModel:
         self.info = ModelInfo(
             path="/fake", model_type="fake", context_length=context_length, vocab_size=VOCAB,
             eos_token_ids=frozenset({EOS}), has_chat_template=has_chat_template, fingerprint="fp_fake",
+            kv_bytes_per_token=1,
         )
         self.generators: list[FakeGenerator] = []
 
@@ -124,6 +130,7 @@ def text_pieces(*pieces: bytes) -> dict[int, bytes]:
 
 
 def fake_engine(tokens: list[int], pieces: dict[int, bytes], *, timeout: float = 60.0, prefill_chunk: int = 8,
-                **model_options: Any) -> Engine:
+                cache_bytes: int = 0, cache_headroom: int = 0, **model_options: Any) -> Engine:
     """An Engine over a FakeModel running ``tokens``."""
-    return Engine(FakeModel(Script(tokens), pieces, **model_options), prefill_chunk=prefill_chunk, timeout=timeout)
+    return Engine(FakeModel(Script(tokens), pieces, **model_options), prefill_chunk=prefill_chunk, timeout=timeout,
+                  cache_bytes=cache_bytes, cache_headroom=cache_headroom)
