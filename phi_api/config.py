@@ -30,7 +30,7 @@ class Settings:
     MODEL_ID: str = "phi-3.5-mini"
     SERVER_HOST: str = "0.0.0.0"
     SERVER_PORT: int = 8000
-    WEB_CONCURRENCY: int = 0
+    WEB_CONCURRENCY: int = 1
     PRELOAD_MODEL: bool = True
     MAX_CONCURRENT_REQUESTS: int = 10
     DEFAULT_MAX_TOKENS: int = 1024
@@ -40,6 +40,7 @@ class Settings:
     MAX_REQUEST_SIZE_MB: float = 10.0
     LOG_LEVEL: str = "INFO"
     ENGINE_THREADS: int = 0
+    INTRA_OP_THREADS: int = 0
     PREFILL_CHUNK_TOKENS: int = 64
     PROMPT_CACHE_MB: float = 256.0
     PROMPT_CACHE_HEADROOM_TOKENS: int = 256
@@ -57,23 +58,32 @@ class Settings:
 
     @property
     def workers(self) -> int:
-        """gunicorn workers: ``WEB_CONCURRENCY``, else one per CPU core."""
-        return self.WEB_CONCURRENCY or (os.cpu_count() or 1)
+        """gunicorn workers (``WEB_CONCURRENCY``)."""
+        return self.WEB_CONCURRENCY
+
+    @property
+    def _cores_per_worker(self) -> int:
+        return max(1, (os.cpu_count() or 1) // self.workers)
 
     @property
     def engine_threads(self) -> int:
-        """ONNX Runtime intra-op threads for the model.
+        """Engine threads per worker, each running its own generations.
 
         A preloaded model is forked into the workers, and ONNX Runtime's thread
-        pool does not survive a fork (the children run every step on their one
-        calling thread), so it gets one thread and the workers share the cores.
-        A model each worker loads for itself gets ``ENGINE_THREADS``, or its share of the cores.
+        pool does not survive a fork: a forked worker computes each step on the
+        calling thread alone. So it runs one engine thread per core it may use.
+        A worker that loads its own model runs one, with a live thread pool.
         """
-        if self.PRELOAD_MODEL:
-            return 1
         if self.ENGINE_THREADS:
             return self.ENGINE_THREADS
-        return max(1, (os.cpu_count() or 1) // self.workers)
+        return self._cores_per_worker if self.PRELOAD_MODEL else 1
+
+    @property
+    def intra_op_threads(self) -> int:
+        """ONNX Runtime threads per model step: 1 for a preloaded model (its pool would die in the fork)."""
+        if self.PRELOAD_MODEL:
+            return 1
+        return self.INTRA_OP_THREADS or self._cores_per_worker
 
 
 def _integer(low: int, high: int | None = None) -> Callable[[str, Any], int]:
@@ -135,7 +145,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "MODEL_ID": _text(),
     "SERVER_HOST": _text(),
     "SERVER_PORT": _integer(1, 65535),
-    "WEB_CONCURRENCY": _integer(0, 64),
+    "WEB_CONCURRENCY": _integer(1, 64),
     "PRELOAD_MODEL": _boolean,
     "MAX_CONCURRENT_REQUESTS": _integer(1, 10_000),
     "DEFAULT_MAX_TOKENS": _integer(1, 1_000_000),
@@ -145,6 +155,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "MAX_REQUEST_SIZE_MB": _number(0.0, 1024.0, exclusive_low=True),
     "LOG_LEVEL": _text(choices=LOG_LEVELS, upper=True),
     "ENGINE_THREADS": _integer(0, 256),
+    "INTRA_OP_THREADS": _integer(0, 256),
     "PREFILL_CHUNK_TOKENS": _integer(1, 1_000_000),
     "PROMPT_CACHE_MB": _number(0.0, 1_000_000.0),
     "PROMPT_CACHE_HEADROOM_TOKENS": _integer(0, 1_000_000),

@@ -32,12 +32,13 @@ def load_engine(settings: Settings) -> Engine:
     if not os.path.isfile(os.path.join(path, "genai_config.json")):
         raise ModelLoadingError(path, "genai_config.json not found (not an ONNX Runtime GenAI model folder)")
     try:
-        model = LanguageModel(path, intra_op_threads=settings.engine_threads)
+        model = LanguageModel(path, intra_op_threads=settings.intra_op_threads)
     except oga.OgaError as exc:
         raise ModelLoadingError(path, str(exc)) from exc
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadingError(path, f"unreadable model configuration ({type(exc).__name__}: {exc})") from exc
     return Engine(model, prefill_chunk=settings.PREFILL_CHUNK_TOKENS, timeout=settings.GENERATION_TIMEOUT,
+                  lanes=settings.engine_threads,
                   cache_bytes=int(settings.PROMPT_CACHE_MB * 2**20),
                   cache_headroom=settings.PROMPT_CACHE_HEADROOM_TOKENS)
 

@@ -39,6 +39,7 @@ def test_empty_environment_values_mean_default():
         ("GENERATION_TIMEOUT", "inf"),
         ("LOG_LEVEL", "LOUD"),
         ("WEB_CONCURRENCY", "1.5"),
+        ("WEB_CONCURRENCY", "0"),
         ("PRELOAD_MODEL", "maybe"),
     ],
 )
@@ -59,23 +60,21 @@ def test_cors_origins_list():
     assert load_settings(environ={}).cors_origins == "*"
 
 
-def test_one_worker_per_core_by_default(monkeypatch):
+def test_a_preloaded_model_gets_one_engine_thread_per_core_of_each_worker(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)
-    assert load_settings(environ={}).workers == 8
-    assert load_settings(environ={"WEB_CONCURRENCY": "3"}).workers == 3
+    settings = load_settings(environ={"WEB_CONCURRENCY": "2", "INTRA_OP_THREADS": "4"})
+    assert (settings.engine_threads, settings.intra_op_threads) == (4, 1)  # the pool would die in the fork
+    assert load_settings(environ={}).engine_threads == 8
+    assert load_settings(environ={"ENGINE_THREADS": "3"}).engine_threads == 3
 
 
-def test_a_preloaded_model_computes_on_one_thread_per_worker(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
-    assert load_settings(environ={"ENGINE_THREADS": "4"}).engine_threads == 1  # the pool would die in the fork
-
-
-def test_models_loaded_by_each_worker_share_the_cores(monkeypatch):
+def test_a_model_each_worker_loads_gets_a_thread_pool_instead(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     per_worker = {"PRELOAD_MODEL": "false"}
-    assert load_settings(environ={**per_worker, "WEB_CONCURRENCY": "2"}).engine_threads == 4
-    assert load_settings(environ={**per_worker, "WEB_CONCURRENCY": "16"}).engine_threads == 1
-    assert load_settings(environ={**per_worker, "ENGINE_THREADS": "3"}).engine_threads == 3
+    settings = load_settings(environ={**per_worker, "WEB_CONCURRENCY": "2"})
+    assert (settings.engine_threads, settings.intra_op_threads) == (1, 4)
+    assert load_settings(environ={**per_worker, "WEB_CONCURRENCY": "16"}).intra_op_threads == 1
+    assert load_settings(environ={**per_worker, "INTRA_OP_THREADS": "3"}).intra_op_threads == 3
 
 
 @pytest.mark.parametrize("raw,expected", [("true", True), ("0", False), ("off", False), ("YES", True)])

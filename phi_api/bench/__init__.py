@@ -152,6 +152,35 @@ def measure_head_of_line(target: Target, runs: int, long_tokens: int = 400) -> d
             "ratio": median(busy) / median(idle)}
 
 
+def conversation(seed: int, facts: int = 110) -> list[dict[str, str]]:
+    """A long chat (about 1500 tokens with the default model), unique to ``seed`` so no cache knows it."""
+    notes = " ".join(f"Note {seed}.{i}: item {i} costs {i * 7 + seed} coins." for i in range(facts))
+    return [{"role": "system", "content": "You are a careful bookkeeper. " + notes},
+            {"role": "user", "content": "What does item 12 cost?"}]
+
+
+def measure_prompt_reuse(target: Target, runs: int) -> dict[str, Any]:
+    """First-token time of a long conversation's first request (cold) and of its next turn.
+
+    Both turns go over one keep-alive connection, as an SDK client's do, so
+    they reach the same worker and its cache.
+    """
+    cold, warm, cached, prompts = [], [], [], []
+    for run in range(runs):
+        session = requests.Session()
+        messages = conversation(int(time.time() * 1000) % 100_000 + run)
+        body = {"model": target.model, "max_tokens": 32, "temperature": 0}
+        first = stream_completion(target.url, {**body, "messages": messages}, session, "/v1/chat/completions")
+        messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And item 40?"}]
+        second = stream_completion(target.url, {**body, "messages": messages}, session, "/v1/chat/completions")
+        cold.append(first.ttft)
+        warm.append(second.ttft)
+        cached.append(second.cached_tokens or 0)
+        prompts.append(second.prompt_tokens or 0)
+    return {"prompt_tokens": median(prompts), "cold_ttft_s": median(cold), "next_turn_ttft_s": median(warm),
+            "cached_tokens": median(cached), "ratio": median(warm) / median(cold)}
+
+
 def measure_memory(model_path: str, model_id: str, log_dir: Path) -> dict[str, Any]:
     """Proportional set size of the whole server with one worker, then with two."""
     sizes = {}
@@ -180,6 +209,7 @@ def measure_target(target: Target, options: Any, levels: list[int], raw: RawRefe
         "single_stream": measure_single(target, options.max_tokens, options.runs, raw),
         "head_of_line": measure_head_of_line(target, options.runs),
         "concurrency": measure_concurrency(target, levels, options.max_tokens, options.runs),
+        "prompt_reuse": measure_prompt_reuse(target, options.runs),
     }
 
 

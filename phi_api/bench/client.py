@@ -18,6 +18,9 @@ class StreamResult:
     ttft: float  # request sent -> first text received (seconds)
     tokens: int  # completion tokens (the server's usage when it reports one, else text chunks)
     decode_seconds: float  # first text -> last text
+    text: str = ""
+    cached_tokens: int | None = None
+    prompt_tokens: int | None = None
 
     @property
     def decode_rate(self) -> float | None:
@@ -25,31 +28,35 @@ class StreamResult:
         return (self.tokens - 1) / self.decode_seconds if self.tokens > 1 and self.decode_seconds > 0 else None
 
 
-def stream_completion(base_url: str, body: dict[str, Any], session: requests.Session | None = None) -> StreamResult:
-    """POST ``body`` to ``/v1/completions`` with streaming and time it."""
+def stream_completion(base_url: str, body: dict[str, Any], session: requests.Session | None = None,
+                      path: str = "/v1/completions") -> StreamResult:
+    """POST ``body`` to ``path`` (completions or chat completions) with streaming, and time it."""
     http = session or requests
     payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
     started = time.perf_counter()
     first = last = None
-    chunks = 0
-    usage_tokens = None
-    with http.post(base_url + "/v1/completions", json=payload, stream=True, timeout=600) as response:
+    pieces: list[str] = []
+    usage: dict[str, Any] = {}
+    with http.post(base_url + path, json=payload, stream=True, timeout=600) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith(b"data: {"):
                 continue
             event = json.loads(line[6:])
-            if event.get("usage"):
-                usage_tokens = event["usage"].get("completion_tokens")
+            usage = event.get("usage") or usage
             for choice in event.get("choices") or []:
-                if choice.get("text"):
+                text = choice.get("text") or (choice.get("delta") or {}).get("content")
+                if text:
                     now = time.perf_counter()
                     first = first or now
                     last = now
-                    chunks += 1
+                    pieces.append(text)
     if first is None:
         raise RuntimeError(f"{base_url} streamed no text")
-    return StreamResult(ttft=first - started, tokens=usage_tokens or chunks, decode_seconds=last - first)
+    return StreamResult(ttft=first - started, tokens=usage.get("completion_tokens") or len(pieces),
+                        decode_seconds=last - first, text="".join(pieces),
+                        cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+                        prompt_tokens=usage.get("prompt_tokens"))
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,11 @@ def print_report(report: dict[str, Any]) -> None:
         hol = results["head_of_line"]
         print(f"head-of-line: short request ttft idle {_ms(hol['idle_ttft_s'])}, during a 400-token generation "
               f"{_ms(hol['busy_ttft_s'])} ({hol['ratio']:.2f}x)")
+        reuse = results.get("prompt_reuse")
+        if reuse:
+            print(f"prompt reuse: next turn of a {reuse['prompt_tokens']:.0f}-token conversation: ttft "
+                  f"{_ms(reuse['next_turn_ttft_s'])} vs cold {_ms(reuse['cold_ttft_s'])} ({reuse['ratio']:.2f}x; "
+                  f"{reuse['cached_tokens']:.0f} tokens reused)")
         concurrency = results["concurrency"]
         print(f"GET /v1/models at full load: p50 {_ms(concurrency['models_latency_under_load_p50_s'])}, "
               f"p95 {_ms(concurrency['models_latency_under_load_p95_s'])} "

@@ -61,10 +61,10 @@ class Generation:
 class Engine:
     """The model, its tokenizer and this process's scheduler."""
 
-    def __init__(self, model: Any, *, prefill_chunk: int, timeout: float, cache_bytes: int = 0,
+    def __init__(self, model: Any, *, prefill_chunk: int, timeout: float, lanes: int = 1, cache_bytes: int = 0,
                  cache_headroom: int = 0) -> None:
         self.model = model
-        self.scheduler = Scheduler(model, prefill_chunk=prefill_chunk, report=log_generation,
+        self.scheduler = Scheduler(model, prefill_chunk=prefill_chunk, report=log_generation, lanes=lanes,
                                    cache_bytes=cache_bytes, cache_headroom=cache_headroom)
         self.loaded_at = int(time.time())
         self._timeout = timeout

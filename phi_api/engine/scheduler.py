@@ -1,7 +1,7 @@
-"""The per-worker engine thread: runs every active generation, a step at a time.
+"""The per-worker engine threads: each runs its generations, a step at a time.
 
-One native OS thread per worker owns all generators. Each pass over the
-active jobs advances each by one unit of work: a prefill chunk of
+Native OS threads in each worker own the generators. Each pass over a
+thread's active jobs advances each by one unit of work: a prefill chunk of
 ``prefill_chunk`` prompt tokens, or one generated token. So a new request
 starts within one pass instead of waiting for someone else's whole answer,
 and a long prompt cannot stall the others' streams for its whole prefill.
@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol
 from phi_api.engine.cache import PromptCache
 from phi_api.engine.job import Finished, Job, TextDelta
 from phi_api.engine.logits import LogitsEditor
-from phi_api.engine.native import Signal, start_thread
+from phi_api.engine.native import Signal, new_lock, start_thread
 from phi_api.engine.text import TextAssembler
 from phi_api.engine.wakeup import HubRelay
 
@@ -58,7 +58,7 @@ class Model(Protocol):
 class _Running:
     """Engine-thread state of one job."""
 
-    def __init__(self, model: Model, job: Job, prefill_chunk: int, report: Report, cache: PromptCache,
+    def __init__(self, model: Model, job: Job, prefill_chunk: int, report: Report, cache: Any,
                  headroom: int) -> None:
         self.job = job
         self.finished = False
@@ -185,69 +185,119 @@ class _Running:
         generator.close()
 
 
-class Scheduler:
-    """Owns the engine thread of this process and the generations it runs."""
+class _SharedCache:
+    """The prompt cache, shared by the engine threads of a process (each call takes a native lock)."""
 
-    def __init__(self, model: Model, *, prefill_chunk: int, report: Report, cache_bytes: int = 0,
+    def __init__(self, cache: PromptCache) -> None:
+        self._cache = cache
+        self._lock = new_lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self._cache.enabled
+
+    def take(self, *args: Any) -> Any:
+        with self._lock:
+            return self._cache.take(*args)
+
+    def put(self, *args: Any) -> bool:
+        with self._lock:
+            return self._cache.put(*args)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+
+class _Lane:
+    """One engine thread and the generations it runs, each advanced a step per pass."""
+
+    def __init__(self) -> None:
+        self.inbox: collections.deque[Job] = collections.deque()
+        self.signal = Signal()
+        self.assigned = 0  # written by the hub's thread only
+        self.finished = 0  # written by this lane's thread only
+
+    @property
+    def load(self) -> int:
+        """Generations given to this lane and not finished yet."""
+        return self.assigned - self.finished
+
+
+class Scheduler:
+    """Owns this process's engine threads ("lanes") and the generations they run.
+
+    A model preloaded before the fork computes on one core per call (ONNX
+    Runtime's thread pool does not survive the fork), so a worker runs one lane
+    per core it may use, and a new generation goes to the least loaded lane.
+    """
+
+    def __init__(self, model: Model, *, prefill_chunk: int, report: Report, lanes: int = 1, cache_bytes: int = 0,
                  cache_headroom: int = 0, idle_wait: float = 1.0) -> None:
         self._model = model
         self._prefill_chunk = prefill_chunk
         self._report = report
-        self._cache = PromptCache(cache_bytes, model.info.kv_bytes_per_token)
+        self._lane_count = lanes
+        self._cache = _SharedCache(PromptCache(cache_bytes, model.info.kv_bytes_per_token))
         self._headroom = cache_headroom
         self._relay: HubRelay | None = None
         self._idle_wait = idle_wait
-        self._inbox: collections.deque[Job] = collections.deque()
-        self._signal = Signal()
-        self._thread_pid: int | None = None
+        self._lanes: list[_Lane] = []
+        self._started_pid: int | None = None
         self._stopping = False
 
     @property
     def running(self) -> bool:
-        """Whether this process's engine thread is up."""
-        return self._thread_pid == os.getpid() and not self._stopping
+        """Whether this process's engine threads are up."""
+        return self._started_pid == os.getpid() and not self._stopping
 
     def start(self) -> None:
-        """Start the engine thread in this process (after a fork, a new one); call from the hub's thread."""
-        if self._thread_pid != os.getpid():
-            self._thread_pid = os.getpid()
+        """Start the engine threads in this process (after a fork, new ones); call from the hub's thread."""
+        if self._started_pid != os.getpid():
+            self._started_pid = os.getpid()
             self._stopping = False
-            self._signal = Signal()
             self._relay = HubRelay(lambda item: self._report(*item))
-            start_thread(self._run)
+            self._lanes = [_Lane() for _ in range(self._lane_count)]
+            for lane in self._lanes:
+                start_thread(lambda lane=lane: self._run(lane))
 
     def submit(self, job: Job) -> None:
-        """Queue ``job``; it starts within one pass of the engine loop."""
+        """Queue ``job`` on the least loaded lane; it starts within one pass of that lane's loop."""
         self.start()
-        self._inbox.append(job)
-        self._signal.set()
+        lane = min(self._lanes, key=lambda candidate: candidate.load)
+        lane.assigned += 1
+        lane.inbox.append(job)
+        lane.signal.set()
 
     def stop(self) -> None:
-        """Ask the engine thread to cancel what it runs and exit."""
+        """Ask the engine threads to cancel what they run and exit."""
         self._stopping = True
-        self._signal.set()
+        for lane in self._lanes:
+            lane.signal.set()
 
     def _running(self, job: Job) -> _Running:
         relay = self._relay
         return _Running(self._model, job, self._prefill_chunk, lambda job, finished: relay.send((job, finished)),
                         self._cache, self._headroom)
 
-    def _run(self) -> None:
+    def _run(self, lane: _Lane) -> None:
         active: list[_Running] = []
         while not self._stopping:
-            while self._inbox:
-                active.append(self._running(self._inbox.popleft()))
+            while lane.inbox:
+                active.append(self._running(lane.inbox.popleft()))
             if not active:
-                self._signal.wait(self._idle_wait)
+                lane.signal.wait(self._idle_wait)
                 continue
             for running in active:
                 try:
                     running.advance()
                 except Exception as exc:  # one broken generation must not stop the others
                     running.fail(exc)
-            active = [running for running in active if not running.finished]
-        while self._inbox:
-            active.append(self._running(self._inbox.popleft()))
+            still = [running for running in active if not running.finished]
+            lane.finished += len(active) - len(still)
+            active = still
+        while lane.inbox:
+            active.append(self._running(lane.inbox.popleft()))
         for running in active:
             running.job.cancel()
             running.advance()

@@ -29,9 +29,9 @@ def run(engine: Engine, prompt_length: int = 5, **params) -> tuple[str, Finished
 def engine_for():
     engines = []
 
-    def build(tokens, *, gate=None, fail_at=None, prefill_chunk=4, timeout=60.0):
+    def build(tokens, *, gate=None, fail_at=None, prefill_chunk=4, timeout=60.0, lanes=1):
         script = Script(tokens, gate=gate, fail_at=fail_at)
-        engine = Engine(FakeModel(script, PIECES), prefill_chunk=prefill_chunk, timeout=timeout)
+        engine = Engine(FakeModel(script, PIECES), prefill_chunk=prefill_chunk, timeout=timeout, lanes=lanes)
         engines.append(engine)
         return engine, script
 
@@ -148,3 +148,14 @@ def test_search_options_are_set_explicitly():
     assert 0 <= options["random_seed"] < 2**31
     sampled = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, top_k=5).search_options(1)
     assert (sampled["do_sample"], sampled["temperature"], sampled["top_p"], sampled["top_k"]) == (True, 0.8, 0.9, 5)
+
+
+def test_lanes_run_generations_on_separate_threads(engine_for):
+    engine, _ = engine_for([1, 2, 3], lanes=2)
+    generations = [engine.submit(np.arange(1, 4, dtype=np.int32), SamplingParams(max_tokens=20)) for _ in range(2)]
+    for generation in generations:
+        assert list(generation.events())[-1].reason == "length"
+        generation.close()
+    threads = [generator.threads for generator in engine.model.generators]
+    assert all(len(used) == 1 for used in threads)  # a generation stays on its lane
+    assert threads[0] != threads[1]  # the second went to the idle lane

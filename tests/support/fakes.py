@@ -41,6 +41,7 @@ class FakeGenerator:
         self._step = 0
         self._done = False
         self.closed = False
+        self.threads: set[int] = set()  # the OS threads that stepped this generator
         script.options.append(options)
 
     def append_tokens(self, tokens: Any) -> None:
@@ -54,6 +55,7 @@ class FakeGenerator:
         self._forced = int(np.argmax(logits)) if logits.max() > 50 else None
 
     def generate_next_token(self) -> int:
+        self.threads.add(threading.get_ident())
         if self._script.gate is not None:
             self._script.gate.acquire()
         if self._script.fail_at == self._step:
