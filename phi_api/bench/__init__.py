@@ -152,7 +152,7 @@ def measure_head_of_line(target: Target, runs: int, long_tokens: int = 400) -> d
             "ratio": median(busy) / median(idle)}
 
 
-def conversation(seed: int, facts: int = 110) -> list[dict[str, str]]:
+def conversation(seed: int, facts: int = 58) -> list[dict[str, str]]:
     """A long chat (about 1500 tokens with the default model), unique to ``seed`` so no cache knows it."""
     notes = " ".join(f"Note {seed}.{i}: item {i} costs {i * 7 + seed} coins." for i in range(facts))
     return [{"role": "system", "content": "You are a careful bookkeeper. " + notes},
