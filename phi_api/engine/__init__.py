@@ -26,35 +26,38 @@ __all__ = [
 
 
 class Generation:
-    """The request side of one submitted job."""
+    """The request side of a submitted request: one job per choice, one waker for all of them."""
 
-    def __init__(self, job: Job, waker: HubWaker) -> None:
-        self._job = job
+    def __init__(self, jobs: list[Job], waker: HubWaker) -> None:
+        self._jobs = jobs
         self._waker = waker
 
     @property
     def prompt_tokens(self) -> int:
         """Length of the prompt, in tokens."""
-        return len(self._job.prompt)
+        return len(self._jobs[0].prompt)
 
     def events(self, idle_timeout: float | None = None) -> Iterator[Event | None]:
-        """Yield events until ``Finished``; yield ``None`` after ``idle_timeout`` seconds without any."""
-        while True:
-            events = self._job.drain()
+        """Yield every choice's events (each carries its ``index``) until all are ``Finished``;
+        yield ``None`` after ``idle_timeout`` seconds without any."""
+        running = len(self._jobs)
+        while running:
+            events = [event for job in self._jobs for event in job.drain()]
             for event in events:
                 yield event
                 if isinstance(event, Finished):
-                    return
-            if not events and not self._waker.wait(idle_timeout):
+                    running -= 1
+            if running and not events and not self._waker.wait(idle_timeout):
                 yield None
 
     def cancel(self) -> None:
-        """Stop the generation at the engine's next step; its ``Finished`` event will say ``cancelled``."""
-        self._job.cancel()
+        """Stop the generations at the engine's next step; their ``Finished`` events will say ``cancelled``."""
+        for job in self._jobs:
+            job.cancel()
 
     def close(self) -> None:
-        """Done with this generation: cancel it if it still runs, and stop listening for its events."""
-        self._job.cancel()
+        """Done with this request: cancel what still runs, and stop listening for its events."""
+        self.cancel()
         self._waker.close()
 
 
@@ -82,16 +85,24 @@ class Engine:
         """Text of ``tokens``."""
         return self.model.decode(tokens)
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        """The prompt text for chat ``messages``."""
-        return self.model.render_chat(messages)
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes ``token`` stands for."""
+        return self.model.token_bytes.get(token, b"")
 
-    def submit(self, prompt: np.ndarray, params: SamplingParams, request_id: str = "-") -> Generation:
-        """Start generating; the returned handle streams the result."""
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text for chat ``messages`` (and ``tools``, when the template renders them)."""
+        return self.model.render_chat(messages, tools)
+
+    def submit(self, prompt: np.ndarray, params: SamplingParams | list[SamplingParams],
+               request_id: str = "-") -> Generation:
+        """Start generating, one choice per parameter set; the returned handle streams the results."""
         waker = HubWaker()
-        job = Job(prompt, params, timeout=self._timeout, notify=waker.notify, request_id=request_id)
-        self.scheduler.submit(job)
-        return Generation(job, waker)
+        choices = params if isinstance(params, list) else [params]
+        jobs = [Job(prompt, choice, timeout=self._timeout, notify=waker.notify, request_id=request_id, index=index)
+                for index, choice in enumerate(choices)]
+        for job in jobs:
+            self.scheduler.submit(job)
+        return Generation(jobs, waker)
 
     def start(self) -> None:
         """Start this process's engine thread (call after forking)."""

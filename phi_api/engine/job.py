@@ -19,9 +19,11 @@ from phi_api.engine.params import SamplingParams
 
 @dataclass(frozen=True)
 class TextDelta:
-    """New text for the client."""
+    """New text for the client and, when asked for, the (text, TokenLogprob) of each token it came from."""
 
     text: str
+    logprobs: tuple = ()
+    index: int = 0  # which choice (of a request's n) this is
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Finished:
     decode_seconds: float
     error: str | None = None  # for the log only: never shown to clients
     cached_tokens: int = 0  # prompt tokens whose KV cache came from an earlier generation
+    index: int = 0
 
     @property
     def decode_tokens_per_second(self) -> float | None:
@@ -55,10 +58,11 @@ class Job:
     """One generation request handed to the scheduler."""
 
     def __init__(self, prompt: np.ndarray, params: SamplingParams, *, timeout: float,
-                 notify: Callable[[], None], request_id: str = "-") -> None:
+                 notify: Callable[[], None], request_id: str = "-", index: int = 0) -> None:
         self.prompt = prompt
         self.params = params
         self.request_id = request_id
+        self.index = index
         self.submitted_at = time.monotonic()
         self.deadline = self.submitted_at + timeout
         self.cancelled = False

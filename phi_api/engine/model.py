@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from phi_api.engine import oga
+from phi_api.engine import oga, vocab
 from phi_api.engine.native import new_lock
 
 # The Phi-3.5 chat format of the specification, for model folders that ship no
@@ -46,6 +47,7 @@ class ModelInfo:
     has_chat_template: bool
     fingerprint: str
     kv_bytes_per_token: int = 0
+    template_knows_tools: bool = False
 
     @classmethod
     def read(cls, folder: str) -> "ModelInfo":
@@ -61,7 +63,8 @@ class ModelInfo:
             context_length=int(model["context_length"]),
             vocab_size=int(model.get("vocab_size", 0)),
             eos_token_ids=frozenset(eos if isinstance(eos, list) else [eos]),
-            has_chat_template=_has_chat_template(root),
+            has_chat_template=bool(_chat_template(root)),
+            template_knows_tools="tools" in _chat_template(root),
             fingerprint=_fingerprint(root, config),
             # keys and values, per layer, in float32 (the CPU models' KV type)
             kv_bytes_per_token=2 * 4 * int(decoder.get("num_hidden_layers", 0))
@@ -69,14 +72,18 @@ class ModelInfo:
         )
 
 
-def _has_chat_template(root: Path) -> bool:
+def _chat_template(root: Path) -> str:
+    """The folder's own chat template text ("" when it has none)."""
     if (root / "chat_template.jinja").is_file():
-        return True
+        return (root / "chat_template.jinja").read_text(encoding="utf-8")
     try:
         tokenizer_config = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(tokenizer_config.get("chat_template"), (str, list))
+        return ""
+    template = tokenizer_config.get("chat_template")
+    if isinstance(template, list):  # named templates: the default one
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    return template if isinstance(template, str) else ""
 
 
 def _fingerprint(root: Path, config: dict[str, Any]) -> str:
@@ -109,18 +116,26 @@ class LanguageModel:
         with self._tokenizer_lock:
             return self._tokenizer.decode(tokens)
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        """The prompt for ``messages``: the folder's own chat template, else the Phi-3.5 one."""
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt for ``messages`` (and ``tools``): the folder's own chat template, else the Phi-3.5 one."""
         template = None if self.info.has_chat_template else PHI3_CHAT_TEMPLATE
+        tools_json = json.dumps(tools) if tools else None
         with self._tokenizer_lock:
             try:
-                return self._tokenizer.apply_chat_template(json.dumps(messages), template=template)
+                return self._tokenizer.apply_chat_template(json.dumps(messages), template=template,
+                                                           tools_json=tools_json)
             except oga.OgaError as exc:
                 raise ChatTemplateError(str(exc)) from exc
 
-    def new_generator(self, search_options: dict[str, float | bool]) -> oga.Generator:
-        """A generator for one sequence with these search options."""
-        return oga.Generator(self.model, search_options)
+    def new_generator(self, search_options: dict[str, float | bool],
+                      guidance: tuple[str, str] | None = None) -> oga.Generator:
+        """A generator for one sequence with these search options (and grammar, if any)."""
+        return oga.Generator(self.model, search_options, guidance)
+
+    @functools.cached_property
+    def token_bytes(self) -> dict[int, bytes]:
+        """Token id -> the bytes it stands for (read from tokenizer.json on first use)."""
+        return vocab.token_bytes(Path(self.info.path) / "tokenizer.json")
 
     def create_stream(self) -> "LockedStream":
         """An incremental decoder for one generation."""

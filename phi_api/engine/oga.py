@@ -54,6 +54,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "OgaDestroyGeneratorParams": (None, [c_void_p]),
     "OgaGeneratorParamsSetSearchNumber": (c_void_p, [c_void_p, c_char_p, c_double]),
     "OgaGeneratorParamsSetSearchBool": (c_void_p, [c_void_p, c_char_p, c_bool]),
+    "OgaGeneratorParamsSetGuidance": (c_void_p, [c_void_p, c_char_p, c_char_p, c_bool]),
     "OgaCreateGenerator": (c_void_p, [c_void_p, c_void_p, POINTER(c_void_p)]),
     "OgaDestroyGenerator": (None, [c_void_p]),
     "OgaGenerator_IsDone": (c_bool, [c_void_p]),
@@ -234,7 +235,8 @@ class Generator(_Handle):
 
     _destroy = "OgaDestroyGenerator"
 
-    def __init__(self, model: Model, search_options: dict[str, float | bool]) -> None:
+    def __init__(self, model: Model, search_options: dict[str, float | bool],
+                 guidance: tuple[str, str] | None = None) -> None:
         api = lib()
         params = c_void_p()
         api.check(api.OgaCreateGeneratorParams(model.handle, byref(params)))
@@ -244,6 +246,9 @@ class Generator(_Handle):
                     api.check(api.OgaGeneratorParamsSetSearchBool(params, name.encode(), value))
                 else:
                     api.check(api.OgaGeneratorParamsSetSearchNumber(params, name.encode(), float(value)))
+            if guidance is not None:
+                kind, data = guidance
+                api.check(api.OgaGeneratorParamsSetGuidance(params, kind.encode(), data.encode("utf-8"), False))
             handle = c_void_p()
             api.check(api.OgaCreateGenerator(model.handle, params, byref(handle)))
         finally:

@@ -24,6 +24,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = field(default=())
     min_tokens: int = 0
     ignore_eos: bool = False
+    min_p: float = 0.0
+    logprobs: int | None = None  # alternatives per token to report; None: no log-probabilities
+    guidance: tuple[str, str] | None = None  # (kind, grammar): "json_schema", "regex" or "lark_grammar"
 
     @property
     def greedy(self) -> bool:
@@ -32,8 +35,9 @@ class SamplingParams:
 
     @property
     def edits_logits(self) -> bool:
-        """Whether each step's logits must pass through our own processing."""
-        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
+        """Whether each step's logits must pass through our own processing (it costs a copy each way)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias
+                    or (self.min_p and not self.greedy) or self.logprobs is not None)
 
     @property
     def reuse_key(self) -> tuple | None:
@@ -42,7 +46,7 @@ class SamplingParams:
         A seeded sampling request must start from a freshly seeded generator,
         and a minimum length is fixed per generator, so those never reuse.
         """
-        if (self.seed is not None and not self.greedy) or self.ignore_eos or self.min_tokens:
+        if (self.seed is not None and not self.greedy) or self.ignore_eos or self.min_tokens or self.guidance:
             return None
         if self.greedy:
             return ("greedy", self.repetition_penalty)

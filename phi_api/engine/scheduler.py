@@ -43,7 +43,8 @@ class Model(Protocol):
 
     info: Any
 
-    def new_generator(self, search_options: dict[str, float | bool]) -> Generator: ...
+    def new_generator(self, search_options: dict[str, float | bool],
+                      guidance: tuple[str, str] | None = None) -> Generator: ...
     def create_stream(self) -> Any: ...
 
 
@@ -79,15 +80,17 @@ class _Running:
         self._first_token_at: float | None = None
 
     def advance(self) -> None:
-        """Do one unit of work: start, a prefill chunk, or one token."""
+        """Do one unit of work: a prefill chunk (the first one starts the generation), or one token."""
         job = self.job
         if job.cancelled:
             self._finish("cancelled")
-        elif time.monotonic() > job.deadline:
+            return
+        if time.monotonic() > job.deadline:
             self._finish("timeout")
-        elif self._generator is None:
+            return
+        if self._generator is None:
             self._start()
-        elif self._prefilled < len(job.prompt):
+        if self._prefilled < len(job.prompt):
             end = self._prefilled + self._chunk
             if len(job.prompt) - end == 1:
                 end += 1  # never leave one token for a step of its own (see SINGLE_ROW_NOTE)
@@ -105,7 +108,8 @@ class _Running:
         except Exception as release_error:  # releasing a broken generator failed too: still end the job
             self._generator = self._stream = None
             detail += "\nwhile releasing it: " + "".join(traceback.format_exception(release_error)).rstrip()
-            self._publish(Finished("error", len(self.job.prompt), len(self._generated), None, 0.0, detail))
+            self._publish(Finished("error", len(self.job.prompt), len(self._generated), None, 0.0, detail,
+                                   index=self.job.index))
 
     def _start(self) -> None:
         prompt, params = self.job.prompt, self.job.params
@@ -118,7 +122,8 @@ class _Running:
             # Room for the next turn of the conversation, when this one may be kept.
             extra = self._headroom if self._reuse_key is not None else 0
             self._capacity = min(self._model.info.context_length, needed + extra)
-            self._generator = self._model.new_generator(params.search_options(len(prompt), self._capacity))
+            self._generator = self._model.new_generator(params.search_options(len(prompt), self._capacity),
+                                                        params.guidance)
         self._stream = self._model.create_stream()
         self._text = TextAssembler(self._stream, params.stop)
 
@@ -130,14 +135,12 @@ class _Running:
         self._generated.append(token)
         if self._first_token_at is None:
             self._first_token_at = time.monotonic()
-        if self._editor is not None:
-            self._editor.observe(token)
+        record = self._editor.observe(token) if self._editor is not None else None
         if token in self._model.info.eos_token_ids:
             self._finish("stop")
             return
-        text, stopped = self._text.add(token)
-        if text:
-            self.job.emit(TextDelta(text))
+        pieces, stopped = self._text.add(token, record)
+        self._emit(pieces)
         if stopped:
             self._finish("stop", flush=False)
         elif len(self._generated) >= self.job.params.max_tokens:
@@ -145,11 +148,15 @@ class _Running:
         elif self._generator.is_done():
             self._finish("stop")
 
+    def _emit(self, pieces: list) -> None:
+        records = tuple((piece.text, piece.logprob) for piece in pieces if piece.logprob is not None)
+        text = "".join(piece.text for piece in pieces)
+        if text or records:
+            self.job.emit(TextDelta(text, records, self.job.index))
+
     def _finish(self, reason: str, *, flush: bool = True, error: str | None = None) -> None:
         if flush and self._text is not None and reason in ("stop", "length"):
-            tail = self._text.finish()
-            if tail:
-                self.job.emit(TextDelta(tail))
+            self._emit(self._text.finish())
         self._release(keep=reason in ("stop", "length"))
         now = time.monotonic()
         first = self._first_token_at
@@ -161,6 +168,7 @@ class _Running:
             decode_seconds=(now - first) if first is not None else 0.0,
             error=error,
             cached_tokens=self._reused,
+            index=self.job.index,
         ))
 
     def _publish(self, finished: Finished) -> None:

@@ -1,44 +1,83 @@
-"""From generated tokens to text: whole UTF-8 characters, with stop strings held back."""
+"""From generated tokens to text: whole UTF-8 characters, with stop strings held back.
+
+Each generated token becomes a :class:`Piece`: the text it completes (often a
+word, sometimes nothing, when it holds only part of a character) and, when
+asked for, its log-probability record. Pieces are released whole and in
+order, so the released texts concatenate to exactly the answer, and each
+log-probability travels with its own text.
+"""
 
 from __future__ import annotations
 
 import codecs
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 
 class TokenDecoder(Protocol):
     def decode(self, token: int) -> bytes: ...
 
 
-class StopMatcher:
-    """Releases text only once it cannot be the start of a stop string.
+@dataclass(frozen=True)
+class Piece:
+    """The text one token contributes to the answer, and its log-probability record (or None)."""
 
-    ``feed`` returns the text that is safe to send and whether a stop string
-    was found (the returned text then ends just before it). Text that might
-    still turn into a stop string is held until more arrives or ``flush``.
+    text: str
+    logprob: Any = None
+
+
+class StopMatcher:
+    """Releases pieces only once their text cannot be the start of a stop string.
+
+    ``feed`` returns the pieces that are safe to send and whether a stop string
+    was found; then the released text ends just before it (the piece holding
+    the stop string's start is cut there, later ones are dropped). A piece
+    whose text might still turn into a stop string waits for more text or
+    ``flush``.
     """
 
     def __init__(self, stops: tuple[str, ...]) -> None:
         self._stops = tuple(stop for stop in stops if stop)
-        self._pending = ""
+        self._pending: list[Piece] = []
 
-    def feed(self, text: str) -> tuple[str, bool]:
-        """Add ``text``; return (text safe to release, stop string found)."""
+    def feed(self, piece: Piece) -> tuple[list[Piece], bool]:
+        """Add ``piece``; return (pieces safe to release, stop string found)."""
         if not self._stops:
-            return text, False
-        pending = self._pending + text
-        cut = min((index for index in (pending.find(stop) for stop in self._stops) if index >= 0), default=-1)
+            return [piece], False
+        self._pending.append(piece)
+        text = "".join(pending.text for pending in self._pending)
+        cut = min((index for index in (text.find(stop) for stop in self._stops) if index >= 0), default=-1)
         if cut >= 0:
-            self._pending = ""
-            return pending[:cut], True
-        held = max(self._held_suffix(pending, stop) for stop in self._stops)
-        self._pending = pending[len(pending) - held:] if held else ""
-        return pending[: len(pending) - held], False
+            released = self._take(cut, truncate=True)
+            self._pending = []
+            return released, True
+        held = max(self._held_suffix(text, stop) for stop in self._stops)
+        return self._take(len(text) - held, truncate=False), False
 
-    def flush(self) -> str:
+    def flush(self) -> list[Piece]:
         """Release whatever was held back (generation ended without a stop string)."""
-        pending, self._pending = self._pending, ""
+        pending, self._pending = self._pending, []
         return pending
+
+    def _take(self, boundary: int, *, truncate: bool) -> list[Piece]:
+        """Remove and return the pending pieces that end at or before ``boundary``.
+
+        With ``truncate``, the piece straddling the boundary is cut to fit and released too.
+        """
+        released, offset = [], 0
+        while self._pending:
+            piece = self._pending[0]
+            end = offset + len(piece.text)
+            if end <= boundary:
+                released.append(self._pending.pop(0))
+                offset = end
+            elif truncate and offset < boundary:
+                released.append(Piece(piece.text[: boundary - offset], piece.logprob))
+                self._pending.pop(0)
+                break
+            else:
+                break
+        return released
 
     @staticmethod
     def _held_suffix(text: str, stop: str) -> int:
@@ -50,21 +89,22 @@ class StopMatcher:
 
 
 class TextAssembler:
-    """Turns a generation's tokens into text deltas that never split a character or a stop string."""
+    """Turns a generation's tokens into pieces that never split a character or a stop string."""
 
     def __init__(self, decoder: TokenDecoder, stops: tuple[str, ...]) -> None:
         self._decoder = decoder
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="strict")
         self._stops = StopMatcher(stops)
 
-    def add(self, token: int) -> tuple[str, bool]:
-        """Decode ``token``; return (text to release, stop string reached)."""
-        return self._stops.feed(self._utf8.decode(self._decoder.decode(token)))
+    def add(self, token: int, logprob: Any = None) -> tuple[list[Piece], bool]:
+        """Decode ``token``; return (pieces to release, stop string reached)."""
+        return self._stops.feed(Piece(self._utf8.decode(self._decoder.decode(token)), logprob))
 
-    def finish(self) -> str:
-        """The text still held when generation ends for another reason."""
+    def finish(self) -> list[Piece]:
+        """The pieces still held when generation ends for another reason."""
         try:
             tail = self._utf8.decode(b"", final=True)
         except UnicodeDecodeError:
             tail = ""  # a character cut in half by max_tokens has no text to show
-        return self._stops.feed(tail)[0] + self._stops.flush()
+        released = self._stops.feed(Piece(tail))[0] if tail else []
+        return released + self._stops.flush()

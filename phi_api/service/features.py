@@ -29,29 +29,13 @@ def _more_than_one(value: Any) -> bool:
     return value is not None and value > 1
 
 
-def _non_zero(value: Any) -> bool:
-    return bool(value)
-
-
 def _present(value: Any) -> bool:
     return value is not None
 
 
-_COMMON = (
-    Gate("n", _more_than_one, "n > 1 (several choices) is not supported"),
-    Gate("min_p", _non_zero, "min_p is not supported"),
-)
-
-CHAT_GATES = _COMMON + (
-    Gate("logprobs", _truthy, "logprobs are not supported"),
-    Gate("top_logprobs", _non_zero, "top_logprobs is not supported"),
-    Gate("tools", _truthy, "tools are not supported"),
-    Gate("tool_choice", lambda value: value not in (None, "none", "auto"), "tool_choice is not supported"),
-    Gate("functions", _truthy, "functions are not supported"),
-    Gate("function_call", lambda value: value not in (None, "none", "auto"), "function_call is not supported"),
-    Gate("parallel_tool_calls", lambda value: value is True, "parallel_tool_calls needs tools, which are not supported"),
-    Gate("response_format", lambda value: bool(value) and value.get("type") != "text",
-         "response_format other than text is not supported"),
+CHAT_GATES = (
+    Gate("functions", _truthy, "the deprecated functions parameter is not supported; use tools"),
+    Gate("function_call", _present, "the deprecated function_call parameter is not supported; use tool_choice"),
     Gate("audio", _present, "audio output is not supported: this is a text model"),
     Gate("modalities", lambda value: bool(value) and "audio" in value, "only the text modality is supported"),
     Gate("prediction", _present, "predicted outputs are not supported"),
@@ -61,8 +45,7 @@ CHAT_GATES = _COMMON + (
     Gate("service_tier", lambda value: value not in (None, "auto", "default"), "only the default service tier exists"),
 )
 
-COMPLETION_GATES = _COMMON + (
-    Gate("logprobs", _non_zero, "logprobs are not supported"),
+COMPLETION_GATES = (
     Gate("suffix", _truthy, "suffix (insertion) is not supported"),
     Gate("best_of", _more_than_one, "best_of > 1 is not supported"),
 )

@@ -1,8 +1,8 @@
-"""The two OpenAI response formats: chat completions and (legacy) completions.
+"""The two OpenAI endpoints' differences: how a prompt is built, what shapes the answer.
 
-Both endpoints share one generation path (``service.completions``); what
-differs is only how a prompt is built and how text is wrapped, which each
-format states here.
+Both endpoints share one generation path (``service.completions``); each
+format here says how its requests turn into a prompt and engine options, and
+which choice builder shapes its answers.
 """
 
 from __future__ import annotations
@@ -13,7 +13,23 @@ from typing import Any, Callable
 import numpy as np
 
 from phi_api.engine import Engine
+from phi_api.errors import InvalidParameterError, UnsupportedParameterError
 from phi_api.service import features, prompts
+from phi_api.service.choices import ChatChoice, CompletionChoice
+from phi_api.service.grammar import json_schema_grammar
+from phi_api.service.params import given
+from phi_api.service.tools import ToolPlan, tool_plan
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request's prompt, and what it asks of the engine and of the answer's shape."""
+
+    prompt: np.ndarray
+    echo: str = ""
+    logprobs: int | None = None  # alternatives per token; None: no log-probabilities
+    guidance: tuple[str, str] | None = None
+    tools: ToolPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -26,37 +42,47 @@ class Format:
     id_prefix: str
     prompt_param: str
     gates: tuple[features.Gate, ...]
-    build_prompt: Callable[[Engine, dict[str, Any]], tuple[np.ndarray, str]]
-    choice: Callable[[str, str | None], dict[str, Any]]
-    delta: Callable[[str, str | None], dict[str, Any]]
-    opens_with_role: bool
+    read: Callable[[Engine, dict[str, Any]], Request]
+    new_choice: Callable[[int, Engine, Request], Any]
 
 
-def _chat_prompt(engine: Engine, body: dict[str, Any]) -> tuple[np.ndarray, str]:
-    return prompts.chat_prompt(engine, body["messages"]), ""
+def _chat_request(engine: Engine, body: dict[str, Any]) -> Request:
+    plan = tool_plan(body)
+    return Request(
+        prompt=prompts.chat_prompt(engine, body["messages"], plan),
+        logprobs=_chat_logprobs(body),
+        guidance=plan.grammar() if plan and plan.forced else _response_grammar(body),
+        tools=plan,
+    )
 
 
-def _chat_choice(text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "logprobs": None,
-        "finish_reason": finish_reason,
-    }
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    top = given(body, "top_logprobs")
+    if not given(body, "logprobs", False):
+        if top is not None:
+            raise InvalidParameterError("top_logprobs needs logprobs set to true.", param="top_logprobs")
+        return None
+    return top or 0
 
 
-def _chat_delta(text: str, finish_reason: str | None) -> dict[str, Any]:
-    delta = {"content": text} if finish_reason is None else {}
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def _response_grammar(body: dict[str, Any]) -> tuple[str, str] | None:
+    """The grammar ``response_format`` asks for: any JSON object, or one matching a schema."""
+    response_format = given(body, "response_format", {"type": "text"})
+    kind = response_format["type"]
+    if kind == "json_object":
+        return json_schema_grammar({"type": "object"})
+    if kind == "json_schema":
+        return json_schema_grammar(response_format["json_schema"].get("schema") or {"type": "object"})
+    return None
 
 
-def _completion_prompt(engine: Engine, body: dict[str, Any]) -> tuple[np.ndarray, str]:
+def _completion_request(engine: Engine, body: dict[str, Any]) -> Request:
     ids, text = prompts.completion_prompt(engine, body["prompt"])
-    return ids, text if body.get("echo") else ""
-
-
-def _completion_choice(text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    echo = text if given(body, "echo", False) else ""
+    logprobs = given(body, "logprobs")
+    if echo and logprobs is not None:
+        raise UnsupportedParameterError("logprobs of the echoed prompt are not supported.", param="logprobs")
+    return Request(prompt=ids, echo=echo, logprobs=logprobs)
 
 
 CHAT = Format(
@@ -66,10 +92,8 @@ CHAT = Format(
     id_prefix="chatcmpl",
     prompt_param="messages",
     gates=features.CHAT_GATES,
-    build_prompt=_chat_prompt,
-    choice=_chat_choice,
-    delta=_chat_delta,
-    opens_with_role=True,
+    read=_chat_request,
+    new_choice=lambda index, engine, request: ChatChoice(index, engine, request.tools, request.logprobs is not None),
 )
 
 COMPLETION = Format(
@@ -79,13 +103,7 @@ COMPLETION = Format(
     id_prefix="cmpl",
     prompt_param="prompt",
     gates=features.COMPLETION_GATES,
-    build_prompt=_completion_prompt,
-    choice=_completion_choice,
-    delta=_completion_choice,
-    opens_with_role=False,
+    read=_completion_request,
+    new_choice=lambda index, engine, request: CompletionChoice(index, engine, request.echo,
+                                                               request.logprobs is not None),
 )
-
-
-def role_delta() -> dict[str, Any]:
-    """The first chat chunk's choice: the assistant role, no text yet."""
-    return {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}

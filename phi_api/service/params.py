@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from phi_api.config import Settings
@@ -16,7 +17,8 @@ def given(body: dict[str, Any], key: str, default: Any = None) -> Any:
 
 
 def sampling_params(body: dict[str, Any], *, prompt_tokens: int, prompt_param: str,
-                    model: ModelInfo, settings: Settings) -> SamplingParams:
+                    model: ModelInfo, settings: Settings, logprobs: int | None = None,
+                    guidance: tuple[str, str] | None = None) -> SamplingParams:
     """Engine parameters for a validated chat or completion request whose prompt has ``prompt_tokens`` tokens.
 
     ``max_tokens``: when the request gives none, ``DEFAULT_MAX_TOKENS`` clamped
@@ -61,7 +63,18 @@ def sampling_params(body: dict[str, Any], *, prompt_tokens: int, prompt_param: s
         logit_bias=_logit_bias(given(body, "logit_bias", {}), model.vocab_size),
         min_tokens=min_tokens,
         ignore_eos=bool(given(body, "ignore_eos", False)),
+        min_p=float(given(body, "min_p", 0.0)),
+        logprobs=logprobs,
+        guidance=guidance,
     )
+
+
+def choices(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """One parameter set per choice; a seeded request seeds its choices seed, seed+1, ... so they differ
+    from each other but not from run to run."""
+    if n == 1 or params.seed is None:
+        return [params] * n
+    return [dataclasses.replace(params, seed=params.seed + index) for index in range(n)]
 
 
 def _logit_bias(bias: dict[str, float], vocab_size: int) -> tuple[tuple[int, float], ...]:

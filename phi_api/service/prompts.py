@@ -8,23 +8,21 @@ import numpy as np
 
 from phi_api.engine import ChatTemplateError, Engine
 from phi_api.errors import InvalidMessagesError, InvalidParameterError, UnsupportedParameterError
+from phi_api.service.tools import ToolPlan, template_messages
 
-# The template sees these roles; "developer" is OpenAI's newer name for "system".
-_TEMPLATE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# "developer" is OpenAI's newer name for "system"; templates know the older one.
+_ROLE_NAMES = {"developer": "system", "function": "tool"}
 
 
 def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them: a role and plain-text content."""
+    """Messages with plain-text content, as chat templates expect them."""
     rendered = []
     for index, message in enumerate(messages):
-        role = _TEMPLATE_ROLES.get(message["role"])
-        if role is None or message.get("tool_calls"):
-            raise UnsupportedParameterError(
-                f"messages[{index}]: tool and function messages are not supported.", param="messages"
-            )
-        entry = {"role": role, "content": _text_content(message.get("content"), index)}
-        if message.get("name"):
-            entry["name"] = message["name"]
+        entry = {"role": _ROLE_NAMES.get(message["role"], message["role"]),
+                 "content": _text_content(message.get("content"), index)}
+        for field in ("name", "tool_calls", "tool_call_id"):
+            if message.get(field):
+                entry[field] = message[field]
         rendered.append(entry)
     return rendered
 
@@ -36,19 +34,22 @@ def _text_content(content: Any, index: int) -> str:
         return content
     texts = []
     for part in content:
-        if part["type"] != "text":
+        if part["type"] not in ("text", "refusal"):
             raise UnsupportedParameterError(
                 f"messages[{index}]: content parts of type '{part['type']}' are not supported; this is a text model.",
                 param="messages",
             )
-        texts.append(part["text"])
+        texts.append(part.get("text") or part.get("refusal") or "")
     return "\n".join(texts)
 
 
-def chat_prompt(engine: Engine, messages: list[dict[str, Any]]) -> np.ndarray:
-    """Token ids of the templated conversation, ending with the assistant's turn."""
+def chat_prompt(engine: Engine, messages: list[dict[str, Any]], plan: ToolPlan | None = None) -> np.ndarray:
+    """Token ids of the templated conversation (tools included), ending with the assistant's turn."""
+    knows_tools = engine.info.template_knows_tools
+    rendered = template_messages(chat_messages(messages), plan, knows_tools)
+    tools = [{"type": "function", "function": f} for f in plan.functions] if plan and knows_tools else None
     try:
-        text = engine.render_chat(chat_messages(messages))
+        text = engine.render_chat(rendered, tools)
     except ChatTemplateError as exc:
         raise InvalidMessagesError(f"The chat template rejected the messages: {exc}") from None
     return engine.encode(text)

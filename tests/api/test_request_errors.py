@@ -75,18 +75,13 @@ def test_max_tokens_beyond_the_context_is_context_length_exceeded(make_app, rout
                  "context_length_exceeded", "max_tokens")
 
 
-@pytest.mark.parametrize("field,value", [("n", 2), ("min_p", 0.1)])
-def test_valid_but_unsupported_values_are_refused_not_ignored(client, route, field, value):
-    assert_error(client.post(route, json={**ROUTES[route], field: value}), 400, "invalid_request_error",
-                 "unsupported_parameter", field)
-
-
 @pytest.mark.parametrize("field,value", [
-    ("logprobs", True), ("top_logprobs", 3), ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("response_format", {"type": "json_object"}), ("audio", {"voice": "alloy", "format": "wav"}),
-    ("store", True), ("modalities", ["text", "audio"]),
+    ("audio", {"voice": "alloy", "format": "wav"}), ("store", True), ("modalities", ["text", "audio"]),
+    ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "low"),
+    ("web_search_options", {}), ("service_tier", "flex"), ("functions", [{"name": "f"}]),
+    ("function_call", "auto"),
 ])
-def test_unsupported_chat_features_are_refused(client, field, value):
+def test_valid_but_unsupported_chat_features_are_refused_not_ignored(client, field, value):
     body = {**ROUTES["/v1/chat/completions"], field: value}
     assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_request_error",
                  "unsupported_parameter", field)
@@ -98,6 +93,39 @@ def test_image_parts_are_refused_saying_so(client):
                                                                    "messages": messages}),
                          400, "invalid_request_error", "unsupported_parameter", "messages")
     assert "image_url" in error["message"]
+
+
+@pytest.mark.parametrize("field,value", [("suffix", "tail"), ("best_of", 2)])
+def test_valid_but_unsupported_completion_features_are_refused(client, field, value):
+    body = {**ROUTES["/v1/completions"], field: value}
+    assert_error(client.post("/v1/completions", json=body), 400, "invalid_request_error",
+                 "unsupported_parameter", field)
+
+
+def test_top_logprobs_needs_logprobs(client):
+    body = {**ROUTES["/v1/chat/completions"], "top_logprobs": 2}
+    assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_request_error",
+                 "invalid_parameter", "top_logprobs")
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "f"}}])
+def test_tool_choice_needs_tools(client, choice):
+    body = {**ROUTES["/v1/chat/completions"], "tool_choice": choice}
+    assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_request_error",
+                 "invalid_parameter", "tool_choice")
+
+
+def test_tool_choice_must_name_a_given_tool(client):
+    body = {**ROUTES["/v1/chat/completions"], "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}}}
+    assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_request_error",
+                 "invalid_parameter", "tool_choice")
+
+
+def test_echo_with_logprobs_is_refused(client):
+    body = {**ROUTES["/v1/completions"], "echo": True, "logprobs": 2}
+    assert_error(client.post("/v1/completions", json=body), 400, "invalid_request_error",
+                 "unsupported_parameter", "logprobs")
 
 
 def test_stream_options_without_stream(client, route):

@@ -151,8 +151,11 @@ def test_search_options_are_set_explicitly():
 
 
 def test_lanes_run_generations_on_separate_threads(engine_for):
-    engine, _ = engine_for([1, 2, 3], lanes=2)
+    gate = threading.Semaphore(0)  # neither generation can finish before both are submitted
+    engine, _ = engine_for([1, 2, 3], lanes=2, gate=gate)
     generations = [engine.submit(np.arange(1, 4, dtype=np.int32), SamplingParams(max_tokens=20)) for _ in range(2)]
+    for _ in range(40):
+        gate.release()
     for generation in generations:
         assert list(generation.events())[-1].reason == "length"
         generation.close()

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from phi_api.engine.text import StopMatcher, TextAssembler
+from phi_api.engine.text import Piece, StopMatcher, TextAssembler
+
+
+def text_of(pieces: list[Piece]) -> str:
+    return "".join(piece.text for piece in pieces)
 
 
 def feed_all(matcher: StopMatcher, pieces: list[str]) -> tuple[str, bool]:
     released = []
     for piece in pieces:
-        text, stopped = matcher.feed(piece)
-        released.append(text)
+        out, stopped = matcher.feed(Piece(piece))
+        released += out
         if stopped:
-            return "".join(released), True
-    return "".join(released) + matcher.flush(), False
+            return text_of(released), True
+    return text_of(released + matcher.flush()), False
 
 
 @pytest.mark.parametrize(
@@ -36,9 +40,18 @@ def test_stop_matcher_cuts_before_the_first_stop_string(pieces, stops, expected,
 
 def test_stop_matcher_never_releases_a_possible_stop_prefix():
     matcher = StopMatcher(("<|end|>",))
-    released = [matcher.feed(piece)[0] for piece in ["Hi", " <|", "en"]]
-    assert released == ["Hi", " ", ""]
-    assert matcher.feed("d|> tail") == ("", True)
+    released = [text_of(matcher.feed(Piece(piece))[0]) for piece in ["Hi", " <|", "en"]]
+    assert released == ["Hi", "", ""]  # pieces go out whole: " <|" waits with its possible stop prefix
+    assert matcher.feed(Piece("d|> tail")) == ([Piece(" ")], True)
+
+
+def test_records_travel_with_their_text_and_are_cut_with_it():
+    matcher = StopMatcher(("END",))
+    first, _ = matcher.feed(Piece("ab", "r1"))
+    second, _ = matcher.feed(Piece("cE", "r2"))
+    third, stopped = matcher.feed(Piece("ND!", "r3"))
+    assert first == [Piece("ab", "r1")] and second == []
+    assert stopped and third == [Piece("c", "r2")]  # r3 only made the stop string: dropped
 
 
 class Pieces:
@@ -53,8 +66,8 @@ class Pieces:
 
 def assemble(pieces: list[bytes], stops=()) -> list[str]:
     assembler = TextAssembler(Pieces(pieces), stops)
-    out = [assembler.add(index)[0] for index in range(len(pieces))]
-    return out + [assembler.finish()]
+    out = [text_of(assembler.add(index)[0]) for index in range(len(pieces))]
+    return out + [text_of(assembler.finish())]
 
 
 def test_multibyte_characters_split_across_tokens_come_out_whole():
@@ -77,5 +90,5 @@ def test_stop_string_made_of_multibyte_text():
     pieces = ["가나".encode(), "다".encode()[:1], "다".encode()[1:], "라".encode()]
     assembler = TextAssembler(Pieces(pieces), ("다라",))
     released = [assembler.add(i) for i in range(len(pieces))]
-    assert "".join(text for text, _ in released) == "가나"
+    assert "".join(text_of(out) for out, _ in released) == "가나"
     assert released[-1][1] is True

@@ -56,3 +56,40 @@ def limited_server(model_path, logs_dir):
     with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=2,
                 MAX_CONCURRENT_REQUESTS=2) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def reference_logprobs(model_path):
+    """Log-probability of the greedy first answer token, computed with ONNX Runtime GenAI's own Python API."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    model = og.Model(model_path)
+    tokenizer = og.Tokenizer(model)
+
+    def first_token_logprob(messages):
+        prompt = tokenizer.encode(tokenizer.apply_chat_template(json.dumps(messages), add_generation_prompt=True))
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(prompt) + 2, do_sample=False)
+        generator = og.Generator(model, params)
+        generator.append_tokens(prompt)
+        logits = generator.get_logits()[0, -1].astype(np.float64)
+        logprobs = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
+        return [float(logprobs.max())]
+
+    return first_token_logprob
+
+
+@pytest.fixture(scope="session")
+def reference_token(model_path):
+    """The token id of a piece of text (which must be a single token)."""
+    import onnxruntime_genai as og
+
+    tokenizer = og.Tokenizer(og.Model(model_path))
+
+    def token(text):
+        ids = tokenizer.encode(text)
+        assert len(ids) == 1, ids
+        return int(ids[0])
+
+    return token

@@ -9,7 +9,7 @@ import requests
 
 from tests.integration.conftest import MODEL_ID
 from tests.support.faults import FAIL_SEED
-from tests.support.server import Server
+from tests.support.server import Server, wait_until
 from tests.support.sse import parse_sse
 
 CHAT = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
@@ -51,7 +51,8 @@ def test_internal_error_row_hides_the_details(faulty_server):
     error = response.json()["error"]
     assert (error["type"], error["code"], error["param"]) == ("server_error", "internal_error", None)
     assert "injected" not in error["message"] and "/internal/" not in error["message"]
-    assert "injected engine failure" in faulty_server.log()  # the cause goes to the log
+    wait_until(lambda: "injected engine failure" in faulty_server.log(), timeout=10,
+               message="the engine failure in the log")  # the cause goes to the log
 
 
 def test_engine_failure_mid_stream_ends_with_an_error_event_and_done(faulty_server):

@@ -107,6 +107,11 @@ class FakeModel:
             kv_bytes_per_token=1,
         )
         self.generators: list[FakeGenerator] = []
+        self.rendered: list[str] = []  # every prompt the chat template produced
+
+    @property
+    def token_bytes(self) -> dict[int, bytes]:
+        return self.pieces
 
     def encode(self, text: str) -> np.ndarray:
         return np.array([1 + ord(ch) % (VOCAB - 1) for ch in text], dtype=np.int32)
@@ -114,11 +119,13 @@ class FakeModel:
     def decode(self, tokens: Any) -> str:
         return b"".join(self.pieces.get(int(t), b"") for t in tokens).decode("utf-8", "replace")
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+    def render_chat(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        self.rendered.append(text)
+        return text
 
-    def new_generator(self, options: dict[str, Any]) -> FakeGenerator:
-        generator = FakeGenerator(self.script, options)
+    def new_generator(self, options: dict[str, Any], guidance: Any = None) -> FakeGenerator:
+        generator = FakeGenerator(self.script, {**options, "guidance": guidance} if guidance else options)
         self.generators.append(generator)
         return generator
 

@@ -33,8 +33,8 @@ _model = app.extensions["phi_api.engine"].model
 _new_generator = _model.new_generator
 
 
-def _maybe_failing(options: dict[str, Any]) -> Any:
-    generator = _new_generator(options)
+def _maybe_failing(options: dict[str, Any], guidance: Any = None) -> Any:
+    generator = _new_generator(options, guidance)
     return FailingGenerator(generator) if options.get("random_seed") == FAIL_SEED else generator
 
 

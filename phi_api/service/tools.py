@@ -1,0 +1,187 @@
+"""Function calling: tools into the prompt, grammars for forced calls, tool calls out of the answer.
+
+- ``tool_choice`` ``none``: the tools are left out and the model just answers.
+- ``auto`` (the default when tools are given): the model sees the tools and
+  may call one; its answer is searched for calls, in the model family's
+  native form (``<tool_call>{...}</tool_call>``) or as a bare JSON object with
+  ``name`` and ``arguments`` (the convention of seed 003).
+- ``required``, or a named function: the output is constrained by a JSON
+  Schema grammar to a call of one of those functions, so its arguments
+  always validate against the function's parameter schema.
+
+A chat template that knows about tools renders them itself; for one that
+does not, the tools and the calling convention go into a system message,
+and earlier tool calls and results into plain turns the template knows.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from phi_api.errors import InvalidParameterError
+from phi_api.service.grammar import json_schema_grammar
+from phi_api.service.params import given
+
+_DECODER = json.JSONDecoder()
+_TAG_OPEN, _TAG_CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model made."""
+
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+    id: str
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a request's tools mean for its prompt, its grammar and its answer."""
+
+    functions: tuple[dict[str, Any], ...]  # the "function" objects of the request's tools
+    forced: tuple[str, ...]  # names the answer must call (required / named); empty for auto
+    parallel: bool
+
+    @property
+    def names(self) -> set[str]:
+        return {function["name"] for function in self.functions}
+
+    def grammar(self) -> tuple[str, str] | None:
+        """The JSON Schema that forces a call, or None for auto."""
+        if not self.forced:
+            return None
+        options = [_call_schema(function) for function in self.functions if function["name"] in self.forced]
+        return json_schema_grammar(options[0] if len(options) == 1 else {"anyOf": options})
+
+    def system_prompt(self) -> str:
+        """The tools and the calling convention, for templates that cannot render tools."""
+        specs = json.dumps([{"name": f["name"], "description": f.get("description", ""),
+                             "parameters": f.get("parameters", {"type": "object", "properties": {}})}
+                            for f in self.functions], ensure_ascii=False)
+        return ("You can call these functions:\n" + specs + "\nTo call one, answer with only a JSON object: "
+                '{"name": "<function name>", "arguments": {<arguments>}}.')
+
+    def parse(self, text: str) -> list[ToolCall]:
+        """The calls to known functions in ``text`` (only the first unless parallel calls are allowed)."""
+        calls = []
+        for found in _json_objects(text):
+            name = found.get("name")
+            arguments = found.get("arguments", found.get("parameters"))
+            if not isinstance(name, str) or name not in self.names or arguments is None:
+                continue
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except ValueError:
+                    continue
+            calls.append(ToolCall(name, json.dumps(arguments, ensure_ascii=False), new_call_id()))
+        return calls if self.parallel else calls[:1]
+
+
+def new_call_id() -> str:
+    """OpenAI's form of tool call ids."""
+    return "call_" + secrets.token_hex(12)
+
+
+def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
+    parameters = function.get("parameters") or {"type": "object", "properties": {}}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, "arguments": parameters},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def _json_objects(text: str) -> list[dict[str, Any]]:
+    """Every JSON object in ``text`` (inside <tool_call> tags or bare), outermost first."""
+    found, position = [], 0
+    while True:
+        start = text.find("{", position)
+        if start < 0:
+            return found
+        try:
+            value, end = _DECODER.raw_decode(text, start)
+        except ValueError:
+            position = start + 1
+            continue
+        if isinstance(value, dict):
+            found.append(value)
+        position = end
+
+
+def tool_plan(body: dict[str, Any]) -> ToolPlan | None:
+    """The plan for a validated chat request's ``tools`` and ``tool_choice``; None when no tool is in play."""
+    tools = given(body, "tools", [])
+    choice = given(body, "tool_choice", "auto" if tools else "none")
+    if choice == "none" or not tools:
+        if isinstance(choice, dict) or choice == "required":
+            raise InvalidParameterError("tool_choice needs tools.", param="tool_choice")
+        return None
+    functions = tuple(tool["function"] for tool in tools)
+    names = [function["name"] for function in functions]
+    if len(set(names)) != len(names):
+        raise InvalidParameterError("tools must have distinct function names.", param="tools")
+    if isinstance(choice, dict):
+        name = choice["function"]["name"]
+        if name not in names:
+            raise InvalidParameterError(f"tool_choice names '{name}', which is not among the tools.",
+                                        param="tool_choice")
+        forced: tuple[str, ...] = (name,)
+    else:
+        forced = tuple(names) if choice == "required" else ()
+    return ToolPlan(functions, forced, bool(given(body, "parallel_tool_calls", True)))
+
+
+def template_messages(messages: list[dict[str, Any]], plan: ToolPlan | None, template_knows_tools: bool
+                      ) -> list[dict[str, Any]]:
+    """Messages as the chat template should see them, tool turns included."""
+    if template_knows_tools:
+        # Templates that render tool calls expect the arguments as objects, not JSON text.
+        return [{**m, "tool_calls": [{**call, "function": {**call["function"],
+                                                           "arguments": _arguments(call["function"]["arguments"])}}
+                                     for call in m["tool_calls"]]} if m.get("tool_calls") else m
+                for m in messages]
+    rendered = []
+    if plan is not None:
+        rendered.append({"role": "system", "content": plan.system_prompt()})
+    for message in messages:
+        if message["role"] == "tool":
+            rendered.append({"role": "user",
+                             "content": f"Result of tool call {message.get('tool_call_id', '')}: {message['content']}"})
+        elif message.get("tool_calls"):
+            calls = [json.dumps({"name": call["function"]["name"],
+                                 "arguments": _arguments(call["function"]["arguments"])}, ensure_ascii=False)
+                     for call in message["tool_calls"]]
+            text = message.get("content") or ""
+            rendered.append({"role": "assistant", "content": "\n".join(([text] if text else []) + calls)})
+        else:
+            rendered.append(message)
+    return _merge_systems(rendered)
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _merge_systems(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One leading system message (several confuse many templates)."""
+    systems = [m["content"] for m in messages if m["role"] == "system"]
+    others = [m for m in messages if m["role"] != "system"]
+    return ([{"role": "system", "content": "\n\n".join(systems)}] if systems else []) + others
+
+
+def could_be_call(text: str) -> bool:
+    """Whether an answer beginning with ``text`` may turn out to be a tool call (auto mode, streaming)."""
+    head = text.lstrip()
+    return head.startswith("{") or _TAG_OPEN.startswith(head[: len(_TAG_OPEN)]) if head else True

@@ -1,0 +1,203 @@
+"""Chat features beyond text, with a fake engine: n, log-probabilities, structured output, tools."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.support.fakes import VOCAB, fake_engine, text_pieces
+from tests.support.sse import parse_sse
+
+CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "Say hello"}]}
+CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+
+
+def scripted(make_app, *pieces: bytes, **config):
+    engine = fake_engine(list(range(1, len(pieces) + 1)) + [0], text_pieces(*pieces))
+    return make_app(engine, **config).test_client(), engine
+
+
+def stream(client, body):
+    response = client.post("/v1/chat/completions", json={**body, "stream": True})
+    assert response.status_code == 200, response.get_data(as_text=True)
+    return parse_sse(response.get_data(as_text=True))[:-1]
+
+
+def test_n_gives_independent_choices_and_usage_counts_them_all(client):
+    body = client.post("/v1/chat/completions", json={**CHAT, "n": 3}).get_json()
+    assert [choice["index"] for choice in body["choices"]] == [0, 1, 2]
+    assert all(choice["message"]["content"] == "Hello, world!" for choice in body["choices"])
+    prompt = len("<user>Say hello<assistant>")
+    assert body["usage"]["prompt_tokens"] == prompt  # the prompt counts once
+    assert body["usage"]["completion_tokens"] == 3 * 5
+
+
+def test_n_streams_every_choice_with_its_index(client):
+    chunks = stream(client, {**CHAT, "n": 2})
+    for index in (0, 1):
+        mine = [chunk["choices"][0] for chunk in chunks if chunk["choices"][0]["index"] == index]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert mine[-1]["finish_reason"] == "stop"
+        assert "".join(choice["delta"].get("content", "") for choice in mine) == "Hello, world!"
+
+
+def test_seeded_choices_are_seeded_apart(make_app):
+    client, engine = scripted(make_app, b"x")
+    client.post("/v1/chat/completions", json={**CHAT, "n": 3, "seed": 10, "temperature": 1})
+    assert sorted(options["random_seed"] for options in engine.model.script.options) == [10, 11, 12]
+
+
+def test_logprobs_content_matches_the_text(make_app):
+    client, _ = scripted(make_app, b"Hel", b"lo ", "안".encode()[:2], "안".encode()[2:], b"!")
+    body = client.post("/v1/chat/completions", json={**CHAT, "logprobs": True, "top_logprobs": 3}).get_json()
+    choice = body["choices"][0]
+    entries = choice["logprobs"]["content"]
+    assert "".join(entry["token"] for entry in entries) == choice["message"]["content"] == "Hello 안!"
+    assert len(entries) == 5  # one per generated token, end-of-sequence excluded
+    assert entries[2]["token"] == "" and entries[3]["token"] == "안"  # a split character goes to its last token
+    assert bytes(entries[2]["bytes"] + entries[3]["bytes"]) == "안".encode()
+    uniform = -math.log(VOCAB)  # the fake model's logits are all equal
+    assert all(entry["logprob"] == pytest.approx(uniform) for entry in entries)
+    assert all(len(entry["top_logprobs"]) == 3 for entry in entries)
+    assert choice["logprobs"]["refusal"] is None
+
+
+def test_logprobs_stream_with_their_chunks(make_app):
+    client, _ = scripted(make_app, b"a", b"b", b"c")
+    chunks = stream(client, {**CHAT, "logprobs": True})
+    entries = [entry for chunk in chunks for entry in (chunk["choices"][0]["logprobs"] or {}).get("content", [])]
+    assert [entry["token"] for entry in entries] == ["a", "b", "c"]
+    assert all(entry["top_logprobs"] == [] for entry in entries)
+
+
+def test_logprobs_stop_with_the_text(make_app):
+    client, _ = scripted(make_app, b"one", b" two", b" END", b" three")
+    body = client.post("/v1/chat/completions", json={**CHAT, "logprobs": True, "stop": ["END"]}).get_json()
+    choice = body["choices"][0]
+    assert choice["message"]["content"] == "one two "
+    assert [entry["token"] for entry in choice["logprobs"]["content"]] == ["one", " two", " "]
+
+
+def test_no_logprobs_unless_asked(client):
+    assert client.post("/v1/chat/completions", json=CHAT).get_json()["choices"][0]["logprobs"] is None
+
+
+@pytest.mark.parametrize("response_format,schema", [
+    ({"type": "json_object"}, {"type": "object"}),
+    ({"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": {
+        "type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}}},
+     {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}),
+])
+def test_response_format_constrains_the_generator(make_app, response_format, schema):
+    client, engine = scripted(make_app, b'{"age": 3}')
+    body = client.post("/v1/chat/completions", json={**CHAT, "response_format": response_format}).get_json()
+    assert body["choices"][0]["message"]["content"] == '{"age": 3}'
+    kind, grammar = engine.model.script.options[-1]["guidance"]
+    assert kind == "json_schema"
+    assert json.loads(grammar) == {**schema, "x-guidance": {"whitespace_flexible": False, "key_separator": ": ",
+                                                            "item_separator": ", "}}
+
+
+def test_text_response_format_sets_no_grammar(make_app):
+    client, engine = scripted(make_app, b"hi")
+    client.post("/v1/chat/completions", json={**CHAT, "response_format": {"type": "text"}})
+    assert "guidance" not in engine.model.script.options[-1]
+
+
+def test_auto_tool_call_is_recognised(make_app):
+    client, _ = scripted(make_app, CALL[:10].encode(), CALL[10:30].encode(), CALL[30:].encode())
+    body = client.post("/v1/chat/completions", json={**CHAT, "tools": [WEATHER]}).get_json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    call = choice["message"]["tool_calls"][0]
+    assert call["type"] == "function" and call["id"].startswith("call_") and len(call["id"]) == 29
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+
+
+def test_native_tool_call_tags_are_recognised(make_app):
+    client, _ = scripted(make_app, b"<tool_call>", CALL.encode(), b"</tool_call>")
+    choice = client.post("/v1/chat/completions", json={**CHAT, "tools": [WEATHER]}).get_json()["choices"][0]
+    assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_calls_to_unknown_functions_stay_text(make_app):
+    text = '{"name": "launch_rockets", "arguments": {}}'
+    client, _ = scripted(make_app, text.encode())
+    choice = client.post("/v1/chat/completions", json={**CHAT, "tools": [WEATHER]}).get_json()["choices"][0]
+    assert choice["message"]["content"] == text and choice["finish_reason"] == "stop"
+
+
+def test_auto_tool_calls_stream_as_openai_streams_them(make_app):
+    client, _ = scripted(make_app, CALL[:10].encode(), CALL[10:].encode())
+    chunks = stream(client, {**CHAT, "tools": [WEATHER]})
+    deltas = [chunk["choices"][0] for chunk in chunks]
+    assert deltas[0]["delta"]["role"] == "assistant"
+    first, second = deltas[1]["delta"]["tool_calls"][0], deltas[2]["delta"]["tool_calls"][0]
+    assert first["index"] == 0 and first["id"].startswith("call_") and first["type"] == "function"
+    assert first["function"] == {"name": "get_weather", "arguments": ""}
+    assert json.loads(second["function"]["arguments"]) == {"city": "Paris"} and "id" not in second
+    assert deltas[-1] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}
+    assert not any("content" in delta["delta"] and delta["delta"]["content"] for delta in deltas)
+
+
+def test_plain_answers_with_tools_still_stream_as_content(make_app):
+    client, _ = scripted(make_app, b"It", b" is", b" sunny.")
+    chunks = stream(client, {**CHAT, "tools": [WEATHER]})
+    assert "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks) == "It is sunny."
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_tool_choice_is_a_grammar(make_app, tool_choice):
+    client, engine = scripted(make_app, CALL.encode())
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    body = client.post("/v1/chat/completions", json={**CHAT, "tools": [WEATHER, other],
+                                                     "tool_choice": tool_choice}).get_json()
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+    kind, grammar = engine.model.script.options[-1]["guidance"]
+    schema = json.loads(grammar)
+    options = schema.get("anyOf", [schema])
+    names = sorted(option["properties"]["name"]["const"] for option in options)
+    assert kind == "json_schema"
+    assert names == (["get_time", "get_weather"] if tool_choice == "required" else ["get_weather"])
+    weather = next(o for o in options if o["properties"]["name"]["const"] == "get_weather")
+    assert weather["properties"]["arguments"] == WEATHER["function"]["parameters"]
+
+
+def test_tool_choice_none_leaves_tools_out(make_app):
+    client, engine = scripted(make_app, CALL.encode())
+    body = client.post("/v1/chat/completions", json={**CHAT, "tools": [WEATHER], "tool_choice": "none"}).get_json()
+    assert body["choices"][0]["message"]["content"] == CALL  # not parsed: tools are off
+    assert body["usage"]["prompt_tokens"] == len("<user>Say hello<assistant>")
+
+
+def test_tool_conversations_are_rendered(make_app):
+    client, engine = scripted(make_app, b"It is 20C.")
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "20C"},
+    ]
+    body = client.post("/v1/chat/completions", json={**CHAT, "messages": messages, "tools": [WEATHER]}).get_json()
+    assert body["choices"][0]["message"]["content"] == "It is 20C."
+    # a template without tool support sees the tools in a system message, the call and its result as turns
+    prompt = engine.model.rendered[-1]
+    assert prompt.startswith("<system>You can call these functions:") and '"get_weather"' in prompt
+    assert '<assistant>{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt
+    assert "<user>Result of tool call call_1: 20C" in prompt
+
+
+def test_min_p_drops_unlikely_tokens(make_app):
+    client, engine = scripted(make_app, b"a")
+    client.post("/v1/chat/completions", json={**CHAT, "min_p": 0.5, "temperature": 1.0,
+                                              "logit_bias": {"3": 5}})
+    logits = engine.model.script.logits_seen[0]
+    assert logits[3] == 5 and (logits[:3] == -math.inf).all()  # far less likely than token 3: dropped

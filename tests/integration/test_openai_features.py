@@ -1,0 +1,212 @@
+"""Issue 4's features through the official openai package, against the real server and model."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import jsonschema
+import numpy as np
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.integration.conftest import MODEL_ID
+
+QUESTION = [{"role": "user", "content": "Tell me about the city of Paris."}]
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Current time in a time zone",
+    "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "JST"]}},
+                   "required": ["zone"], "additionalProperties": False}}}
+
+
+def test_n_choices_seeded_and_reproducible(client):
+    kwargs = dict(model=MODEL_ID, messages=QUESTION, max_tokens=12, temperature=1.0, seed=1234, n=3)
+    first = client.chat.completions.create(**kwargs)
+    again = client.chat.completions.create(**kwargs)
+    texts = [choice.message.content for choice in first.choices]
+    assert [choice.index for choice in first.choices] == [0, 1, 2]
+    assert texts == [choice.message.content for choice in again.choices]  # same seed: same choices
+    assert len(set(texts)) > 1  # the choices are sampled independently
+    assert first.usage.completion_tokens == sum(
+        client.chat.completions.create(**{**kwargs, "n": 1, "seed": 1234 + index}).usage.completion_tokens
+        for index in range(3))
+
+
+def test_n_choices_stream(client):
+    chunks = list(client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=8, n=2,
+                                                 temperature=0, stream=True))
+    by_index = {index: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices[0].index == index)
+                for index in (0, 1)}
+    assert by_index[0] and by_index[0] == by_index[1]  # greedy: the same answer twice
+    finishes = [c.choices[0] for c in chunks if c.choices[0].finish_reason]
+    assert sorted(choice.index for choice in finishes) == [0, 1]
+
+
+def test_seed_reproducibility_across_requests(client):
+    def sample(seed):
+        return client.completions.create(model=MODEL_ID, prompt="My favourite animal is", max_tokens=12,
+                                         temperature=1.0, seed=seed).choices[0].text
+
+    assert sample(7) == sample(7)
+    assert len({sample(seed) for seed in (1, 2, 3, 4)}) > 1
+
+
+def test_chat_logprobs_are_the_model_s_distribution(client, reference_logprobs):
+    answer = client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=10, temperature=0,
+                                            logprobs=True, top_logprobs=5)
+    choice = answer.choices[0]
+    entries = choice.logprobs.content
+    assert "".join(entry.token for entry in entries) == choice.message.content
+    assert len(entries) == answer.usage.completion_tokens - (choice.finish_reason == "stop")
+    for entry in entries:
+        assert entry.logprob <= 0
+        assert len(entry.top_logprobs) == 5
+        values = [top.logprob for top in entry.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        assert entry.logprob == pytest.approx(values[0], abs=1e-6)  # greedy picks the most likely token
+    expected = reference_logprobs(QUESTION)
+    assert entries[0].logprob == pytest.approx(expected[0], abs=0.05)
+    assert sum(math.exp(top.logprob) for top in entries[0].top_logprobs) <= 1.0 + 1e-6
+
+
+def test_chat_logprobs_stream(client):
+    chunks = list(client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=10, temperature=0,
+                                                 logprobs=True, top_logprobs=2, stream=True))
+    entries = [entry for chunk in chunks if chunk.choices and chunk.choices[0].logprobs
+               for entry in chunk.choices[0].logprobs.content]
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert "".join(entry.token for entry in entries) == text and len(entries) >= 9
+
+
+def test_completion_logprobs(client):
+    answer = client.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=8,
+                                       temperature=0, logprobs=3)
+    lists = answer.choices[0].logprobs
+    assert "".join(lists.tokens) == answer.choices[0].text
+    assert lists.text_offset == list(np.cumsum([0] + [len(token) for token in lists.tokens[:-1]]))
+    assert all(len(top) >= 3 for top in lists.top_logprobs)
+    assert all(value <= 0 for value in lists.token_logprobs)
+
+
+def test_frequency_penalty_reduces_repetition(client):
+    def repeats(penalty):
+        text = client.completions.create(model=MODEL_ID, prompt="Paris is", max_tokens=60, temperature=0,
+                                         frequency_penalty=penalty).choices[0].text
+        words = Counter(text.lower().split())
+        return sum(count - 1 for count in words.values() if count > 1)
+
+    assert repeats(2.0) < repeats(0.0)
+
+
+def test_presence_penalty_changes_greedy_output(client):
+    def answer(penalty):
+        return client.completions.create(model=MODEL_ID, prompt="Paris is", max_tokens=40, temperature=0,
+                                         presence_penalty=penalty).choices[0].text
+
+    assert answer(2.0) != answer(0.0)
+
+
+def test_logit_bias_forces_a_token(client, reference_token):
+    token = reference_token(" banana")
+    answer = client.completions.create(model=MODEL_ID, prompt="I like", max_tokens=3, temperature=0,
+                                       logit_bias={str(token): 100})
+    assert answer.choices[0].text.startswith(" banana banana")
+
+
+def test_extensions_top_k_min_p_repetition_penalty(client):
+    answer = client.completions.create(model=MODEL_ID, prompt="Paris is", max_tokens=10, temperature=1.0, seed=5,
+                                       extra_body={"top_k": 1, "min_p": 0.1, "repetition_penalty": 1.1})
+    greedy_like = client.completions.create(model=MODEL_ID, prompt="Paris is", max_tokens=10, temperature=1.0,
+                                            seed=99, extra_body={"top_k": 1, "repetition_penalty": 1.1})
+    assert answer.choices[0].text == greedy_like.choices[0].text  # top_k 1 is greedy, whatever the seed
+
+
+def test_max_completion_tokens_wins(client):
+    answer = client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=20,
+                                            max_completion_tokens=3, temperature=0)
+    assert answer.usage.completion_tokens == 3 and answer.choices[0].finish_reason == "length"
+
+
+class City(BaseModel):
+    name: str = Field(max_length=40)
+    country: str = Field(max_length=40)
+    population_millions: int = Field(ge=0, le=99)
+    capital: bool
+
+
+def test_structured_output_with_parse(client):
+    completion = client.chat.completions.parse(
+        model=MODEL_ID, messages=[{"role": "user", "content": "Describe Paris as JSON."}],
+        response_format=City, max_tokens=150, temperature=0)
+    parsed = completion.choices[0].message.parsed
+    assert isinstance(parsed, City)
+    assert json.loads(completion.choices[0].message.content) == parsed.model_dump()
+
+
+def test_json_object_mode_streams_valid_json(client):
+    messages = [{"role": "system", "content": 'Answer in JSON, like {"answer": "yes"}.'},
+                {"role": "user", "content": "Is Paris in France?"}]
+    unconstrained = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=30, temperature=0)
+    with pytest.raises(ValueError):
+        json.loads(unconstrained.choices[0].message.content)  # left alone, the model answers in prose
+    chunks = client.chat.completions.create(model=MODEL_ID, messages=messages, response_format={"type": "json_object"},
+                                            max_tokens=60, temperature=0, stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_forced_tool_calls_validate(client, tool_choice):
+    answer = client.chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER, TIME], tool_choice=tool_choice, max_tokens=80, temperature=0)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    call = choice.message.tool_calls[0]
+    assert call.id.startswith("call_") and call.type == "function"
+    if isinstance(tool_choice, dict):
+        assert call.function.name == "get_time"
+    schema = {WEATHER["function"]["name"]: WEATHER, TIME["function"]["name"]: TIME}[call.function.name]
+    jsonschema.validate(json.loads(call.function.arguments), schema["function"]["parameters"])
+
+
+def test_forced_tool_calls_stream_as_deltas(client):
+    chunks = list(client.chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": "Weather in Tokyo?"}], tools=[WEATHER],
+        tool_choice="required", max_tokens=80, temperature=0, stream=True))
+    deltas = [call for chunk in chunks if chunk.choices and chunk.choices[0].delta.tool_calls
+              for call in chunk.choices[0].delta.tool_calls]
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name == "get_weather"
+    arguments = "".join(delta.function.arguments or "" for delta in deltas)
+    jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_auto_tools_and_a_tool_conversation(client):
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    first = client.chat.completions.create(model=MODEL_ID, messages=messages, tools=[WEATHER], max_tokens=60,
+                                           temperature=0)
+    assert first.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_abc", "type": "function", "function": {
+            "name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}]},
+        {"role": "tool", "tool_call_id": "call_abc", "content": "21 degrees and sunny"},
+    ]
+    followup = client.chat.completions.create(model=MODEL_ID, messages=messages, tools=[WEATHER], max_tokens=30,
+                                              temperature=0)
+    assert followup.choices[0].message.content or followup.choices[0].message.tool_calls
+
+
+def test_content_parts_names_and_user(client):
+    answer = client.chat.completions.create(
+        model=MODEL_ID, user="user-123", max_tokens=5, temperature=0,
+        messages=[{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                  {"role": "user", "name": "alice", "content": [{"type": "text", "text": "Hi"},
+                                                                {"type": "text", "text": "there"}]}])
+    assert answer.choices[0].message.content
