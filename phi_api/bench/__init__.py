@@ -181,6 +181,33 @@ def measure_prompt_reuse(target: Target, runs: int) -> dict[str, Any]:
             "cached_tokens": median(cached), "ratio": median(warm) / median(cold)}
 
 
+FEATURES: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "logprobs (top 5)": {"logprobs": True, "top_logprobs": 5},
+    "frequency_penalty": {"frequency_penalty": 0.5},
+    "logit_bias": {"logit_bias": {"11": 1}},
+    "min_p (sampling)": {"min_p": 0.05, "temperature": 1.0, "seed": 1},
+    "json_schema grammar": {"ignore_eos": False, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "essay", "schema": {"type": "object", "properties": {"essay": {"type": "string", "maxLength": 4000}},
+                                    "required": ["essay"]}}}},
+}
+
+
+def measure_feature_costs(target: Target, max_tokens: int, runs: int) -> dict[str, Any]:
+    """Single-stream decode rate with each optional feature, runs interleaved so drift hits all alike."""
+    samples: dict[str, list[float]] = {name: [] for name in FEATURES}
+    base = {"model": target.model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True}
+    for _ in range(runs):
+        for name, extra in FEATURES.items():
+            result = stream_completion(target.url, {**base, **extra}, path="/v1/chat/completions")
+            if result.decode_rate:
+                samples[name].append(result.decode_rate)
+    plain = median(samples["plain"])
+    return {name: {"decode_tokens_per_s": median(rates), "ratio_to_plain": median(rates) / plain}
+            for name, rates in samples.items()}
+
+
 def measure_memory(model_path: str, model_id: str, log_dir: Path) -> dict[str, Any]:
     """Proportional set size of the whole server with one worker, then with two."""
     sizes = {}
@@ -210,6 +237,7 @@ def measure_target(target: Target, options: Any, levels: list[int], raw: RawRefe
         "head_of_line": measure_head_of_line(target, options.runs),
         "concurrency": measure_concurrency(target, levels, options.max_tokens, options.runs),
         "prompt_reuse": measure_prompt_reuse(target, options.runs),
+        "feature_costs": measure_feature_costs(target, options.max_tokens, options.runs),
     }
 
 

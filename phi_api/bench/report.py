@@ -47,6 +47,10 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"prompt reuse: next turn of a {reuse['prompt_tokens']:.0f}-token conversation: ttft "
                   f"{_ms(reuse['next_turn_ttft_s'])} vs cold {_ms(reuse['cold_ttft_s'])} ({reuse['ratio']:.2f}x; "
                   f"{reuse['cached_tokens']:.0f} tokens reused)")
+        costs = results.get("feature_costs")
+        if costs:
+            print("feature costs (one stream, decode tok/s): " + ", ".join(
+                f"{name} {row['decode_tokens_per_s']:.0f} ({row['ratio_to_plain']:.2f}x)" for name, row in costs.items()))
         concurrency = results["concurrency"]
         print(f"GET /v1/models at full load: p50 {_ms(concurrency['models_latency_under_load_p50_s'])}, "
               f"p95 {_ms(concurrency['models_latency_under_load_p95_s'])} "

@@ -87,8 +87,11 @@ def _chat_template(root: Path) -> str:
 
 
 def _fingerprint(root: Path, config: dict[str, Any]) -> str:
-    """A short, stable id of the model build: its configuration and the sizes of its files."""
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode("utf-8"))
+    """A short, stable id of the build: phi-api's version, the model's configuration and its files' sizes."""
+    from phi_api import __version__
+
+    digest = hashlib.sha256(f"phi-api {__version__};".encode("utf-8"))
+    digest.update(json.dumps(config, sort_keys=True).encode("utf-8"))
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
         if entry.is_file() and not entry.name.startswith("."):
             digest.update(f"{entry.name}:{entry.stat().st_size};".encode("utf-8"))

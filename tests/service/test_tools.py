@@ -1,0 +1,79 @@
+"""Tool plans: grammars for forced calls and parsing calls out of answers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from phi_api.errors import InvalidParameterError
+from phi_api.service.tools import could_be_call, template_messages, tool_plan
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time"}}
+
+
+def plan(**body):
+    return tool_plan({"tools": [WEATHER, TIME], **body})
+
+
+@pytest.mark.parametrize("text,expected", [
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', [("get_weather", {"city": "Paris"})]),
+    ('Let me check. {"name": "get_weather", "arguments": {"city": "Rome"}} One moment.',
+     [("get_weather", {"city": "Rome"})]),
+    ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', [("get_time", {})]),
+    ('{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}', [("get_weather", {"city": "Oslo"})]),
+    ('{"name": "get_weather", "parameters": {"city": "Lima"}}', [("get_weather", {"city": "Lima"})]),
+    ('{"name": "unknown", "arguments": {}}', []),
+    ('{"name": "get_weather"}', []),
+    ('{"name": "get_weather", "arguments": {"city": ', []),
+    ("Sunny, 20 degrees.", []),
+])
+def test_parsing_calls(text, expected):
+    calls = plan().parse(text)
+    assert [(call.name, json.loads(call.arguments)) for call in calls] == expected
+    assert all(call.id.startswith("call_") and len(call.id) == 29 for call in calls)
+
+
+def test_parallel_calls_unless_disabled():
+    text = '{"name": "get_time", "arguments": {}} {"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    assert [call.name for call in plan().parse(text)] == ["get_time", "get_weather"]
+    assert [call.name for call in plan(parallel_tool_calls=False).parse(text)] == ["get_time"]
+
+
+def test_call_ids_are_unique():
+    text = '{"name": "get_time", "arguments": {}}'
+    assert plan().parse(text)[0].id != plan().parse(text)[0].id
+
+
+def test_required_is_a_grammar_over_every_function():
+    kind, grammar = plan(tool_choice="required").grammar()
+    schema = json.loads(grammar)
+    assert kind == "json_schema"
+    assert [option["properties"]["name"]["const"] for option in schema["anyOf"]] == ["get_weather", "get_time"]
+    assert schema["anyOf"][1]["properties"]["arguments"] == {"type": "object", "properties": {}}
+
+
+def test_auto_has_no_grammar_and_none_has_no_plan():
+    assert plan().grammar() is None
+    assert plan(tool_choice="none") is None
+    assert tool_plan({}) is None
+
+
+def test_duplicate_function_names_are_refused():
+    with pytest.raises(InvalidParameterError):
+        tool_plan({"tools": [WEATHER, WEATHER]})
+
+
+@pytest.mark.parametrize("text,possible", [("", True), ("  ", True), (" {", True), ("<tool", True),
+                                           ("<tool_call>{", True), ("The", False), ("<b>", False)])
+def test_could_be_call(text, possible):
+    assert could_be_call(text) is possible
+
+
+def test_templates_with_tool_support_get_the_messages_as_they_are_but_parsed_arguments():
+    messages = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}]}]
+    rendered = template_messages(messages, plan(), template_knows_tools=True)
+    assert rendered[0]["tool_calls"][0]["function"]["arguments"] == {"zone": "UTC"}
