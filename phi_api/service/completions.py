@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from flask import Response, jsonify
 
@@ -69,59 +69,101 @@ def prepare(kind: Format, body: dict[str, Any]) -> tuple[Request, list[SamplingP
     return request, choices(params, given(body, "n", 1))
 
 
-def serve(kind: Format, body: dict[str, Any]) -> Response:
-    """Generate for a schema-valid ``body`` and answer in ``kind``'s format (JSON, or SSE when streaming)."""
+@dataclass
+class Run:
+    """A started generation: the request as read, its choices' parameters, the engine's handle, the slot."""
+
+    request: Request
+    params: list[SamplingParams]
+    generation: Generation
+    slot: Any
+
+    def close(self) -> None:
+        """Stop whatever still runs and give the slot back (idempotent)."""
+        self.generation.close()
+        self.slot.release()
+
+
+def start(kind: Format, body: dict[str, Any]) -> Run:
+    """Check ``body``, take a concurrency slot (or 429) and start generating."""
     request, params = prepare(kind, body)
-    settings = get_settings()
-    engine = get_engine()
     slot = get_limiter().try_acquire()
     if slot is None:
         raise RateLimitError("Too many concurrent requests. Please try again later.")
     try:
-        generation = engine.submit(request.prompt, params, request_id=current_request_id())
+        generation = get_engine().submit(request.prompt, params, request_id=current_request_id())
     except BaseException:
         slot.release()
         raise
-    envelope = Envelope(f"{kind.id_prefix}-{uuid.uuid4().hex}", int(time.time()), settings.MODEL_ID,
-                        engine.info.fingerprint)
-    builders = [kind.new_choice(index, engine, request) for index in range(len(params))]
-    if given(body, "stream", False):
-        include_usage = bool(given(body, "stream_options", {}).get("include_usage"))
-        events = _stream(kind, envelope, generation, builders, include_usage)
-        return sse_response(events, on_close=(generation.close, slot.release))
+    return Run(request, params, generation, slot)
+
+
+def collect(run: Run, on_delta: Callable[[TextDelta], Any]) -> list[Finished]:
+    """Wait for every choice to finish, passing each text delta to ``on_delta``; close the run.
+
+    A choice that ends without an answer raises its error (engine errors are mapped here).
+    """
+    finished: list[Finished | None] = [None] * len(run.params)
     try:
-        finished = _collect(generation, builders)
+        for event in run.generation.events():
+            if isinstance(event, TextDelta):
+                on_delta(event)
+            elif isinstance(event, Finished):
+                if event.reason not in ("stop", "length"):
+                    raise _failure(event)
+                finished[event.index] = event
     finally:
-        generation.close()
-        slot.release()
-    results = [builder.result(done) for builder, done in zip(builders, finished)]
-    return jsonify(envelope.wrap(kind.object, results, usage=usage(finished)))
-
-
-def _collect(generation: Generation, builders: list[Any]) -> list[Finished]:
-    finished: list[Finished | None] = [None] * len(builders)
-    for event in generation.events():
-        if isinstance(event, TextDelta):
-            builders[event.index].add(event)
-        elif isinstance(event, Finished):
-            if event.reason not in ("stop", "length"):
-                raise _failure(event)
-            finished[event.index] = event
+        run.close()
     return finished  # type: ignore[return-value]
 
 
-def _stream(kind: Format, envelope: Envelope, generation: Generation, builders: list[Any],
-            include_usage: bool) -> Iterator[Any]:
+def serve(kind: Format, body: dict[str, Any]) -> Response:
+    """Generate for a schema-valid ``body`` and answer in ``kind``'s format (JSON, or SSE when streaming)."""
+    run = start(kind, body)
+    engine = get_engine()
+    envelope = Envelope(f"{kind.id_prefix}-{uuid.uuid4().hex}", int(time.time()), get_settings().MODEL_ID,
+                        engine.info.fingerprint)
+    builders = [kind.new_choice(index, engine, run.request) for index in range(len(run.params))]
+    if given(body, "stream", False):
+        include_usage = bool(given(body, "stream_options", {}).get("include_usage"))
+        return sse_response(_stream(kind, envelope, run, builders, include_usage), on_close=(run.close,))
+    finished = collect(run, lambda delta: builders[delta.index].add(delta))
+    results = [builder.result(done) for builder, done in zip(builders, finished)]
+    return jsonify(envelope.wrap(kind.object, results, usage=usage(finished), metrics=openarc_metrics(finished)))
+
+
+def openarc_metrics(finished: list[Finished]) -> dict[str, Any]:
+    """Performance figures of a request, with OpenArc's names (seconds; tokens per second)."""
+    prompt = finished[0].prompt_tokens
+    new = sum(choice.completion_tokens for choice in finished)
+    ttft = min((choice.time_to_first_token for choice in finished if choice.time_to_first_token is not None),
+               default=0.0)
+    decode = max(choice.decode_seconds for choice in finished)
+    computed = prompt - max(choice.cached_tokens for choice in finished)
+    decoded = sum(max(choice.completion_tokens - 1, 0) for choice in finished)
+    return {
+        "ttft": round(ttft, 6),
+        "prefill_throughput": round(computed / ttft, 3) if ttft else 0.0,
+        "decode_throughput": round(decoded / decode, 3) if decode else 0.0,
+        "decode_duration": round(decode, 6),
+        "tpot": round(decode / decoded, 6) if decoded else 0.0,
+        "input_token": prompt,
+        "new_token": new,
+        "total_token": prompt + new,
+    }
+
+
+def _stream(kind: Format, envelope: Envelope, run: Run, builders: list[Any], include_usage: bool) -> Iterator[Any]:
     extra = {"usage": None} if include_usage else {}
 
-    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return envelope.wrap(kind.chunk_object, choices, **extra)
+    def chunk(choices: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
+        return envelope.wrap(kind.chunk_object, choices, **{**extra, **more})
 
     for builder in builders:
         for choice in builder.open():
             yield chunk([choice])
     finished = []
-    for event in generation.events(idle_timeout=KEEPALIVE_SECONDS):
+    for event in run.generation.events(idle_timeout=KEEPALIVE_SECONDS):
         if event is None:
             yield KEEPALIVE
         elif isinstance(event, TextDelta):
@@ -132,10 +174,15 @@ def _stream(kind: Format, envelope: Envelope, generation: Generation, builders: 
             return
         else:
             finished.append(event)
-            for choice in builders[event.index].close(event):
-                yield chunk([choice])
+            closing = builders[event.index].close(event)
+            last = len(finished) == len(builders) and not include_usage
+            for position, choice in enumerate(closing):
+                # The very last chunk also carries the request's metrics (OpenArc's).
+                more = {"metrics": openarc_metrics(finished)} if last and position == len(closing) - 1 else {}
+                yield chunk([choice], **more)
     if include_usage:
-        yield envelope.wrap(kind.chunk_object, [], usage=usage(sorted(finished, key=lambda done: done.index)))
+        ordered = sorted(finished, key=lambda done: done.index)
+        yield envelope.wrap(kind.chunk_object, [], usage=usage(ordered), metrics=openarc_metrics(ordered))
 
 
 def _failure(finished: Finished) -> APIError:

@@ -14,7 +14,7 @@ def test_non_streaming_response_has_openai_s_shape(client):
     response = client.post("/v1/chat/completions", json=CHAT)
     assert response.status_code == 200
     body = response.get_json()
-    assert list(body) == ["id", "object", "created", "model", "system_fingerprint", "choices", "usage"]
+    assert list(body) == ["id", "object", "created", "model", "system_fingerprint", "choices", "usage", "metrics"]
     assert re.fullmatch(r"chatcmpl-[0-9a-f]{32}", body["id"])
     assert (body["object"], body["model"]) == ("chat.completion", "test-model")
     assert body["choices"] == [{
@@ -123,3 +123,24 @@ def test_developer_role_is_rendered_as_system(make_app):
     messages = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}]
     body = client.post("/v1/chat/completions", json={**CHAT, "messages": messages}).get_json()
     assert body["usage"]["prompt_tokens"] == len("<system>be brief<user>hi<assistant>")
+
+
+METRICS = ["ttft", "prefill_throughput", "decode_throughput", "decode_duration", "tpot", "input_token", "new_token",
+           "total_token"]
+
+
+def test_responses_carry_openarc_s_metrics(client):
+    metrics = client.post("/v1/chat/completions", json=CHAT).get_json()["metrics"]
+    assert list(metrics) == METRICS
+    assert (metrics["input_token"], metrics["new_token"]) == (len("<user>Say hello<assistant>"), 5)
+    assert metrics["total_token"] == metrics["input_token"] + metrics["new_token"]
+    assert metrics["ttft"] >= 0 and metrics["decode_throughput"] >= 0
+
+
+def test_the_last_chunk_of_a_stream_carries_the_metrics(client):
+    chunks = parse_sse(client.post("/v1/chat/completions", json={**CHAT, "stream": True}).get_data(as_text=True))[:-1]
+    assert [chunk for chunk in chunks if "metrics" in chunk] == [chunks[-1]]
+    assert list(chunks[-1]["metrics"]) == METRICS
+    with_usage = parse_sse(client.post("/v1/chat/completions", json={
+        **CHAT, "stream": True, "stream_options": {"include_usage": True}}).get_data(as_text=True))[:-1]
+    assert "metrics" in with_usage[-1] and with_usage[-1]["choices"] == []
