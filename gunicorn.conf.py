@@ -13,6 +13,7 @@ monkey.patch_all()
 from phi_api import serving  # noqa: E402
 
 _settings = serving.settings_or_exit()
+serving.prepare_metrics_dir()  # before the app (and prometheus_client) is imported
 
 bind = serving.bind_address(_settings)
 workers = _settings.workers
@@ -29,4 +30,5 @@ control_socket_disable = True
 
 post_worker_init = serving.post_worker_init
 worker_exit = serving.worker_exit
+child_exit = serving.child_exit
 on_exit = serving.on_exit

@@ -10,11 +10,13 @@ from flask_cors import CORS
 
 from phi_api import extensions
 from phi_api.api import BLUEPRINTS
+from phi_api.auth import register_auth
 from phi_api.config import load_settings
 from phi_api.engine import Engine
 from phi_api.errors import register_error_handlers
 from phi_api.limiter import ConcurrencyLimiter
 from phi_api.logs import configure_logging, register_request_logging
+from phi_api.metrics import Metrics
 from phi_api.schemas import RequestValidator
 
 
@@ -39,10 +41,16 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
     app.extensions[extensions.LIMITER] = ConcurrencyLimiter(settings.MAX_CONCURRENT_REQUESTS)
     app.extensions[extensions.ENGINE] = engine if engine is not None else extensions.load_engine(settings)
 
+    metrics = Metrics()
+    app.extensions[extensions.METRICS] = metrics
+    app.extensions[extensions.ENGINE].observers.append(metrics.observe_generation)
+
     CORS(app, origins=settings.cors_origins, methods=["GET", "POST", "OPTIONS"],
          allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-Id"],
-         expose_headers=["X-Request-Id"], max_age=600)
+         expose_headers=["X-Request-Id"], supports_credentials=True, max_age=600)
     register_request_logging(app)
+    metrics.register(app)
+    register_auth(app, settings.api_keys)
     register_error_handlers(app)
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)

@@ -37,6 +37,7 @@ class Settings:
     DEFAULT_TEMPERATURE: float = 0.7
     GENERATION_TIMEOUT: float = 600.0
     CORS_ORIGINS: str = "*"
+    API_KEYS: str = ""
     MAX_REQUEST_SIZE_MB: float = 10.0
     LOG_LEVEL: str = "INFO"
     ENGINE_THREADS: int = 0
@@ -50,6 +51,11 @@ class Settings:
         """``CORS_ORIGINS`` as flask-cors wants it: ``"*"`` or a list of origins."""
         origins = [origin.strip() for origin in self.CORS_ORIGINS.split(",") if origin.strip()]
         return "*" if origins == ["*"] else origins
+
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        """The accepted API keys (``API_KEYS``, comma-separated); none means authentication is off."""
+        return tuple(key.strip() for key in self.API_KEYS.split(",") if key.strip())
 
     @property
     def max_request_bytes(self) -> int:
@@ -152,6 +158,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "DEFAULT_TEMPERATURE": _number(0.0, 2.0),
     "GENERATION_TIMEOUT": _number(0.0, exclusive_low=True),
     "CORS_ORIGINS": _text(),
+    "API_KEYS": lambda name, raw: str(raw),
     "MAX_REQUEST_SIZE_MB": _number(0.0, 1024.0, exclusive_low=True),
     "LOG_LEVEL": _text(choices=LOG_LEVELS, upper=True),
     "ENGINE_THREADS": _integer(0, 256),

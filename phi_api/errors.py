@@ -21,9 +21,11 @@ The tree, with the rows of the specification's error table:
     - ``MethodNotAllowedError`` (405 ``method_not_allowed``)
     - ``RequestTooLargeError`` (413 ``request_too_large``)
     - ``UnsupportedMediaTypeError`` (415 ``unsupported_media_type``)
+    - ``AuthenticationError`` (401 ``invalid_api_key``)
   - ``RateLimitError`` (429 ``rate_limit_error`` / ``rate_limit_exceeded``)
   - ``InternalError`` (500 ``internal_error``, generic message only)
   - ``GenerationTimeoutError`` (504 ``timeout``)
+  - ``ServiceUnavailableError`` (503 ``unavailable``: the worker is shutting down)
   - ``ModelLoadingError`` (500 ``model_loading_failed``; start-up only, logged)
 """
 
@@ -32,7 +34,7 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-from flask import Flask, Response, jsonify
+from flask import Flask, Response, current_app, has_request_context, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,11 @@ class UnsupportedMediaTypeError(InvalidRequestError):
     code = "unsupported_media_type"
 
 
+class AuthenticationError(InvalidRequestError):
+    status = 401
+    code = "invalid_api_key"
+
+
 class RateLimitError(APIError):
     status = 429
     type = "rate_limit_error"
@@ -136,6 +143,11 @@ class GenerationTimeoutError(APIError):
     code = "timeout"
 
 
+class ServiceUnavailableError(APIError):
+    status = 503
+    code = "unavailable"
+
+
 class ModelLoadingError(APIError):
     code = "model_loading_failed"
 
@@ -143,9 +155,21 @@ class ModelLoadingError(APIError):
         super().__init__(f"Failed to load model from {path}: {cause}")
 
 
+def plain_error_body(message: str) -> dict[str, Any]:
+    """The error shape of Ollama's API: ``{"error": "message"}``."""
+    return {"error": message}
+
+
+def wants_plain_errors() -> bool:
+    """Whether the current request belongs to a blueprint that speaks Ollama's error shape."""
+    if not has_request_context() or request.blueprint is None:
+        return False
+    return getattr(current_app.blueprints.get(request.blueprint), "plain_errors", False)
+
+
 def api_error_response(error: APIError) -> Response:
-    """A Flask response carrying ``error``."""
-    response = jsonify(error.body())
+    """A Flask response carrying ``error`` in the shape of the API the request belongs to."""
+    response = jsonify(plain_error_body(error.message) if wants_plain_errors() else error.body())
     response.status_code = error.status
     return response
 

@@ -19,6 +19,7 @@ ENGINE = "phi_api.engine"
 SETTINGS = "phi_api.settings"
 LIMITER = "phi_api.limiter"
 VALIDATOR = "phi_api.validator"
+METRICS = "phi_api.metrics"
 
 
 def load_engine(settings: Settings) -> Engine:

@@ -24,6 +24,12 @@ SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 REQUEST_SCHEMAS = {
     "chat_completion": "chat_completion.json",
     "completion": "completion.json",
+    "ollama_generate": "ollama_generate.json",
+    "ollama_chat": "ollama_chat.json",
+    "ollama_show": "ollama_show.json",
+    "bench": "bench.json",
+    "tokenize": "tokenize.json",
+    "detokenize": "detokenize.json",
 }
 
 _JSON_TYPES = {

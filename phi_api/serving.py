@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import signal
 import sys
+import tempfile
 from typing import Any
 
 from flask import Flask
@@ -65,10 +68,24 @@ def _flask_app(wsgi: Any) -> Flask | None:
 
 
 def post_worker_init(worker: Any) -> None:
-    """gunicorn hook, in the new worker: start its engine thread."""
+    """gunicorn hook, in the new worker: start its engine threads; mark it draining when told to stop."""
     app = _flask_app(getattr(worker, "wsgi", None))
-    if app is not None:
-        app.extensions[extensions.ENGINE].start()
+    if app is None:
+        return
+    engine = app.extensions[extensions.ENGINE]
+    engine.start()
+    for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
+        previous = signal.getsignal(signum)
+        if callable(previous):
+            signal.signal(signum, _draining_then(engine, previous))
+
+
+def _draining_then(engine: Any, handler: Any) -> Any:
+    def on_signal(signum: int, frame: Any) -> None:
+        engine.draining = True  # /health answers 503; new generations get 503 while in-flight ones finish
+        handler(signum, frame)
+
+    return on_signal
 
 
 def worker_exit(server: Any, worker: Any) -> None:
@@ -88,7 +105,39 @@ def worker_exit(server: Any, worker: Any) -> None:
 
 
 def on_exit(server: Any) -> None:
-    """gunicorn hook, in the master at shutdown: remove the shared concurrency lock file."""
-    app = _flask_app(server.app.wsgi())
-    if app is not None:
-        app.extensions[extensions.LIMITER].remove_file()
+    """gunicorn hook, in the master at shutdown: remove the shared lock file and metrics folder."""
+    if server.cfg.preload_app:
+        app = _flask_app(server.app.wsgi())
+        if app is not None:
+            app.extensions[extensions.LIMITER].remove_file()
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+    if os.environ.get(_OWN_METRICS_DIR) == folder and os.path.isdir(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """gunicorn hook, in the master when a worker is gone: drop its live metrics."""
+    from phi_api.metrics import mark_worker_dead
+
+    mark_worker_dead(worker.pid)
+
+
+_OWN_METRICS_DIR = "PHI_API_OWN_METRICS_DIR"
+
+
+def prepare_metrics_dir() -> None:
+    """Give the workers an empty folder to share Prometheus samples in (before prometheus_client is imported).
+
+    A folder named by ``PROMETHEUS_MULTIPROC_DIR`` is emptied of earlier runs' files; otherwise a fresh
+    temporary one is made, and removed at shutdown.
+    """
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        for name in os.listdir(folder):
+            if name.endswith(".db"):
+                os.unlink(os.path.join(folder, name))
+    else:
+        folder = tempfile.mkdtemp(prefix="phi-api-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+        os.environ[_OWN_METRICS_DIR] = folder

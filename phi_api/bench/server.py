@@ -58,7 +58,7 @@ class Server:
         self.process: subprocess.Popen | None = None
 
     def start(self, wait: bool = True) -> "Server":
-        """Launch gunicorn; with ``wait``, return once ``GET /v1/models`` answers."""
+        """Launch gunicorn; with ``wait``, return once ``GET /health`` says a worker is ready."""
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
             [str(GUNICORN), "-c", "gunicorn.conf.py", *self.args, self.app],
@@ -72,7 +72,7 @@ class Server:
         if self.process.poll() is not None:
             raise AssertionError(f"gunicorn exited with {self.process.returncode}:\n{self.log()}")
         try:
-            return requests.get(self.url + "/v1/models", timeout=1).status_code == 200
+            return requests.get(self.url + "/health", timeout=1).status_code == 200
         except requests.ConnectionError:
             return False
 

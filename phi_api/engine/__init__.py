@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -67,8 +67,10 @@ class Engine:
     def __init__(self, model: Any, *, prefill_chunk: int, timeout: float, lanes: int = 1, cache_bytes: int = 0,
                  cache_headroom: int = 0) -> None:
         self.model = model
-        self.scheduler = Scheduler(model, prefill_chunk=prefill_chunk, report=log_generation, lanes=lanes,
+        self.observers: list[Callable[[Job, Finished], None]] = [log_generation]
+        self.scheduler = Scheduler(model, prefill_chunk=prefill_chunk, report=self._report, lanes=lanes,
                                    cache_bytes=cache_bytes, cache_headroom=cache_headroom)
+        self.draining = False  # set when this worker starts shutting down
         self.loaded_at = int(time.time())
         self._timeout = timeout
 
@@ -89,9 +91,10 @@ class Engine:
         """The bytes ``token`` stands for."""
         return self.model.token_bytes.get(token, b"")
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    add_generation_prompt: bool = True) -> str:
         """The prompt text for chat ``messages`` (and ``tools``, when the template renders them)."""
-        return self.model.render_chat(messages, tools)
+        return self.model.render_chat(messages, tools, add_generation_prompt)
 
     def submit(self, prompt: np.ndarray, params: SamplingParams | list[SamplingParams],
                request_id: str = "-") -> Generation:
@@ -105,8 +108,17 @@ class Engine:
         return Generation(jobs, waker)
 
     def start(self) -> None:
-        """Start this process's engine thread (call after forking)."""
+        """Start this process's engine threads (call after forking)."""
         self.scheduler.start()
+
+    @property
+    def ready(self) -> bool:
+        """Whether this process can generate: engine threads up, not shutting down."""
+        return self.scheduler.running and not self.draining
+
+    def _report(self, job: Job, finished: Finished) -> None:
+        for observer in self.observers:
+            observer(job, finished)
 
     def stop(self) -> None:
         """Cancel running generations and stop the engine thread."""

@@ -48,6 +48,9 @@ class ModelInfo:
     fingerprint: str
     kv_bytes_per_token: int = 0
     template_knows_tools: bool = False
+    chat_template: str = ""
+    size_bytes: int = 0
+    modified_at: float = 0.0
 
     @classmethod
     def read(cls, folder: str) -> "ModelInfo":
@@ -65,6 +68,9 @@ class ModelInfo:
             eos_token_ids=frozenset(eos if isinstance(eos, list) else [eos]),
             has_chat_template=bool(_chat_template(root)),
             template_knows_tools="tools" in _chat_template(root),
+            chat_template=_chat_template(root) or PHI3_CHAT_TEMPLATE,
+            size_bytes=sum(entry.stat().st_size for entry in os.scandir(root) if entry.is_file()),
+            modified_at=(root / "genai_config.json").stat().st_mtime,
             fingerprint=_fingerprint(root, config),
             # keys and values, per layer, in float32 (the CPU models' KV type)
             kv_bytes_per_token=2 * 4 * int(decoder.get("num_hidden_layers", 0))
@@ -119,14 +125,16 @@ class LanguageModel:
         with self._tokenizer_lock:
             return self._tokenizer.decode(tokens)
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    add_generation_prompt: bool = True) -> str:
         """The prompt for ``messages`` (and ``tools``): the folder's own chat template, else the Phi-3.5 one."""
         template = None if self.info.has_chat_template else PHI3_CHAT_TEMPLATE
         tools_json = json.dumps(tools) if tools else None
         with self._tokenizer_lock:
             try:
                 return self._tokenizer.apply_chat_template(json.dumps(messages), template=template,
-                                                           tools_json=tools_json)
+                                                           tools_json=tools_json,
+                                                           add_generation_prompt=add_generation_prompt)
             except oga.OgaError as exc:
                 raise ChatTemplateError(str(exc)) from exc
 

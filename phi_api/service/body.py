@@ -16,15 +16,16 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(name)
 
 
-def read_json_object() -> dict[str, Any]:
+def read_json_object(any_media_type: bool = False) -> dict[str, Any]:
     """The request body as a JSON object, or the matching 4xx error.
 
-    Accepts ``application/json`` (or no Content-Type at all, as curl users
-    often send); refuses other media types with 415. The body must be UTF-8,
-    free of lone surrogates, NaN and Infinity, and an object at the top.
+    Accepts ``application/json`` (or no Content-Type at all); refuses other
+    media types with 415 unless ``any_media_type`` (Ollama's API reads any
+    body as JSON, and its clients rely on it). The body must be UTF-8, free
+    of lone surrogates, NaN and Infinity, and an object at the top.
     """
     mimetype = request.mimetype
-    if mimetype and mimetype not in _JSON_TYPES and not mimetype.endswith("+json"):
+    if not any_media_type and mimetype and mimetype not in _JSON_TYPES and not mimetype.endswith("+json"):
         raise UnsupportedMediaTypeError(f"Content-Type must be application/json, got {mimetype}.")
     raw = request.get_data(cache=False)  # honours MAX_CONTENT_LENGTH (413)
     try:

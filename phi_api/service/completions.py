@@ -10,7 +10,14 @@ from typing import Any, Callable, Iterator
 from flask import Response, jsonify
 
 from phi_api.engine import Finished, Generation, SamplingParams, TextDelta
-from phi_api.errors import APIError, GenerationTimeoutError, InternalError, ModelNotFoundError, RateLimitError
+from phi_api.errors import (
+    APIError,
+    GenerationTimeoutError,
+    InternalError,
+    ModelNotFoundError,
+    RateLimitError,
+    ServiceUnavailableError,
+)
 from phi_api.extensions import get_engine, get_limiter, get_settings, get_validator
 from phi_api.logs import current_request_id
 from phi_api.service.features import check_supported
@@ -86,6 +93,8 @@ class Run:
 
 def start(kind: Format, body: dict[str, Any]) -> Run:
     """Check ``body``, take a concurrency slot (or 429) and start generating."""
+    if get_engine().draining:
+        raise ServiceUnavailableError("This server is shutting down; please retry.")
     request, params = prepare(kind, body)
     slot = get_limiter().try_acquire()
     if slot is None:
@@ -110,7 +119,7 @@ def collect(run: Run, on_delta: Callable[[TextDelta], Any]) -> list[Finished]:
                 on_delta(event)
             elif isinstance(event, Finished):
                 if event.reason not in ("stop", "length"):
-                    raise _failure(event)
+                    raise failure(event)
                 finished[event.index] = event
     finally:
         run.close()
@@ -170,7 +179,7 @@ def _stream(kind: Format, envelope: Envelope, run: Run, builders: list[Any], inc
             for choice in builders[event.index].add(event):
                 yield chunk([choice])
         elif event.reason not in ("stop", "length"):
-            yield _failure(event).body()
+            yield failure(event).body()
             return
         else:
             finished.append(event)
@@ -185,7 +194,7 @@ def _stream(kind: Format, envelope: Envelope, run: Run, builders: list[Any], inc
         yield envelope.wrap(kind.chunk_object, [], usage=usage(ordered), metrics=openarc_metrics(ordered))
 
 
-def _failure(finished: Finished) -> APIError:
+def failure(finished: Finished) -> APIError:
     """The error for a generation that ended without an answer (engine errors are mapped here)."""
     if finished.reason == "timeout":
         return GenerationTimeoutError("The generation took longer than the server's GENERATION_TIMEOUT.")

@@ -43,13 +43,14 @@ def _text_content(content: Any, index: int) -> str:
     return "\n".join(texts)
 
 
-def chat_prompt(engine: Engine, messages: list[dict[str, Any]], plan: ToolPlan | None = None) -> np.ndarray:
+def chat_prompt(engine: Engine, messages: list[dict[str, Any]], plan: ToolPlan | None = None,
+                add_generation_prompt: bool = True) -> np.ndarray:
     """Token ids of the templated conversation (tools included), ending with the assistant's turn."""
     knows_tools = engine.info.template_knows_tools
     rendered = template_messages(chat_messages(messages), plan, knows_tools)
     tools = [{"type": "function", "function": f} for f in plan.functions] if plan and knows_tools else None
     try:
-        text = engine.render_chat(rendered, tools)
+        text = engine.render_chat(rendered, tools, add_generation_prompt)
     except ChatTemplateError as exc:
         raise InvalidMessagesError(f"The chat template rejected the messages: {exc}") from None
     return engine.encode(text)

@@ -1,0 +1,101 @@
+"""Prometheus metrics through ``prometheus-client``, correct across gunicorn workers.
+
+Under gunicorn, ``gunicorn.conf.py`` points ``PROMETHEUS_MULTIPROC_DIR`` at a
+fresh folder before anything imports prometheus_client, so every worker
+writes its samples there and ``GET /metrics`` (served by any worker) merges
+them with ``MultiProcessCollector``. Without it (tests, the Flask dev
+server), the app's own registry is served.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from flask import Flask, Response, g, request
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from phi_api.engine import Finished
+from phi_api.engine.job import Job
+
+_RATE_BUCKETS = (5, 10, 25, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
+_TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+def multiprocess_dir() -> str | None:
+    """The folder the workers share their samples in, when running under gunicorn."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+class Metrics:
+    """The server's metrics, registered on a registry of their own (not the process-wide default)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        own = {"registry": self.registry}
+        self.requests = Counter("phi_api_requests", "HTTP requests answered, by route, method and status",
+                                ["route", "method", "status"], **own)
+        self.in_flight = Gauge("phi_api_requests_in_flight", "HTTP requests being served",
+                               multiprocess_mode="livesum", **own)
+        self.rate_limited = Counter("phi_api_rate_limited", "Requests refused with 429", **own)
+        self.generations = Counter("phi_api_generations", "Generations, by finish reason", ["finish_reason"], **own)
+        self.ttft = Histogram("phi_api_time_to_first_token_seconds", "Time to first token",
+                              buckets=_TTFT_BUCKETS, **own)
+        self.prompt_tokens = Counter("phi_api_prompt_tokens", "Prompt tokens of finished generations", **own)
+        self.cached_tokens = Counter("phi_api_cached_prompt_tokens", "Prompt tokens reused from the cache", **own)
+        self.generated_tokens = Counter("phi_api_generated_tokens", "Tokens generated", **own)
+        self.prefill_rate = Histogram("phi_api_prefill_tokens_per_second", "Prefill throughput per generation",
+                                      buckets=_RATE_BUCKETS, **own)
+        self.decode_rate = Histogram("phi_api_decode_tokens_per_second", "Decode throughput per generation",
+                                     buckets=_RATE_BUCKETS, **own)
+
+    def observe_generation(self, job: Job, finished: Finished) -> None:
+        """Record a finished generation (called on the hub's thread)."""
+        self.generations.labels(finished.reason).inc()
+        self.prompt_tokens.inc(finished.prompt_tokens)
+        self.cached_tokens.inc(finished.cached_tokens)
+        self.generated_tokens.inc(finished.completion_tokens)
+        ttft = finished.time_to_first_token
+        if ttft:
+            self.ttft.observe(ttft)
+            self.prefill_rate.observe((finished.prompt_tokens - finished.cached_tokens) / ttft)
+        if finished.decode_tokens_per_second:
+            self.decode_rate.observe(finished.decode_tokens_per_second)
+
+    def exposition(self) -> Response:
+        """The text exposition of every worker's samples."""
+        if multiprocess_dir():
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+        else:
+            registry = self.registry
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST.split(";")[0],
+                        content_type=CONTENT_TYPE_LATEST)
+
+    def register(self, app: Flask) -> None:
+        """Count every request: by route (the URL rule, not the raw path), method and status."""
+
+        @app.before_request
+        def _enter() -> None:
+            self.in_flight.inc()
+            g.metrics_counted = True
+            g.metrics_started = time.perf_counter()
+
+        @app.after_request
+        def _leave(response: Response) -> Response:
+            if not g.pop("metrics_counted", False):
+                return response
+            route = request.url_rule.rule if request.url_rule is not None else "unmatched"
+            status = response.status_code
+            self.requests.labels(route, request.method, str(status)).inc()
+            if status == 429:
+                self.rate_limited.inc()
+            response.call_on_close(self.in_flight.dec)
+            return response
+
+
+def mark_worker_dead(pid: int) -> None:
+    """Drop a dead worker's live gauges (gunicorn's ``child_exit`` hook, in the master)."""
+    if multiprocess_dir():
+        multiprocess.mark_process_dead(pid)

@@ -1,0 +1,133 @@
+"""Ollama's API with a fake engine: shapes, NDJSON framing, options, errors in Ollama's shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.fakes import fake_engine, text_pieces
+
+GENERATE = {"model": "test-model", "prompt": "Say hello"}
+CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "Say hello"}]}
+
+
+def ndjson(response) -> list[dict]:
+    raw = response.get_data()
+    assert response.mimetype == "application/x-ndjson"
+    assert raw.endswith(b"\n") and b"\n\n" not in raw  # one object per line, nothing else
+    lines = raw.split(b"\n")[:-1]
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.parametrize("path", ["/v1/generate", "/api/generate"])
+def test_generate_streams_ndjson_by_default(client, path):
+    lines = ndjson(client.post(path, json=GENERATE))
+    assert all(line["done"] is False for line in lines[:-1]) and lines[-1]["done"] is True
+    assert "".join(line["response"] for line in lines) == "Hello, world!"
+    last = lines[-1]
+    assert last["done_reason"] == "stop" and last["model"] == "test-model"
+    assert last["prompt_eval_count"] == len("<user>Say hello<assistant>") and last["eval_count"] == 5
+    for field in ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration"):
+        assert isinstance(last[field], int) and last[field] >= 0
+    assert last["created_at"].endswith("Z")
+
+
+def test_generate_without_streaming_is_one_object(client):
+    body = client.post("/api/generate", json={**GENERATE, "stream": False}).get_json()
+    assert body["response"] == "Hello, world!" and body["done"] is True and body["eval_count"] == 5
+
+
+def test_system_and_raw(make_app):
+    engine = fake_engine([1, 0], text_pieces(b"ok"))
+    client = make_app(engine).test_client()
+    client.post("/api/generate", json={**GENERATE, "system": "Be brief.", "stream": False})
+    assert engine.model.rendered[-1] == "<system>Be brief.<user>Say hello<assistant>"
+    body = client.post("/api/generate", json={**GENERATE, "raw": True, "stream": False}).get_json()
+    assert body["prompt_eval_count"] == len("Say hello")  # the prompt as it is, no template
+
+
+def test_options_map_to_the_engine(make_app):
+    engine = fake_engine([1, 1, 1, 1, 0], text_pieces(b"a"))
+    client = make_app(engine).test_client()
+    options = {"temperature": 0.4, "top_p": 0.9, "top_k": 7, "num_predict": 3, "seed": 5, "repeat_penalty": 1.2,
+               "stop": ["zzz"]}
+    body = client.post("/api/generate", json={**GENERATE, "options": options, "stream": False}).get_json()
+    used = engine.model.script.options[-1]
+    assert (used["temperature"], used["top_p"], used["top_k"], used["random_seed"], used["repetition_penalty"]) == (
+        0.4, 0.9, 7, 5, 1.2)
+    assert body["eval_count"] == 3 and body["done_reason"] == "length"
+
+
+def test_format_json_is_a_grammar(make_app):
+    engine = fake_engine([1, 0], text_pieces(b"{}"))
+    client = make_app(engine).test_client()
+    client.post("/api/generate", json={**GENERATE, "format": "json", "stream": False})
+    assert engine.model.script.options[-1]["guidance"][0] == "json_schema"
+
+
+def test_chat_streams_messages(client):
+    lines = ndjson(client.post("/api/chat", json=CHAT))
+    assert all(line["message"]["role"] == "assistant" for line in lines)
+    assert "".join(line["message"]["content"] for line in lines) == "Hello, world!"
+    assert lines[-1]["done"] is True and lines[-1]["done_reason"] == "stop"
+
+
+def test_chat_tool_calls_in_ollama_s_form(make_app):
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    engine = fake_engine([1, 0], text_pieces(call.encode()))
+    client = make_app(engine).test_client()
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    body = client.post("/api/chat", json={**CHAT, "tools": tools, "stream": False}).get_json()
+    assert body["message"]["tool_calls"] == [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+
+
+def test_a_tagged_model_name(client):
+    assert client.post("/api/generate", json={**GENERATE, "model": "test-model:latest",
+                                              "stream": False}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/tags", "/api/tags"])
+def test_tags_in_both_forms(client, path):
+    body = client.get(path).get_json()
+    assert body["data"][0]["id"] == "test-model" and body["data"][0]["object"] == "model"
+    model = body["models"][0]
+    assert model["name"] == model["model"] == "test-model"
+    assert model["details"]["format"] == "onnx" and isinstance(model["size"], int)
+
+
+def test_show_and_version(client):
+    shown = client.post("/api/show", json={"model": "test-model"}).get_json()
+    assert "template" in shown and shown["details"]["family"] == "fake"
+    assert client.get("/api/version").get_json()["version"]
+
+
+@pytest.mark.parametrize("path,body,status", [
+    ("/api/generate", {**GENERATE, "model": "llama3"}, 404),
+    ("/api/chat", {**CHAT, "model": "llama3"}, 404),
+    ("/api/show", {"model": "llama3"}, 404),
+    ("/api/generate", {"prompt": "hi"}, 400),
+    ("/api/generate", {**GENERATE, "options": {"temperature": 9}}, 400),
+    ("/api/generate", {**GENERATE, "options": {"mirostat": 2}}, 400),
+    ("/api/generate", {**GENERATE, "images": ["aGk="]}, 400),
+    ("/api/chat", {**CHAT, "messages": []}, 400),
+    ("/v1/generate", {**GENERATE, "think": True}, 400),
+])
+def test_errors_take_ollama_s_shape(client, path, body, status):
+    response = client.post(path, json=body)
+    assert response.status_code == status
+    error = response.get_json()
+    assert list(error) == ["error"] and isinstance(error["error"], str) and error["error"]
+
+
+def test_bad_json_on_an_ollama_route_is_plain_too(client):
+    response = client.post("/api/generate", data=b"{", content_type="application/json")
+    assert response.status_code == 400 and list(response.get_json()) == ["error"]
+
+
+def test_rate_limit_in_ollama_s_shape(make_app):
+    client = make_app(MAX_CONCURRENT_REQUESTS=1).test_client()
+    held = client.post("/api/generate", json=GENERATE, buffered=False)
+    refused = client.post("/api/generate", json=GENERATE)
+    assert refused.status_code == 429 and "error" in refused.get_json()
+    held.close()

@@ -1,0 +1,102 @@
+"""Operations endpoints with a fake engine: health, metrics, status, bench, tokenize."""
+
+from __future__ import annotations
+
+import time
+
+import gevent
+from prometheus_client.parser import text_string_to_metric_families
+
+CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "Say hello"}]}
+
+
+def samples(client) -> dict:
+    text = client.get("/metrics").get_data(as_text=True)
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_health_follows_the_engine(make_app):
+    app = make_app()
+    client = app.test_client()
+    engine = app.extensions["phi_api.engine"]
+    assert client.get("/health").status_code == 503
+    assert client.get("/health").get_json() == {"status": "starting"}
+    engine.start()
+    assert client.get("/health").get_json() == {"status": "ok"}
+    engine.draining = True
+    assert client.get("/health").status_code == 503 and client.get("/health").get_json()["status"] == "draining"
+
+
+def test_a_draining_worker_refuses_new_generations(make_app):
+    app = make_app()
+    app.extensions["phi_api.engine"].draining = True
+    response = app.test_client().post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 503 and response.get_json()["error"]["code"] == "unavailable"
+
+
+def test_metrics_count_requests_tokens_and_429s(make_app):
+    client = make_app(MAX_CONCURRENT_REQUESTS=1).test_client()
+    client.post("/v1/chat/completions", json=CHAT).close()
+    held = client.post("/v1/chat/completions", json={**CHAT, "stream": True}, buffered=False)
+    client.post("/v1/chat/completions", json=CHAT).close()  # 429
+    held.close()
+    # Generations are reported to the hub's thread asynchronously: let it run until they are in.
+    deadline = time.monotonic() + 10
+    while sum(value for (name, _), value in samples(client).items() if name == "phi_api_generations_total") < 2:
+        assert time.monotonic() < deadline, "the generations never reached the metrics"
+        gevent.sleep(0.01)
+    seen = samples(client)
+    route = (("method", "POST"), ("route", "/v1/chat/completions"))
+    assert seen[("phi_api_requests_total", tuple(sorted(route + (("status", "200"),))))] == 2
+    assert seen[("phi_api_requests_total", tuple(sorted(route + (("status", "429"),))))] == 1
+    assert seen[("phi_api_rate_limited_total", ())] == 1
+    assert seen[("phi_api_generations_total", (("finish_reason", "stop"),))] == 1
+    assert seen[("phi_api_generations_total", (("finish_reason", "cancelled"),))] == 1  # the held stream
+    assert seen[("phi_api_generated_tokens_total", ())] >= 5
+    assert seen[("phi_api_prompt_tokens_total", ())] >= len("<user>Say hello<assistant>")
+    assert seen[("phi_api_time_to_first_token_seconds_count", ())] >= 1
+    assert ("phi_api_decode_tokens_per_second_count", ()) in seen
+    assert ("phi_api_requests_in_flight", ()) in seen
+
+
+def test_status_in_openarc_s_shape(client):
+    for path in ("/v1/status", "/openarc/status"):
+        body = client.get(path).get_json()
+        assert body["total_loaded_models"] == 1 and body["openai_model_names"] == ["test-model"]
+        model = body["models"][0]
+        assert (model["model_name"], model["model_type"], model["engine"], model["device"], model["status"]) == (
+            "test-model", "llm", "onnxruntime-genai", "CPU", "loaded")
+        assert "runtime_config" in model and model["time_loaded"].endswith("Z")
+        assert "/" not in str(model["runtime_config"])  # no file paths
+
+
+def test_bench_generates_max_tokens_and_reports_metrics(make_app):
+    from tests.support.fakes import fake_engine, text_pieces
+
+    engine = fake_engine([1, 0], text_pieces(b"x"))
+    client = make_app(engine).test_client()
+    for path in ("/v1/bench", "/openarc/bench"):
+        metrics = client.post(path, json={"model": "test-model", "input_ids": [5, 6, 7], "max_tokens": 6}).get_json()[
+            "metrics"]
+        assert (metrics["input_token"], metrics["new_token"], metrics["total_token"]) == (3, 6, 9)
+        assert set(metrics) == {"ttft", "prefill_throughput", "decode_throughput", "decode_duration", "tpot",
+                                "input_token", "new_token", "total_token"}
+
+
+def test_tokenize_text_and_messages_and_back(client):
+    text = client.post("/tokenize", json={"prompt": "hello"}).get_json()
+    assert text["count"] == 5 == len(text["tokens"]) and text["max_model_len"] == 512
+    assert client.post("/tokenize", json={"content": "hello"}).get_json()["tokens"] == text["tokens"]
+    chat = client.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).get_json()
+    assert chat["count"] == len("<user>hi<assistant>")
+    bare = client.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}],
+                                          "add_generation_prompt": False}).get_json()
+    assert bare["count"] == len("<user>hi")
+    back = client.post("/detokenize", json={"tokens": [1, 2, 3]}).get_json()
+    assert back == {"prompt": "Hello, world", "content": "Hello, world"}
+
+
+def test_tokenize_errors(client):
+    assert client.post("/tokenize", json={}).status_code == 400
+    assert client.post("/detokenize", json={"tokens": [10_000]}).get_json()["error"]["param"] == "tokens"
