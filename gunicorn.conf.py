@@ -17,7 +17,7 @@ serving.prepare_metrics_dir()  # before the app (and prometheus_client) is impor
 
 bind = serving.bind_address(_settings)
 workers = _settings.workers
-worker_class = "gevent"
+worker_class = "phi_api.worker.Worker"  # gevent, answering protocol errors as JSON
 worker_connections = 1000
 preload_app = _settings.PRELOAD_MODEL
 timeout = 30

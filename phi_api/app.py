@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from flask import Flask
 from flask_cors import CORS
 
-from phi_api import extensions
+from phi_api import extensions, openapi
 from phi_api.api import BLUEPRINTS
 from phi_api.auth import register_auth
 from phi_api.config import load_settings
@@ -54,4 +54,5 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
     register_error_handlers(app)
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
+    app.extensions[extensions.OPENAPI] = openapi.build(app)
     return app

@@ -3,7 +3,8 @@
 A key is read from ``X-API-Key``, ``Authorization: Bearer ...``, or the query
 parameter ``api_key`` / ``api-key``; a header wins over the query. Keys are
 compared in constant time and never logged (request lines are logged without
-their query string). Preflight ``OPTIONS`` and ``GET /health`` need no key.
+their query string). Preflight ``OPTIONS``, ``GET /health`` and the API's
+description (``GET /openapi.json``) need no key.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from flask import Flask, request
 
 from phi_api.errors import AuthenticationError
 
-EXEMPT_PATHS = frozenset({"/health"})
+EXEMPT_PATHS = frozenset({"/health", "/openapi.json"})
 
 
 def supplied_key() -> str | None:

@@ -35,6 +35,20 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--out", default="bench/results", help="folder for bench.json and bench.png")
     bench.set_defaults(run=_bench)
 
+    load = commands.add_parser("load", help="bursts far beyond the concurrency limit, or a soak (--minutes)")
+    load.add_argument("--url", help="a running server (default: start one on --model-path)")
+    load.add_argument("--model-path", help="model folder for the server it starts")
+    load.add_argument("--pid", type=int, help="with --url: the gunicorn master's pid, to sample memory in a soak")
+    load.add_argument("--model", default=None, help="the served model id (default: MODEL_ID or smollm2-135m-instruct)")
+    load.add_argument("--limit", type=int, default=4, help="the server's MAX_CONCURRENT_REQUESTS (default 4)")
+    load.add_argument("--workers", type=int, default=2, help="workers of the server it starts (default 2)")
+    load.add_argument("--burst", type=int, default=64, help="requests released at once (default 64)")
+    load.add_argument("--rounds", type=int, default=3, help="bursts (default 3)")
+    load.add_argument("--max-tokens", type=int, default=16, help="tokens per request in a burst (default 16)")
+    load.add_argument("--minutes", type=float, help="soak for this long instead of bursting")
+    load.add_argument("--concurrency", type=int, default=4, help="soak clients (default 4)")
+    load.set_defaults(run=_load)
+
     args = parser.parse_args(argv)
     return args.run(args)
 
@@ -47,6 +61,16 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     run(args)
     return 0
+
+
+def _load(args: argparse.Namespace) -> int:
+    from phi_api.bench import load
+
+    if not args.url and not args.model_path:
+        print("load needs --url or --model-path", file=sys.stderr)
+        return 2
+    args.model = args.model or load.default_model()
+    return load.run(args)
 
 
 def _prepare_model(args: argparse.Namespace) -> int:

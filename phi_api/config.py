@@ -36,6 +36,8 @@ class Settings:
     DEFAULT_MAX_TOKENS: int = 1024
     DEFAULT_TEMPERATURE: float = 0.7
     GENERATION_TIMEOUT: float = 600.0
+    REQUEST_READ_TIMEOUT: float = 30.0
+    STREAM_WRITE_TIMEOUT: float = 1.0
     CORS_ORIGINS: str = "*"
     API_KEYS: str = ""
     MAX_REQUEST_SIZE_MB: float = 10.0
@@ -157,6 +159,8 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "DEFAULT_MAX_TOKENS": _integer(1, 1_000_000),
     "DEFAULT_TEMPERATURE": _number(0.0, 2.0),
     "GENERATION_TIMEOUT": _number(0.0, exclusive_low=True),
+    "REQUEST_READ_TIMEOUT": _number(0.0, exclusive_low=True),
+    "STREAM_WRITE_TIMEOUT": _number(0.0, exclusive_low=True),
     "CORS_ORIGINS": _text(),
     "API_KEYS": lambda name, raw: str(raw),
     "MAX_REQUEST_SIZE_MB": _number(0.0, 1024.0, exclusive_low=True),

@@ -21,6 +21,9 @@ The tree, with the rows of the specification's error table:
     - ``MethodNotAllowedError`` (405 ``method_not_allowed``)
     - ``RequestTooLargeError`` (413 ``request_too_large``)
     - ``UnsupportedMediaTypeError`` (415 ``unsupported_media_type``)
+    - ``RequestTimeoutError`` (408 ``request_timeout``: the body did not arrive in time)
+    - ``URITooLongError`` (414 ``uri_too_long``) and ``HeadersTooLargeError``
+      (431 ``headers_too_large``): answered by the gunicorn worker itself
     - ``AuthenticationError`` (401 ``invalid_api_key``)
   - ``RateLimitError`` (429 ``rate_limit_error`` / ``rate_limit_exceeded``)
   - ``InternalError`` (500 ``internal_error``, generic message only)
@@ -122,6 +125,21 @@ class UnsupportedMediaTypeError(InvalidRequestError):
     code = "unsupported_media_type"
 
 
+class RequestTimeoutError(InvalidRequestError):
+    status = 408
+    code = "request_timeout"
+
+
+class URITooLongError(InvalidRequestError):
+    status = 414
+    code = "uri_too_long"
+
+
+class HeadersTooLargeError(InvalidRequestError):
+    status = 431
+    code = "headers_too_large"
+
+
 class AuthenticationError(InvalidRequestError):
     status = 401
     code = "invalid_api_key"
@@ -190,6 +208,19 @@ def _from_http_exception(exc: HTTPException) -> APIError:
         error.status = status
         return error
     return InternalError()
+
+
+def protocol_error(status: int) -> APIError:
+    """The error for a request gunicorn refused before the app saw it (a bad request line or headers)."""
+    if status == 414:
+        return URITooLongError("The request line is longer than the server accepts.")
+    if status == 431:
+        return HeadersTooLargeError("The request headers are larger or more numerous than the server accepts.")
+    if status == 500:
+        return InternalError()
+    error = InvalidRequestError("The request is not valid HTTP/1.1, or uses a part of it this server refuses.")
+    error.status = status
+    return error
 
 
 def register_error_handlers(app: Flask) -> None:

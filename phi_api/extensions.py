@@ -20,6 +20,7 @@ SETTINGS = "phi_api.settings"
 LIMITER = "phi_api.limiter"
 VALIDATOR = "phi_api.validator"
 METRICS = "phi_api.metrics"
+OPENAPI = "phi_api.openapi"
 
 
 def load_engine(settings: Settings) -> Engine:

@@ -6,6 +6,9 @@ validation becomes exactly one error of the specification's table:
 - a missing top-level field: ``missing_parameter`` with that field as ``param``;
 - anything wrong inside ``messages``: ``invalid_messages``;
 - any other bad value: ``invalid_parameter`` with the top-level field as ``param``.
+
+``integer`` is strict: ``8.0`` is refused where an integer belongs, as
+OpenAI refuses it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 
@@ -38,6 +41,15 @@ _JSON_TYPES = {
 }
 
 
+def _is_integer(checker: Any, instance: Any) -> bool:
+    # JSON Schema counts 8.0 as an integer; OpenAI does not, and the engine must not see floats.
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+StrictValidator = validators.extend(
+    Draft202012Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
+
+
 class RequestValidator:
     """Compiled validators for every request schema."""
 
@@ -48,12 +60,12 @@ class RequestValidator:
             resources.append((contents["$id"], Resource.from_contents(contents)))
         registry = Registry().with_resources(resources)
         self.schemas: dict[str, dict[str, Any]] = {}
-        self._validators: dict[str, Draft202012Validator] = {}
+        self._validators: dict[str, Any] = {}
         for name, filename in REQUEST_SCHEMAS.items():
             schema = json.loads((schema_dir / filename).read_text(encoding="utf-8"))
             Draft202012Validator.check_schema(schema)
             self.schemas[name] = schema
-            self._validators[name] = Draft202012Validator(schema, registry=registry)
+            self._validators[name] = StrictValidator(schema, registry=registry)
 
     def validate(self, name: str, body: Any) -> None:
         """Raise the one :class:`~phi_api.errors.APIError` that describes what is wrong with ``body``."""

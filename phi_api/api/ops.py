@@ -25,6 +25,12 @@ def health() -> Response:
     return response
 
 
+@bp.get("/openapi.json")
+def openapi() -> Response:
+    """The OpenAPI 3.1 document of every route (generated from the JSON Schema files at start-up)."""
+    return jsonify(current_app.extensions[extensions.OPENAPI])
+
+
 @bp.get("/metrics")
 def metrics() -> Response:
     """Prometheus text exposition, every worker's samples together."""
@@ -59,9 +65,11 @@ def tokenize() -> Response:
     engine = get_engine()
     if "messages" in body:
         tokens = prompts.chat_prompt(engine, body["messages"],
-                                     add_generation_prompt=body.get("add_generation_prompt") is not False)
+                                     add_generation_prompt=body.get("add_generation_prompt") is not False,
+                                     must_fit=False)
     else:
-        tokens = engine.encode(body["prompt"] if "prompt" in body else body["content"])
+        param = "prompt" if "prompt" in body else "content"
+        tokens = prompts.text_tokens(engine, body[param], param, must_fit=False)
     return jsonify({"tokens": [int(token) for token in tokens], "count": len(tokens),
                     "max_model_len": engine.info.context_length})
 

@@ -73,7 +73,7 @@ class Server:
             raise AssertionError(f"gunicorn exited with {self.process.returncode}:\n{self.log()}")
         try:
             return requests.get(self.url + "/health", timeout=1).status_code == 200
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # not listening yet, or a worker still loading
             return False
 
     def log(self) -> str:

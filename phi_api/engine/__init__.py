@@ -6,6 +6,7 @@ forks) with this process's scheduler thread (started after the fork).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any, Callable, Iterator
@@ -14,6 +15,7 @@ import numpy as np
 
 from phi_api.engine.job import Event, Finished, Job, TextDelta
 from phi_api.engine.model import ChatTemplateError, LanguageModel, ModelInfo
+from phi_api.engine.native import off_hub
 from phi_api.engine.params import SamplingParams
 from phi_api.engine.scheduler import Scheduler
 from phi_api.engine.wakeup import HubWaker
@@ -80,21 +82,26 @@ class Engine:
         return self.model.info
 
     def encode(self, text: str) -> np.ndarray:
-        """Token ids of ``text``."""
-        return self.model.encode(text)
+        """Token ids of ``text`` (tokenized off the hub: see :func:`native.off_hub`)."""
+        return off_hub(self.model.encode, text)
 
     def decode(self, tokens: Any) -> str:
         """Text of ``tokens``."""
-        return self.model.decode(tokens)
+        return off_hub(self.model.decode, tokens)
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes ``token`` stands for."""
         return self.model.token_bytes.get(token, b"")
 
+    @functools.cached_property
+    def longest_token_bytes(self) -> int:
+        """Bytes of the vocabulary's longest token (a text of more than ``context_length`` times this cannot fit)."""
+        return max((len(piece) for piece in self.model.token_bytes.values()), default=1)
+
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                     add_generation_prompt: bool = True) -> str:
         """The prompt text for chat ``messages`` (and ``tools``, when the template renders them)."""
-        return self.model.render_chat(messages, tools, add_generation_prompt)
+        return off_hub(self.model.render_chat, messages, tools, add_generation_prompt)
 
     def submit(self, prompt: np.ndarray, params: SamplingParams | list[SamplingParams],
                request_id: str = "-") -> Generation:

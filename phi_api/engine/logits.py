@@ -72,7 +72,8 @@ class LogitsEditor:
         self._raw = logits.copy()
         peak = float(self._raw.max())
         self._normalizer = peak + math.log(float(np.exp(self._raw - peak).sum()))
-        if self._top:
-            best = np.argpartition(-self._raw, self._top)[: self._top]
+        top = min(self._top, self._raw.size)
+        if top > 0:
+            best = np.argpartition(-self._raw, top - 1)[:top]
             best = best[np.argsort(-self._raw[best], kind="stable")]
             self._alternatives = tuple((int(token), float(self._raw[token] - self._normalizer)) for token in best)

@@ -110,10 +110,13 @@ class LanguageModel:
     def __init__(self, folder: str, *, intra_op_threads: int) -> None:
         self.info = ModelInfo.read(folder)
         self.model = oga.Model(folder, intra_op_threads=intra_op_threads)
+        # The C API promises no thread safety, so each tokenizer's calls take turns.
+        # Requests (encode, templates) and the engine threads (streaming decode) have
+        # one each: a long prompt being encoded never stalls running generations.
         self._tokenizer = oga.Tokenizer(self.model)
-        # The C API promises no thread safety; request greenlets (encode) and the
-        # engine thread (streaming decode) share this tokenizer, so calls take turns.
         self._tokenizer_lock = new_lock()
+        self._stream_tokenizer = oga.Tokenizer(self.model)
+        self._stream_lock = new_lock()
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text``, exactly as the model will see them."""
@@ -150,8 +153,8 @@ class LanguageModel:
 
     def create_stream(self) -> "LockedStream":
         """An incremental decoder for one generation."""
-        with self._tokenizer_lock:
-            return LockedStream(self._tokenizer.create_stream(), self._tokenizer_lock)
+        with self._stream_lock:
+            return LockedStream(self._stream_tokenizer.create_stream(), self._stream_lock)
 
 
 class LockedStream:

@@ -10,13 +10,33 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from gevent import monkey
+from gevent import get_hub, monkey
 
 
 def start_thread(target: Callable[[], Any]) -> int:
     """Start ``target`` on a new OS thread; returns its identifier."""
     start_new_thread = monkey.get_original("_thread", "start_new_thread")
     return start_new_thread(target, ())
+
+
+def off_hub(function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` on a pooled OS thread while the calling greenlet waits.
+
+    For long native calls made on behalf of a request (tokenizing a long
+    prompt): the hub, and every other request of the worker, keeps running.
+    Exceptions are re-raised here (gevent's pool would also print them).
+    """
+
+    def call() -> tuple[bool, Any]:
+        try:
+            return True, function(*args)
+        except BaseException as exc:  # handed to the caller, which raises it
+            return False, exc
+
+    ok, value = get_hub().threadpool.apply(call)
+    if not ok:
+        raise value
+    return value
 
 
 def new_lock() -> Any:

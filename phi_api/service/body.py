@@ -3,17 +3,47 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from flask import request
 
-from phi_api.errors import InvalidJSONError, UnsupportedMediaTypeError
+from phi_api.errors import InvalidJSONError, InvalidRequestError, UnsupportedMediaTypeError
+from phi_api.extensions import get_settings
+from phi_api.transport import read_body
 
 _JSON_TYPES = ("application/json",)
 
 
+class _NumberError(ValueError):
+    """A number the body may not hold: NaN, Infinity, or beyond a double's range."""
+
+
 def _reject_constant(name: str) -> Any:
-    raise ValueError(name)
+    raise _NumberError(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NumberError(text)
+    return value
+
+
+def _has_nul(body: Any) -> bool:
+    """True if any key or string in ``body`` holds U+0000 (the engine reads C strings)."""
+    pending = [body]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\0" in item:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 def read_json_object(any_media_type: bool = False) -> dict[str, Any]:
@@ -21,16 +51,18 @@ def read_json_object(any_media_type: bool = False) -> dict[str, Any]:
 
     Accepts ``application/json`` (or no Content-Type at all); refuses other
     media types with 415 unless ``any_media_type`` (Ollama's API reads any
-    body as JSON, and its clients rely on it). The body must be UTF-8, free
-    of lone surrogates, NaN and Infinity, and an object at the top.
+    body as JSON, and its clients rely on it). The body must arrive within
+    ``REQUEST_READ_TIMEOUT`` seconds (408), and must be UTF-8, free
+    of lone surrogates, NUL characters and non-finite numbers (NaN, Infinity,
+    1e309), and an object at the top.
     """
     mimetype = request.mimetype
     if not any_media_type and mimetype and mimetype not in _JSON_TYPES and not mimetype.endswith("+json"):
         raise UnsupportedMediaTypeError(f"Content-Type must be application/json, got {mimetype}.")
-    raw = request.get_data(cache=False)  # honours MAX_CONTENT_LENGTH (413)
+    raw = read_body(get_settings().REQUEST_READ_TIMEOUT)
     try:
         text = raw.decode("utf-8")
-        body = json.loads(text, parse_constant=_reject_constant)
+        body = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
         # A lone surrogate escape (\ud800) parses, but is not text: reject it here
         # rather than fail later when the prompt is encoded.
         json.dumps(body, ensure_ascii=False).encode("utf-8")
@@ -40,8 +72,13 @@ def read_json_object(any_media_type: bool = False) -> dict[str, Any]:
         raise InvalidJSONError("The request body is nested too deeply.") from None
     except json.JSONDecodeError as exc:
         raise InvalidJSONError(f"The request body is not valid JSON (line {exc.lineno}, column {exc.colno}).") from None
-    except ValueError:
-        raise InvalidJSONError("The request body is not valid JSON (NaN and Infinity are not JSON numbers).") from None
+    except _NumberError:
+        raise InvalidJSONError("The request body holds a number that is not finite (NaN, Infinity, "
+                               "or beyond the range of a double).") from None
+    except ValueError:  # an integer literal longer than Python will convert
+        raise InvalidJSONError("The request body holds a number that is too long.") from None
     if not isinstance(body, dict):
         raise InvalidJSONError("The request body must be a JSON object.")
+    if _has_nul(body):
+        raise InvalidRequestError("The request body holds a NUL character (\\u0000), which text may not contain.")
     return body

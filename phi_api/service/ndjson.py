@@ -7,6 +7,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 from flask import Response
 
+from phi_api.extensions import get_settings
+from phi_api.transport import streaming_response
+
 NDJSON_TYPE = "application/x-ndjson"
 
 
@@ -17,8 +20,4 @@ def ndjson_response(objects: Iterable[dict[str, Any]], on_close: Iterable[Callab
         for item in objects:
             yield json.dumps(item, ensure_ascii=False, separators=(",", ":")) + "\n"
 
-    response = Response(body(), mimetype=NDJSON_TYPE, headers={"Cache-Control": "no-cache",
-                                                               "X-Accel-Buffering": "no"})
-    for callback in on_close:
-        response.call_on_close(callback)
-    return response
+    return streaming_response(body(), NDJSON_TYPE, get_settings().STREAM_WRITE_TIMEOUT, on_close)

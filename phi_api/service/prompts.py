@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Any
 
 import numpy as np
 
 from phi_api.engine import ChatTemplateError, Engine
-from phi_api.errors import InvalidMessagesError, InvalidParameterError, UnsupportedParameterError
+from phi_api.errors import (
+    ContextLengthExceededError,
+    InvalidMessagesError,
+    InvalidParameterError,
+    UnsupportedParameterError,
+)
 from phi_api.service.tools import ToolPlan, template_messages
+
+log = logging.getLogger(__name__)
+
+# Byte-level BPE takes time superlinear in the length of a run of text without
+# whitespace (600 KB of random letters in one run: about a minute of a core,
+# while the same bytes as words take 0.2 s). Longer runs are refused.
+MAX_RUN_CHARS = 4096
+_LONG_RUN = re.compile(r"(?<!\S)\S{%d}" % (MAX_RUN_CHARS + 1))  # anchored at run starts: linear time
 
 # "developer" is OpenAI's newer name for "system"; templates know the older one.
 _ROLE_NAMES = {"developer": "system", "function": "tool"}
@@ -44,7 +59,7 @@ def _text_content(content: Any, index: int) -> str:
 
 
 def chat_prompt(engine: Engine, messages: list[dict[str, Any]], plan: ToolPlan | None = None,
-                add_generation_prompt: bool = True) -> np.ndarray:
+                add_generation_prompt: bool = True, must_fit: bool = True) -> np.ndarray:
     """Token ids of the templated conversation (tools included), ending with the assistant's turn."""
     knows_tools = engine.info.template_knows_tools
     rendered = template_messages(chat_messages(messages), plan, knows_tools)
@@ -52,7 +67,29 @@ def chat_prompt(engine: Engine, messages: list[dict[str, Any]], plan: ToolPlan |
     try:
         text = engine.render_chat(rendered, tools, add_generation_prompt)
     except ChatTemplateError as exc:
-        raise InvalidMessagesError(f"The chat template rejected the messages: {exc}") from None
+        # The template's own words name library internals: they go to the log, not to the client.
+        log.info("chat template rejected the messages: %s", exc)
+        raise InvalidMessagesError("The model's chat template cannot render these messages "
+                                   "(for example, roles in an order it does not accept).") from None
+    return text_tokens(engine, text, "messages", must_fit=must_fit)
+
+
+def text_tokens(engine: Engine, text: str, param: str, *, must_fit: bool = True) -> np.ndarray:
+    """Token ids of ``text``, given as ``param``; refuses, without tokenizing, what cannot be done quickly.
+
+    With ``must_fit``, a text longer in bytes than the context times the
+    vocabulary's longest token cannot fit the context: 400
+    ``context_length_exceeded`` at once. A run of more than ``MAX_RUN_CHARS``
+    characters without whitespace: 400.
+    """
+    if must_fit and len(text.encode("utf-8")) > engine.info.context_length * engine.longest_token_bytes:
+        raise ContextLengthExceededError(
+            f"This model's maximum context length is {engine.info.context_length} tokens, "
+            f"and the {param} are too long to fit it.", param=param)
+    if _LONG_RUN.search(text):
+        message = (f"{param} holds a run of more than {MAX_RUN_CHARS} characters without whitespace, "
+                   "which this server does not tokenize.")
+        raise InvalidMessagesError(message) if param == "messages" else InvalidParameterError(message, param=param)
     return engine.encode(text)
 
 
@@ -63,7 +100,7 @@ def completion_prompt(engine: Engine, prompt: Any) -> tuple[np.ndarray, str]:
             raise UnsupportedParameterError("Several prompts in one request are not supported.", param="prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        ids = engine.encode(prompt)
+        ids = text_tokens(engine, prompt, "prompt")
         text = prompt
     else:
         vocab = engine.info.vocab_size

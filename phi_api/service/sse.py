@@ -7,15 +7,13 @@ from typing import Any, Callable, Iterable, Iterator
 
 from flask import Response
 
-# Yielded by an event source when it has had nothing to say for a while: sent
-# as an SSE comment, which clients ignore. A WSGI app only learns that a
-# client has gone when a write fails, so silence must not last.
-KEEPALIVE = object()
+from phi_api.extensions import get_settings
+from phi_api.transport import streaming_response
 
-SSE_HEADERS = {
-    "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",  # proxies such as nginx must not buffer the stream
-}
+# Yielded by an event source when it has had nothing to say for a while: sent
+# as an SSE comment, which clients ignore. Each chunk is a moment to notice a
+# client that has gone (see phi_api.transport), so silence must not last.
+KEEPALIVE = object()
 
 
 def encode_event(data: Any) -> str:
@@ -35,7 +33,4 @@ def sse_response(events: Iterable[Any], on_close: Iterable[Callable[[], None]] =
             yield ": keepalive\n\n" if event is KEEPALIVE else encode_event(event)
         yield "data: [DONE]\n\n"
 
-    response = Response(body(), mimetype="text/event-stream", headers=SSE_HEADERS)
-    for callback in on_close:
-        response.call_on_close(callback)
-    return response
+    return streaming_response(body(), "text/event-stream", get_settings().STREAM_WRITE_TIMEOUT, on_close)

@@ -25,10 +25,18 @@ def test_wrong_methods_are_json_405(client, method, path):
 
 @pytest.mark.parametrize("route", list(ROUTES))
 @pytest.mark.parametrize("raw", [b"{bad json", b"", b"\xff\xfe{}", b'{"model": NaN}', b'{"a": "\\ud800"}',
-                                 b"[" * 100_000, b'"a string"', b"[1, 2]", b"null"])
+                                 b"[" * 100_000, b'"a string"', b"[1, 2]", b"null",
+                                 b'{"temperature": 1e309}', b'{"seed": -1e400}', b'{"n": ' + b"9" * 5000 + b"}"])
 def test_bodies_that_are_not_a_json_object_are_400(client, route, raw):
     response = client.post(route, data=raw, content_type="application/json")
     assert_error(response, 400, "invalid_request_error", "invalid_json", None)
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_nul_characters_are_refused(client, route):
+    body = {**ROUTES[route], "user": "a\u0000b"}
+    error = assert_error(client.post(route, json=body), 400, "invalid_request_error", None, None)
+    assert "NUL" in error["message"]
 
 
 def test_a_body_without_content_type_is_read_as_json(client):

@@ -51,8 +51,10 @@ def test_metrics_count_requests_tokens_and_429s(make_app):
     assert seen[("phi_api_requests_total", tuple(sorted(route + (("status", "200"),))))] == 2
     assert seen[("phi_api_requests_total", tuple(sorted(route + (("status", "429"),))))] == 1
     assert seen[("phi_api_rate_limited_total", ())] == 1
-    assert seen[("phi_api_generations_total", (("finish_reason", "stop"),))] == 1
-    assert seen[("phi_api_generations_total", (("finish_reason", "cancelled"),))] == 1  # the held stream
+    stop = seen[("phi_api_generations_total", (("finish_reason", "stop"),))]
+    cancelled = seen.get(("phi_api_generations_total", (("finish_reason", "cancelled"),)), 0)
+    # The held stream may finish (the fake engine is instant) or be cancelled by its close first.
+    assert (stop, cancelled) in ((2, 0), (1, 1))
     assert seen[("phi_api_generated_tokens_total", ())] >= 5
     assert seen[("phi_api_prompt_tokens_total", ())] >= len("<user>Say hello<assistant>")
     assert seen[("phi_api_time_to_first_token_seconds_count", ())] >= 1

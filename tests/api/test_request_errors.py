@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
+
+from phi_api.engine import ChatTemplateError
 
 from tests.support.fakes import fake_engine, text_pieces
 
@@ -40,6 +44,15 @@ def test_out_of_range_is_invalid_parameter(client, route, field, value):
     assert field in error["message"]
 
 
+@pytest.mark.parametrize("field,value", [("max_tokens", 8.0), ("n", 1.0), ("seed", 3.5), ("max_tokens", "8"),
+                                         ("temperature", "hot"), ("stream", "yes")])
+def test_wrong_types_are_invalid_parameter(client, route, field, value):
+    """Integer fields refuse 8.0 as OpenAI does (JSON Schema alone would take it)."""
+    error = assert_error(client.post(route, json={**ROUTES[route], field: value}),
+                         400, "invalid_request_error", "invalid_parameter", field)
+    assert field in error["message"]
+
+
 def test_missing_model_is_missing_parameter(client, route):
     body = {key: value for key, value in ROUTES[route].items() if key != "model"}
     assert_error(client.post(route, json=body), 400, "invalid_request_error", "missing_parameter", "model")
@@ -58,6 +71,20 @@ def test_bad_messages_are_invalid_messages(client, messages):
                  "invalid_messages", "messages")
 
 
+def test_a_template_refusal_is_invalid_messages_without_the_library_s_words(make_app, caplog):
+    engine = fake_engine([1, 0], text_pieces(b"x"))
+
+    def refuse(*args, **kwargs):
+        raise ChatTemplateError("jinja2.exceptions.TemplateError at /usr/lib/python3/site-packages/x.py")
+
+    engine.render_chat = refuse
+    with caplog.at_level(logging.INFO, logger="phi_api"):
+        response = make_app(engine).test_client().post("/v1/chat/completions", json=ROUTES["/v1/chat/completions"])
+    error = assert_error(response, 400, "invalid_request_error", "invalid_messages", "messages")
+    assert "jinja2" not in error["message"] and "/usr/lib" not in error["message"]
+    assert "jinja2.exceptions.TemplateError" in caplog.text
+
+
 def test_prompt_longer_than_the_context_is_context_length_exceeded(make_app, route):
     client = make_app(fake_engine([1, 0], text_pieces(b"x"), context_length=20)).test_client()
     body = dict(ROUTES[route])
@@ -67,6 +94,39 @@ def test_prompt_longer_than_the_context_is_context_length_exceeded(make_app, rou
         body["prompt"] = "x" * 50
     assert_error(client.post(route, json=body), 400, "invalid_request_error", "context_length_exceeded",
                  PROMPT_PARAM[route])
+
+
+def test_a_prompt_too_long_in_bytes_to_fit_is_refused_without_tokenizing(make_app, route):
+    engine = fake_engine([1, 0], text_pieces(b"xy"), context_length=20)  # at most 20 tokens of 2 bytes
+    calls = []
+    engine.model.encode = lambda text: calls.append(text) or []
+    body = dict(ROUTES[route])
+    text = "x y " * 20
+    if route == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    assert_error(make_app(engine).test_client().post(route, json=body), 400, "invalid_request_error",
+                 "context_length_exceeded", PROMPT_PARAM[route])
+    assert calls == []
+
+
+@pytest.mark.parametrize("run,refused", [(4096, False), (4097, True)])
+def test_runs_without_whitespace_beyond_the_limit_are_refused(make_app, route, run, refused):
+    client = make_app(fake_engine([1, 0], text_pieces(b"word"), context_length=100_000)).test_client()
+    text = "word " + "k" * run + " word"
+    body = dict(ROUTES[route])
+    if route == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    response = client.post(route, json={**body, "max_tokens": 1})
+    if not refused:
+        assert response.status_code == 200, response.get_data(as_text=True)
+        return
+    code = "invalid_messages" if route == "/v1/chat/completions" else "invalid_parameter"
+    error = assert_error(response, 400, "invalid_request_error", code, PROMPT_PARAM[route])
+    assert "4096" in error["message"]
 
 
 def test_max_tokens_beyond_the_context_is_context_length_exceeded(make_app, route):

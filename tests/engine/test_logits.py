@@ -69,3 +69,9 @@ def test_no_records_unless_asked():
     editor = LogitsEditor(SamplingParams(max_tokens=1, presence_penalty=1.0))
     editor(np.zeros(4, dtype=np.float32))
     assert editor.observe(1) is None
+
+
+def test_asking_for_more_alternatives_than_the_vocabulary_holds_lists_them_all():
+    editor = LogitsEditor(SamplingParams(max_tokens=1, logprobs=20))
+    editor(np.array([1.0, 3.0, 2.0], dtype=np.float32))
+    assert [token for token, _ in editor.observe(1).top] == [1, 2, 0]

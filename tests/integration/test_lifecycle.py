@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections import Counter
 
 import pytest
 import requests
@@ -73,6 +74,20 @@ def test_recycled_workers_exit_and_lose_no_request(logs_dir, model_path):
         wait_until(lambda: not os.path.exists(f"/proc/{first_worker[0]}"), timeout=30,
                    message="the recycled worker to exit")
         assert server.worker_pids() != first_worker
+    finally:
+        assert server.stop() == 0
+
+
+def test_recycling_under_concurrent_load_loses_no_request(logs_dir, model_path):
+    from phi_api.bench.load import burst
+
+    server = Server(logs_dir, args=("--max-requests", "4", "--max-requests-jitter", "0"), MODEL_PATH=model_path,
+                    MODEL_ID=MODEL_ID, WEB_CONCURRENCY=2, MAX_CONCURRENT_REQUESTS=64).start()
+    try:
+        first_workers = set(server.worker_pids())
+        outcomes = sum((burst(server.url, MODEL_ID, 8, max_tokens=8).outcomes for _ in range(3)), start=Counter())
+        assert outcomes == {"200": 24}  # streams and not, every one complete, while workers were replaced
+        assert not first_workers & set(server.worker_pids())  # both original workers were recycled
     finally:
         assert server.stop() == 0
 

@@ -1,0 +1,141 @@
+"""The OpenAPI 3.1 document, generated from the JSON Schema files and the app's routes.
+
+Request bodies are the files in ``schemas/`` (OpenAPI 3.1 speaks JSON Schema
+2020-12), bundled into ``components/schemas`` with their ``$ref``s rewritten.
+Every route of the app must be described here; the test suite checks it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flask import Flask
+
+from phi_api import __version__
+from phi_api.schemas import REQUEST_SCHEMAS, SCHEMA_DIR
+
+JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class Operation:
+    """What the document says about one endpoint."""
+
+    summary: str
+    request: str | None = None  # request schema name (see REQUEST_SCHEMAS)
+    media: tuple[str, ...] = (JSON,)  # success media types
+    errors: str = "openai"  # "openai" (the error object) or "ollama" ({"error": "..."})
+    statuses: tuple[int, ...] = (400, 401, 404, 405, 413, 415)
+
+
+_GENERATION = (400, 401, 404, 405, 408, 413, 415, 429, 500, 503, 504)
+OPERATIONS: dict[str, Operation] = {
+    "models.list_models": Operation("List the served model"),
+    "chat.create_chat_completion": Operation("Chat completion (SSE when stream is true)", "chat_completion",
+                                             (JSON, "text/event-stream"), statuses=_GENERATION),
+    "completions.create_completion": Operation("Text completion (SSE when stream is true)", "completion",
+                                               (JSON, "text/event-stream"), statuses=_GENERATION),
+    "ollama.list_tags": Operation("The model list, as OpenAI and Ollama list it", errors="ollama"),
+    "ollama.generate": Operation("Ollama generate (NDJSON unless stream is false)", "ollama_generate",
+                                 (JSON, "application/x-ndjson"), "ollama", _GENERATION),
+    "ollama.chat": Operation("Ollama chat (NDJSON unless stream is false)", "ollama_chat",
+                             (JSON, "application/x-ndjson"), "ollama", _GENERATION),
+    "ollama.show": Operation("Ollama's model details", "ollama_show", errors="ollama"),
+    "ollama.version": Operation("The server's version", errors="ollama"),
+    "ops.health": Operation("200 when this worker can serve, 503 otherwise", statuses=(503,)),
+    "ops.metrics": Operation("Prometheus metrics", media=("text/plain",)),
+    "ops.status": Operation("The loaded model and its runtime (OpenArc's status)"),
+    "ops.bench": Operation("Generate from token ids and report metrics (OpenArc's bench)", "bench",
+                           statuses=_GENERATION),
+    "ops.tokenize": Operation("Text or chat messages to token ids", "tokenize"),
+    "ops.detokenize": Operation("Token ids to text", "detokenize"),
+    "ops.openapi": Operation("This document"),
+}
+
+_ERROR_SCHEMAS = {
+    "openai": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {"error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                           "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}},
+        }},
+    },
+    "ollama": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+}
+
+
+def bundle(schema_dir: Path = SCHEMA_DIR) -> dict[str, Any]:
+    """Every schema file's request schema and ``$defs``, as OpenAPI components with rewritten references."""
+    components: dict[str, Any] = {}
+    for path in sorted(schema_dir.glob("*.json")):
+        name = path.stem
+        schema = json.loads(path.read_text(encoding="utf-8"))
+        for key, definition in schema.pop("$defs", {}).items():
+            components[f"{name}.{key}"] = _rewrite(definition, name)
+        if name in REQUEST_SCHEMAS:
+            schema.pop("$schema", None)
+            schema.pop("$id", None)
+            components[name] = _rewrite(schema, name)
+    return components
+
+
+def _rewrite(node: Any, current: str) -> Any:
+    if isinstance(node, dict):
+        out = {key: _rewrite(value, current) for key, value in node.items()}
+        reference = out.get("$ref")
+        if isinstance(reference, str):
+            document, _, pointer = reference.partition("#")
+            owner = document.removesuffix(".json") if document else current
+            out["$ref"] = f"#/components/schemas/{owner}.{pointer.removeprefix('/$defs/')}"
+        return out
+    if isinstance(node, list):
+        return [_rewrite(item, current) for item in node]
+    return node
+
+
+def build(app: Flask) -> dict[str, Any]:
+    """The OpenAPI document for ``app``; raises if a route is not described in ``OPERATIONS``."""
+    schemas = bundle()
+    schemas.update({"OpenAIError": _ERROR_SCHEMAS["openai"], "OllamaError": _ERROR_SCHEMAS["ollama"]})
+    paths: dict[str, dict[str, Any]] = {}
+    for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
+        if rule.endpoint == "static":
+            continue
+        operation = OPERATIONS[rule.endpoint]
+        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+            paths.setdefault(rule.rule, {})[method.lower()] = _operation(operation, rule.endpoint, method)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "phi-api", "version": __version__,
+                 "description": "OpenAI-compatible inference server on ONNX Runtime GenAI (CPU)."},
+        "paths": paths,
+        "components": {
+            "schemas": copy.deepcopy(schemas),
+            "securitySchemes": {
+                "apiKeyHeader": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKeyQuery": {"type": "apiKey", "in": "query", "name": "api_key"},
+            },
+        },
+    }
+
+
+def _operation(operation: Operation, endpoint: str, method: str) -> dict[str, Any]:
+    error = {"$ref": "#/components/schemas/" + ("OllamaError" if operation.errors == "ollama" else "OpenAIError")}
+    responses: dict[str, Any] = {"200": {"description": "Success", "content": {
+        media: {"schema": {"type": "object"} if media == JSON else {"type": "string"}} for media in operation.media}}}
+    for status in operation.statuses:
+        responses[str(status)] = {"description": "Error", "content": {JSON: {"schema": error}}}
+    described: dict[str, Any] = {"operationId": f"{endpoint}.{method.lower()}", "summary": operation.summary,
+                                 "responses": responses}
+    if operation.request:
+        described["requestBody"] = {"required": True, "content": {JSON: {
+            "schema": {"$ref": f"#/components/schemas/{operation.request}"}}}}
+    return described
