@@ -71,6 +71,19 @@ _ERROR_SCHEMAS = {
 }
 
 
+_SUCCESS_SCHEMAS: dict[str, Any] = {
+    JSON: {"type": "object"},
+    # One event of the stream (OpenAPI 3.1 has no itemSchema yet; tools read the schema per event):
+    # its data is a chunk as JSON, an error object, or the closing "[DONE]".
+    "text/event-stream": {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"type": "string", "contentMediaType": "application/json"},
+                       "event": {"type": "string"}},
+    },
+}
+
+
 def bundle(schema_dir: Path = SCHEMA_DIR) -> dict[str, Any]:
     """Every schema file's request schema and ``$defs``, as OpenAPI components with rewritten references."""
     components: dict[str, Any] = {}
@@ -130,7 +143,7 @@ def build(app: Flask) -> dict[str, Any]:
 def _operation(operation: Operation, endpoint: str, method: str) -> dict[str, Any]:
     error = {"$ref": "#/components/schemas/" + ("OllamaError" if operation.errors == "ollama" else "OpenAIError")}
     responses: dict[str, Any] = {"200": {"description": "Success", "content": {
-        media: {"schema": {"type": "object"} if media == JSON else {"type": "string"}} for media in operation.media}}}
+        media: {"schema": _SUCCESS_SCHEMAS.get(media, {"type": "string"})} for media in operation.media}}}
     for status in operation.statuses:
         responses[str(status)] = {"description": "Error", "content": {JSON: {"schema": error}}}
     described: dict[str, Any] = {"operationId": f"{endpoint}.{method.lower()}", "summary": operation.summary,

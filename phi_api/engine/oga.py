@@ -129,8 +129,8 @@ class _Handle:
         return self._handle
 
     def close(self) -> None:
-        """Free the C object (idempotent)."""
-        if self._handle:
+        """Free the C object (idempotent; also for an object whose creation failed)."""
+        if getattr(self, "_handle", None):
             getattr(lib(), self._destroy)(self._handle)
             self._handle = None
 

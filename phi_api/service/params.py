@@ -54,7 +54,7 @@ def sampling_params(body: dict[str, Any], *, prompt_tokens: int, prompt_param: s
         max_tokens=max_tokens,
         temperature=float(given(body, "temperature", settings.DEFAULT_TEMPERATURE)),
         top_p=float(given(body, "top_p", 1.0)),
-        top_k=max(0, given(body, "top_k", 0)),
+        top_k=_top_k(given(body, "top_k", 0), model.vocab_size),
         seed=given(body, "seed"),
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         presence_penalty=float(given(body, "presence_penalty", 0.0)),
@@ -67,6 +67,13 @@ def sampling_params(body: dict[str, Any], *, prompt_tokens: int, prompt_param: s
         logprobs=logprobs,
         guidance=guidance,
     )
+
+
+def _top_k(top_k: int, vocab_size: int) -> int:
+    """vLLM's ``top_k`` (-1 or 0: off) as the engine's (0: off); k beyond the vocabulary keeps every token."""
+    if top_k <= 0 or (vocab_size and top_k >= vocab_size):
+        return 0  # ONNX Runtime GenAI refuses a top_k over its vocabulary size
+    return top_k
 
 
 def choices(params: SamplingParams, n: int) -> list[SamplingParams]:

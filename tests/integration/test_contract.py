@@ -20,8 +20,17 @@ from schemathesis.checks import (
 )
 
 from tests.integration.conftest import MODEL_ID
+from tests.support.server import Server
 
 CAPS = {"max_tokens": 8, "max_completion_tokens": 8, "num_predict": 8, "n": 2, "top_logprobs": 3, "logprobs": 3}
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(model_path, logs_dir):
+    """The server with short default answers: most fuzzed bodies give no max_tokens (or num_predict)."""
+    with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=2, MAX_CONCURRENT_REQUESTS=16,
+                DEFAULT_MAX_TOKENS=8) as running:
+        yield running
 
 
 def test_every_route_is_described(server):
@@ -53,8 +62,8 @@ def _bounded(case) -> None:
         body.pop("min_tokens", None)
 
 
-def test_fuzzed_requests(server):
-    spec = requests.get(server.url + "/openapi.json").json()
+def test_fuzzed_requests(fuzz_server):
+    spec = requests.get(fuzz_server.url + "/openapi.json").json()
     api = schemathesis.openapi.from_dict(spec)
     checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
               negative_data_rejection]
@@ -63,10 +72,10 @@ def test_fuzzed_requests(server):
     for operation in operations:
 
         @hypothesis.given(case=operation.as_strategy())
-        @hypothesis.settings(max_examples=12, deadline=None, derandomize=True, database=None,
+        @hypothesis.settings(max_examples=60, deadline=None, derandomize=True, database=None,
                              suppress_health_check=list(hypothesis.HealthCheck))
         def fuzz(case):
             _bounded(case)
-            case.call_and_validate(base_url=server.url, timeout=120, checks=checks)
+            case.call_and_validate(base_url=fuzz_server.url, timeout=120, checks=checks)
 
         fuzz()

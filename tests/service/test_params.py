@@ -72,3 +72,8 @@ def test_min_tokens_may_not_exceed_max_tokens():
 
 def test_top_k_minus_one_means_disabled():
     assert params({"top_k": -1}).top_k == 0
+
+
+def test_top_k_beyond_the_vocabulary_keeps_every_token():
+    assert params({"top_k": 10**6}).top_k == 0  # the engine would refuse it
+    assert params({"top_k": 5}).top_k == 5
