@@ -64,6 +64,14 @@ class RawReference:
         for engine in self.engines.values():
             engine.generate(PROMPT, 8)  # warm-up
 
+    def static_batch(self, batch: int, max_tokens: int, runs: int) -> dict[str, Any]:
+        """The engine's own static batching with every core: the most it offers concurrent streams on CPU."""
+        threads = max(self.engines)
+        rates = [self.engines[threads].generate_batch(PROMPT, max_tokens, batch) for _ in range(runs)]
+        single = median([self.engines[threads].generate(PROMPT, max_tokens).decode_rate for _ in range(runs)])
+        return {"batch": batch, "threads": threads, "aggregate_tokens_per_s": median(rates),
+                "single_tokens_per_s": single, "ratio": median(rates) / single}
+
     def sample(self, max_tokens: int) -> dict[int, Any]:
         """One generation per thread setting."""
         return {threads: engine.generate(PROMPT, max_tokens) for threads, engine in self.engines.items()}
@@ -266,6 +274,9 @@ def run(options: Any) -> dict[str, Any]:
         name, _, url = spec.partition("=")
         url = url.rstrip("/")
         report["targets"][name] = measure_target(Target(name, url, first_model(url)), options, levels, raw)
+    if raw is not None:
+        report["raw_static_batch"] = raw.static_batch(max(level for level in levels if level <= 8),
+                                                      options.max_tokens, options.runs)
     if options.model_path and options.memory:
         report["memory"] = measure_memory(options.model_path, "bench-model", log_dir)
     out = Path(options.out)

@@ -7,6 +7,8 @@ import os
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class RawResult:
@@ -55,3 +57,24 @@ class RawEngine:
             generator.generate_next_token()
             tokens += 1
         return RawResult(first - started, tokens, time.perf_counter() - first)
+
+    def generate_batch(self, prompt: str, max_tokens: int, batch: int) -> float:
+        """Aggregate decode tokens/s of one static batch of ``batch`` copies of ``prompt`` (greedy, no EOS).
+
+        The engine's own batching: every sequence starts together and the batch
+        admits nothing new until it ends. Identical prompts need no padding.
+        """
+        og = self._og
+        ids = self._tokenizer.encode(prompt)
+        params = og.GeneratorParams(self._model)
+        length = len(ids) + max_tokens
+        params.set_search_options(max_length=length, min_length=length, do_sample=False, batch_size=batch)
+        generator = og.Generator(self._model, params)
+        generator.append_tokens(np.tile(np.asarray(ids, dtype=np.int32), (batch, 1)))
+        generator.generate_next_token()
+        first = time.perf_counter()
+        tokens = 1
+        while not generator.is_done() and tokens < max_tokens:
+            generator.generate_next_token()
+            tokens += 1
+        return batch * (tokens - 1) / (time.perf_counter() - first)

@@ -55,6 +55,11 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"GET /v1/models at full load: p50 {_ms(concurrency['models_latency_under_load_p50_s'])}, "
               f"p95 {_ms(concurrency['models_latency_under_load_p95_s'])} "
               f"({concurrency['models_latency_samples']} samples)")
+    batch = report.get("raw_static_batch")
+    if batch:
+        print(f"\nraw engine, static batch of {batch['batch']} ({batch['threads']} threads, in this process): "
+              f"aggregate {batch['aggregate_tokens_per_s']:.1f} tok/s, {batch['ratio']:.2f}x its single stream "
+              f"({batch['single_tokens_per_s']:.1f} tok/s): the ceiling of the engine's own batching")
     memory = report.get("memory")
     if memory:
         print(f"\nmemory (PSS, whole server): 1 worker {memory['pss_1_worker_mb']:.0f} MB, "

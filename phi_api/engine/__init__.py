@@ -6,7 +6,6 @@ forks) with this process's scheduler thread (started after the fork).
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import Any, Callable, Iterator
@@ -93,10 +92,11 @@ class Engine:
         """The bytes ``token`` stands for."""
         return self.model.token_bytes.get(token, b"")
 
-    @functools.cached_property
+    @property
     def longest_token_bytes(self) -> int:
-        """Bytes of the vocabulary's longest token (a text of more than ``context_length`` times this cannot fit)."""
-        return max((len(piece) for piece in self.model.token_bytes.values()), default=1)
+        """Bytes of the vocabulary's longest token (0: unknown); a text of more than
+        ``context_length`` times this cannot fit the context."""
+        return self.model.longest_token_bytes
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                     add_generation_prompt: bool = True) -> str:

@@ -78,6 +78,18 @@ class ModelInfo:
         )
 
 
+def _longest_token_bytes(tokenizer_json: Path) -> int:
+    """Bytes of the vocabulary's longest token; 0 when the folder has no readable ``tokenizer.json``.
+
+    Read once, at load (before gunicorn forks), without keeping the vocabulary:
+    workers that never answer with log-probabilities never load it.
+    """
+    try:
+        return max((len(piece) for piece in vocab.token_bytes(tokenizer_json).values()), default=0)
+    except (OSError, ValueError):
+        return 0
+
+
 def _chat_template(root: Path) -> str:
     """The folder's own chat template text ("" when it has none)."""
     if (root / "chat_template.jinja").is_file():
@@ -117,6 +129,7 @@ class LanguageModel:
         self._tokenizer_lock = new_lock()
         self._stream_tokenizer = oga.Tokenizer(self.model)
         self._stream_lock = new_lock()
+        self.longest_token_bytes = _longest_token_bytes(Path(folder) / "tokenizer.json")
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text``, exactly as the model will see them."""

@@ -82,7 +82,8 @@ def text_tokens(engine: Engine, text: str, param: str, *, must_fit: bool = True)
     ``context_length_exceeded`` at once. A run of more than ``MAX_RUN_CHARS``
     characters without whitespace: 400.
     """
-    if must_fit and len(text.encode("utf-8")) > engine.info.context_length * engine.longest_token_bytes:
+    longest = engine.longest_token_bytes
+    if must_fit and longest and len(text.encode("utf-8")) > engine.info.context_length * longest:
         raise ContextLengthExceededError(
             f"This model's maximum context length is {engine.info.context_length} tokens, "
             f"and the {param} are too long to fit it.", param=param)

@@ -113,6 +113,10 @@ class FakeModel:
     def token_bytes(self) -> dict[int, bytes]:
         return self.pieces
 
+    @property
+    def longest_token_bytes(self) -> int:
+        return max((len(piece) for piece in self.pieces.values()), default=0)
+
     def encode(self, text: str) -> np.ndarray:
         return np.array([1 + ord(ch) % (VOCAB - 1) for ch in text], dtype=np.int32)
 
