@@ -206,13 +206,21 @@ def measure_feature_costs(target: Target, max_tokens: int, runs: int) -> dict[st
     samples: dict[str, list[float]] = {name: [] for name in FEATURES}
     base = {"model": target.model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True}
+    refused: dict[str, str] = {}
     for _ in range(runs):
         for name, extra in FEATURES.items():
-            result = stream_completion(target.url, {**base, **extra}, path="/v1/chat/completions")
+            if name in refused:
+                continue
+            try:
+                result = stream_completion(target.url, {**base, **extra}, path="/v1/chat/completions")
+            except requests.HTTPError as exc:  # another server may not offer every feature
+                refused[name] = f"HTTP {exc.response.status_code}"
+                continue
             if result.decode_rate:
                 samples[name].append(result.decode_rate)
     plain = median(samples["plain"])
-    return {name: {"decode_tokens_per_s": median(rates), "ratio_to_plain": median(rates) / plain}
+    return {name: ({"refused": refused[name]} if name in refused else
+                   {"decode_tokens_per_s": median(rates), "ratio_to_plain": median(rates) / plain})
             for name, rates in samples.items()}
 
 

@@ -50,6 +50,7 @@ def print_report(report: dict[str, Any]) -> None:
         costs = results.get("feature_costs")
         if costs:
             print("feature costs (one stream, decode tok/s): " + ", ".join(
+                f"{name} refused ({row['refused']})" if "refused" in row else
                 f"{name} {row['decode_tokens_per_s']:.0f} ({row['ratio_to_plain']:.2f}x)" for name, row in costs.items()))
         concurrency = results["concurrency"]
         print(f"GET /v1/models at full load: p50 {_ms(concurrency['models_latency_under_load_p50_s'])}, "
