@@ -47,7 +47,16 @@ class Target:
     name: str
     url: str
     model: str
+    other: bool = False  # another server, which may not know phi-api's ``ignore_eos``
     results: dict[str, Any] = field(default_factory=dict)
+
+    def full_length(self, max_tokens: int) -> dict[str, Any]:
+        """Body fields that make a completion run to ``max_tokens`` whatever the model would say.
+
+        vLLM and phi-api know ``ignore_eos``; llama-cpp-python knows ``min_tokens``
+        instead (and ignores fields it does not know).
+        """
+        return {"ignore_eos": True, "min_tokens": max_tokens} if self.other else {"ignore_eos": True}
 
 
 def first_model(url: str) -> str:
@@ -90,7 +99,7 @@ def summarize_raw(samples: list[dict[int, Any]]) -> dict[str, Any]:
 
 def _body(target: Target, prompt: str, max_tokens: int) -> dict[str, Any]:
     return {"model": target.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True}
+            **target.full_length(max_tokens)}
 
 
 def measure_single(target: Target, max_tokens: int, runs: int, raw: RawReference | None) -> dict[str, Any]:
@@ -195,7 +204,7 @@ FEATURES: dict[str, dict[str, Any]] = {
     "frequency_penalty": {"frequency_penalty": 0.5},
     "logit_bias": {"logit_bias": {"11": 1}},
     "min_p (sampling)": {"min_p": 0.05, "temperature": 1.0, "seed": 1},
-    "json_schema grammar": {"ignore_eos": False, "response_format": {"type": "json_schema", "json_schema": {
+    "json_schema grammar": {"ignore_eos": False, "min_tokens": 0, "response_format": {"type": "json_schema", "json_schema": {
         "name": "essay", "schema": {"type": "object", "properties": {"essay": {"type": "string", "maxLength": 4000}},
                                     "required": ["essay"]}}}},
 }
@@ -205,7 +214,7 @@ def measure_feature_costs(target: Target, max_tokens: int, runs: int) -> dict[st
     """Single-stream decode rate with each optional feature, runs interleaved so drift hits all alike."""
     samples: dict[str, list[float]] = {name: [] for name in FEATURES}
     base = {"model": target.model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True}
+            "temperature": 0, **target.full_length(max_tokens)}
     refused: dict[str, str] = {}
     for _ in range(runs):
         for name, extra in FEATURES.items():
@@ -281,7 +290,11 @@ def run(options: Any) -> dict[str, Any]:
     for spec in options.compare or []:
         name, _, url = spec.partition("=")
         url = url.rstrip("/")
-        report["targets"][name] = measure_target(Target(name, url, first_model(url)), options, levels, raw)
+        try:
+            report["targets"][name] = measure_target(Target(name, url, first_model(url), other=True), options,
+                                                     levels, raw)
+        except (requests.RequestException, RuntimeError) as exc:  # keep what was measured of the others
+            report["targets"][name] = {"failed": f"{type(exc).__name__}: {exc}"}
     if raw is not None:
         report["raw_static_batch"] = raw.static_batch(max(level for level in levels if level <= 8),
                                                       options.max_tokens, options.runs)

@@ -19,6 +19,9 @@ def _ms(seconds: float) -> str:
 def print_report(report: dict[str, Any]) -> None:
     """A readable summary, with the ratios the performance goals are stated in."""
     for name, results in report["targets"].items():
+        if "failed" in results:
+            print(f"\n== {name}\nfailed: {results['failed']}")
+            continue
         single = results["single_stream"]
         raw = single.get("raw_engine", {})
         best = max((key for key in raw if key.endswith("_threads")), key=lambda key: int(key.split("_")[0]),
@@ -76,11 +79,13 @@ def write_chart(report: dict[str, Any], path: Path) -> None:
 
     figure, (throughput, latency) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, results in report["targets"].items():
+        if "failed" in results:
+            continue
         levels = results["concurrency"]["levels"]
         xs = [int(level) for level in levels]
         throughput.plot(xs, [row["aggregate_tokens_per_s"] for row in levels.values()], marker="o", label=name)
         latency.plot(xs, [row["ttft_p50_s"] * 1000 for row in levels.values()], marker="o", label=name)
-    first = next(iter(report["targets"].values()))["single_stream"].get("raw_engine", {})
+    first = next(iter(report["targets"].values())).get("single_stream", {}).get("raw_engine", {})
     for key, style in (("2_threads", "--"), ("1_threads", ":")):
         if key in first:
             throughput.axhline(first[key]["decode_tokens_per_s"], linestyle=style, color="grey",
