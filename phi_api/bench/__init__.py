@@ -129,6 +129,7 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
     body = _body(target, PROMPT, max_tokens)
     sweep = {}
     models_latencies: list[float] = []
+    models_failures = 0
     for level in levels:
         batches = []
         for _ in range(runs):
@@ -136,6 +137,7 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
                 with LatencyProbe(target.url) as probe:
                     batches.append(concurrent_streams(target.url, body, level))
                 models_latencies.extend(probe.latencies)
+                models_failures += probe.failures
             else:
                 batches.append(concurrent_streams(target.url, body, level))
         ttfts = [stream.ttft for batch in batches for stream in batch.streams]
@@ -151,6 +153,7 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
         "models_latency_under_load_p50_s": percentile(models_latencies, 0.5),
         "models_latency_under_load_p95_s": percentile(models_latencies, 0.95),
         "models_latency_samples": len(models_latencies),
+        "models_latency_failures": models_failures,
     }
 
 

@@ -109,6 +109,7 @@ class LatencyProbe:
         self._url = base_url + "/v1/models"
         self._stop = threading.Event()
         self.latencies: list[float] = []
+        self.failures = 0  # polls that timed out or failed (their time still counts as a latency)
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> "LatencyProbe":
@@ -123,6 +124,9 @@ class LatencyProbe:
         session = requests.Session()
         while not self._stop.is_set():
             started = time.perf_counter()
-            session.get(self._url, timeout=60).raise_for_status()
+            try:
+                session.get(self._url, timeout=60).raise_for_status()
+            except requests.RequestException:  # a server that cannot answer under load: that is the finding
+                self.failures += 1
             self.latencies.append(time.perf_counter() - started)
             self._stop.wait(0.02)

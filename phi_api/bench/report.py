@@ -58,7 +58,8 @@ def print_report(report: dict[str, Any]) -> None:
         concurrency = results["concurrency"]
         print(f"GET /v1/models at full load: p50 {_ms(concurrency['models_latency_under_load_p50_s'])}, "
               f"p95 {_ms(concurrency['models_latency_under_load_p95_s'])} "
-              f"({concurrency['models_latency_samples']} samples)")
+              f"({concurrency['models_latency_samples']} samples, "
+              f"{concurrency.get('models_latency_failures', 0)} failed or timed out)")
     batch = report.get("raw_static_batch")
     if batch:
         print(f"\nraw engine, static batch of {batch['batch']} ({batch['threads']} threads, in this process): "
