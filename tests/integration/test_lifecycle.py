@@ -12,6 +12,7 @@ import requests
 
 from tests.integration.conftest import MODEL_ID
 from tests.support.server import Server, wait_until
+from tests.support.sse import data_lines
 
 
 def failed_start(logs_dir, **env) -> tuple[int, str]:
@@ -54,10 +55,10 @@ def test_sigterm_lets_an_in_flight_stream_finish(logs_dir, model_path):
     server = Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID).start()
     body = {"model": MODEL_ID, "prompt": "Count:", "max_tokens": 200, "ignore_eos": True, "stream": True}
     response = requests.post(server.url + "/v1/completions", json=body, stream=True)
-    lines = response.iter_lines()
-    assert next(line for line in lines if line).startswith(b"data: {")
+    lines = data_lines(response.iter_lines())
+    assert next(lines).startswith(b"data: {")
     server.process.send_signal(signal.SIGTERM)
-    rest = [line for line in lines if line]
+    rest = list(lines)
     assert rest[-1] == b"data: [DONE]"
     assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
     assert server.process.wait(timeout=30) == 0

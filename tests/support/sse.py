@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 
 def parse_sse(raw: str) -> list[Any]:
@@ -32,3 +32,9 @@ def chat_text(events: list[Any]) -> str:
 def completion_text(events: list[Any]) -> str:
     """The concatenated text of completion chunks."""
     return "".join(choice["text"] for event in events if isinstance(event, dict) for choice in event.get("choices", []))
+
+
+def data_lines(lines: Iterable[bytes]) -> Iterator[bytes]:
+    """The ``data:`` lines of a streamed SSE body, skipping blank lines and comments (keepalives may come
+    at any time, even before the first event)."""
+    return (line for line in lines if line and not line.startswith(b":"))
