@@ -121,7 +121,19 @@ def measure_single(target: Target, max_tokens: int, runs: int, raw: RawReference
     }
     if raw_samples:
         single["raw_engine"] = summarize_raw(raw_samples) | {"prompt_tokens": raw.prompt_tokens}
+        single["paired"] = paired_ratios(results, raw_samples)
     return single
+
+
+def paired_ratios(results: list[StreamResult], raw_samples: list[dict[int, Any]]) -> dict[str, float]:
+    """Each server run against the raw run (all threads) taken just before it, then the median.
+
+    On a machine whose speed drifts, the ratio of neighbours is steadier than
+    the ratio of two medians.
+    """
+    pairs = [(result, sample[max(sample)]) for result, sample in zip(results, raw_samples) if result.decode_rate]
+    return {"decode_ratio": median([result.decode_rate / reference.decode_rate for result, reference in pairs]),
+            "ttft_delta_s": median([result.ttft - reference.prefill_seconds for result, reference in pairs])}
 
 
 def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs: int) -> dict[str, Any]:

@@ -36,6 +36,10 @@ def print_report(report: dict[str, Any]) -> None:
             line += (f" ({single['decode_tokens_per_s'] / reference['decode_tokens_per_s']:.2f}x raw decode, "
                      f"{best.replace('_', ' ')}; ttft = raw + {_ms(single['ttft_s'] - reference['ttft_s'])})")
         print(line)
+        paired = single.get("paired")
+        if paired:
+            print(f"one stream, paired with the raw run before it (median of runs): decode {paired['decode_ratio']:.2f}x "
+                  f"raw, ttft = raw + {_ms(paired['ttft_delta_s'])}")
         print(f"{'streams':>8} {'aggregate tok/s':>16} {'per-stream tok/s':>17} {'ttft p50':>10} {'ttft p95':>10}"
               + ("  x raw single" if best else ""))
         for level, row in results["concurrency"]["levels"].items():

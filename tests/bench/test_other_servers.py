@@ -88,3 +88,18 @@ def test_the_models_probe_counts_a_server_that_does_not_answer() -> None:
     with LatencyProbe(f"http://127.0.0.1:{free_port()}") as probe:  # nothing listens there
         wait_until(lambda: probe.failures >= 2, timeout=10, message="two failed polls")
     assert len(probe.latencies) >= probe.failures >= 2
+
+
+def test_one_stream_is_paired_with_the_raw_run_before_it() -> None:
+    from types import SimpleNamespace
+
+    def raw(rate: float, prefill: float) -> dict[int, Any]:
+        one_thread = SimpleNamespace(decode_rate=1.0, prefill_seconds=9.0)  # never the reference
+        return {1: one_thread, 2: SimpleNamespace(decode_rate=rate, prefill_seconds=prefill)}
+
+    results = [StreamResult(ttft=0.30, tokens=101, decode_seconds=1.0),   # 100 tok/s
+               StreamResult(ttft=0.25, tokens=101, decode_seconds=2.0),   # 50 tok/s, while the machine was slow
+               StreamResult(ttft=0.21, tokens=101, decode_seconds=0.5)]   # 200 tok/s
+    paired = bench.paired_ratios(results, [raw(100, 0.2), raw(50, 0.2), raw(250, 0.2)])
+    assert paired["decode_ratio"] == pytest.approx(1.0)  # ratios 1.0, 1.0, 0.8
+    assert paired["ttft_delta_s"] == pytest.approx(0.05)
