@@ -5,7 +5,6 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, jsonify
 
 from phi_api import extensions
-from phi_api.errors import InvalidParameterError
 from phi_api.extensions import get_engine, get_settings, get_validator
 from phi_api.service import catalog, completions, prompts
 from phi_api.service.body import read_json_object
@@ -80,8 +79,6 @@ def detokenize() -> Response:
     body = read_json_object()
     get_validator().validate("detokenize", body)
     engine = get_engine()
-    vocab = engine.info.vocab_size
-    if vocab and any(token >= vocab for token in body["tokens"]):
-        raise InvalidParameterError(f"tokens has an id beyond the vocabulary ({vocab}).", param="tokens")
+    prompts.check_token_ids(engine, body["tokens"], "tokens")
     text = engine.decode(body["tokens"]) if body["tokens"] else ""
     return jsonify({"prompt": text, "content": text})

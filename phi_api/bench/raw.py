@@ -42,21 +42,7 @@ class RawEngine:
 
     def generate(self, prompt: str, max_tokens: int) -> RawResult:
         """Greedy, end-of-sequence ignored, exactly ``max_tokens`` tokens."""
-        og = self._og
-        ids = self._tokenizer.encode(prompt)
-        params = og.GeneratorParams(self._model)
-        length = len(ids) + max_tokens
-        params.set_search_options(max_length=length, min_length=length, do_sample=False)
-        generator = og.Generator(self._model, params)
-        started = time.perf_counter()
-        generator.append_tokens(ids)
-        generator.generate_next_token()
-        first = time.perf_counter()
-        tokens = 1
-        while not generator.is_done() and tokens < max_tokens:
-            generator.generate_next_token()
-            tokens += 1
-        return RawResult(first - started, tokens, time.perf_counter() - first)
+        return self._run(prompt, max_tokens, 1)
 
     def generate_batch(self, prompt: str, max_tokens: int, batch: int) -> float:
         """Aggregate decode tokens/s of one static batch of ``batch`` copies of ``prompt`` (greedy, no EOS).
@@ -64,17 +50,23 @@ class RawEngine:
         The engine's own batching: every sequence starts together and the batch
         admits nothing new until it ends. Identical prompts need no padding.
         """
+        result = self._run(prompt, max_tokens, batch)
+        return batch * (result.tokens - 1) / result.decode_seconds
+
+    def _run(self, prompt: str, max_tokens: int, batch: int) -> RawResult:
+        """``batch`` copies of ``prompt``, timed per step (each token counted once per sequence)."""
         og = self._og
-        ids = self._tokenizer.encode(prompt)
+        ids = np.asarray(self._tokenizer.encode(prompt), dtype=np.int32)
         params = og.GeneratorParams(self._model)
         length = len(ids) + max_tokens
         params.set_search_options(max_length=length, min_length=length, do_sample=False, batch_size=batch)
         generator = og.Generator(self._model, params)
-        generator.append_tokens(np.tile(np.asarray(ids, dtype=np.int32), (batch, 1)))
+        started = time.perf_counter()
+        generator.append_tokens(np.tile(ids, (batch, 1)) if batch > 1 else ids)
         generator.generate_next_token()
         first = time.perf_counter()
         tokens = 1
         while not generator.is_done() and tokens < max_tokens:
             generator.generate_next_token()
             tokens += 1
-        return batch * (tokens - 1) / (time.perf_counter() - first)
+        return RawResult(first - started, tokens, time.perf_counter() - first)

@@ -74,6 +74,7 @@ class Engine:
         self.draining = False  # set when this worker starts shutting down
         self.loaded_at = int(time.time())
         self._timeout = timeout
+        self._token_table: dict[int, bytes] | None = None
 
     @property
     def info(self) -> ModelInfo:
@@ -89,8 +90,16 @@ class Engine:
         return off_hub(self.model.decode, tokens)
 
     def token_bytes(self, token: int) -> bytes:
-        """The bytes ``token`` stands for."""
-        return self.model.token_bytes.get(token, b"")
+        """The bytes ``token`` stands for.
+
+        The table is read from the model folder at first use (about 0.2 s for a
+        49k vocabulary), off the hub: only workers that answer with
+        log-probabilities pay for it, and their other requests do not wait.
+        """
+        table = self._token_table
+        if table is None:
+            table = self._token_table = off_hub(lambda: self.model.token_bytes)
+        return table.get(token, b"")
 
     @property
     def longest_token_bytes(self) -> int:

@@ -60,15 +60,16 @@ class ModelInfo:
         model = config["model"]
         decoder = model.get("decoder", {})
         eos = model.get("eos_token_id", [])
+        template = _chat_template(root)
         return cls(
             path=str(root),
             model_type=str(model.get("type", "unknown")),
             context_length=int(model["context_length"]),
             vocab_size=int(model.get("vocab_size", 0)),
             eos_token_ids=frozenset(eos if isinstance(eos, list) else [eos]),
-            has_chat_template=bool(_chat_template(root)),
-            template_knows_tools="tools" in _chat_template(root),
-            chat_template=_chat_template(root) or PHI3_CHAT_TEMPLATE,
+            has_chat_template=bool(template),
+            template_knows_tools="tools" in template,
+            chat_template=template or PHI3_CHAT_TEMPLATE,
             size_bytes=sum(entry.stat().st_size for entry in os.scandir(root) if entry.is_file()),
             modified_at=(root / "genai_config.json").stat().st_mtime,
             fingerprint=_fingerprint(root, config),

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 from flask import Response, jsonify
 
 from phi_api.engine import Finished, TextDelta
-from phi_api.errors import InternalError, ModelNotFoundError, UnsupportedParameterError
+from phi_api.errors import ModelNotFoundError, UnsupportedParameterError
 from phi_api.extensions import get_engine, get_settings, get_validator
 from phi_api.service import completions
 from phi_api.service.choices import ChatChoice
@@ -31,7 +31,6 @@ _OPTIONS = {
     "seed": "seed", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty", "num_predict": "max_tokens",
 }
-KEEPALIVE_SECONDS = 1.0
 
 
 def created_at() -> str:
@@ -121,7 +120,7 @@ def serve(kind: Format, translated: dict[str, Any], *, chat: bool) -> Response:
 
 
 def _stream(run: completions.Run, builder: ChatChoice | None, shape: "_Shape") -> Iterator[dict[str, Any]]:
-    for event in run.generation.events(idle_timeout=KEEPALIVE_SECONDS):
+    for event in run.generation.events(idle_timeout=completions.KEEPALIVE_SECONDS):
         if event is None:
             yield shape.part("")  # an empty fragment: the client ignores it, a gone client is noticed
         elif isinstance(event, TextDelta):
@@ -168,8 +167,6 @@ class _Shape:
             body["message"]["tool_calls"] = [
                 {"function": {"name": call["function"]["name"], "arguments": json.loads(call["function"]["arguments"])}}
                 for call in calls]
-        if finished.reason not in ("stop", "length"):
-            raise InternalError()
         ttft = finished.time_to_first_token or 0.0
         body.update({
             "done": True,

@@ -104,11 +104,16 @@ def completion_prompt(engine: Engine, prompt: Any) -> tuple[np.ndarray, str]:
         ids = text_tokens(engine, prompt, "prompt")
         text = prompt
     else:
-        vocab = engine.info.vocab_size
-        if vocab and max(prompt) >= vocab:
-            raise InvalidParameterError(f"prompt has a token id beyond the vocabulary ({vocab}).", param="prompt")
+        check_token_ids(engine, prompt, "prompt")
         ids = np.array(prompt, dtype=np.int32)
         text = engine.decode(ids)
     if len(ids) == 0:
         raise InvalidParameterError("prompt must not be empty.", param="prompt")
     return ids, text
+
+
+def check_token_ids(engine: Engine, tokens: list[int], param: str) -> None:
+    """400 if ``tokens`` (given as ``param``) holds an id beyond the model's vocabulary."""
+    vocab = engine.info.vocab_size
+    if vocab and tokens and max(tokens) >= vocab:
+        raise InvalidParameterError(f"{param} has a token id beyond the vocabulary ({vocab}).", param=param)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import threading
 
+from tests.support.fakes import fake_engine, text_pieces
 from tests.support.sse import completion_text, parse_sse
 
 BODY = {"model": "test-model", "prompt": "Once upon a time"}
@@ -49,3 +51,27 @@ def test_echo_puts_the_prompt_first(client):
     events = parse_sse(client.post("/v1/completions", json={**BODY, "echo": True, "stream": True})
                        .get_data(as_text=True))
     assert completion_text(events) == "Once upon a timeHello, world!"
+
+
+def test_a_stream_waiting_for_the_engine_sends_keepalive_comments(make_app):
+    gate = threading.Semaphore(0)
+    engine = fake_engine([1, 2, 0], text_pieces(b"Hi", b"!"))
+    engine.model.script.gate = gate  # every decode step waits for the test
+    client = make_app(engine).test_client()
+
+    def let_it_run() -> None:
+        for _ in range(3):
+            gate.release()
+
+    # Without keepalives, the first chunk would be the text once this lets the engine go.
+    fallback = threading.Timer(10, let_it_run)
+    fallback.start()
+    response = client.post("/v1/completions", json={**BODY, "stream": True}, buffered=False)
+    chunks = response.iter_encoded()
+    first = next(chunks)
+    fallback.cancel()
+    assert first == b": keepalive\n\n"  # the engine has said nothing for a second
+    let_it_run()
+    events = parse_sse(b"".join(chunks).decode())
+    assert completion_text(events) == "Hi!"
+    assert events[-1] == "[DONE]"
