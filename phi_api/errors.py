@@ -25,7 +25,9 @@ The tree, with the rows of the specification's error table:
     - ``URITooLongError`` (414 ``uri_too_long``) and ``HeadersTooLargeError``
       (431 ``headers_too_large``): answered by the gunicorn worker itself
     - ``AuthenticationError`` (401 ``invalid_api_key``)
-  - ``RateLimitError`` (429 ``rate_limit_error`` / ``rate_limit_exceeded``)
+  - ``RateLimitError`` (429 ``rate_limit_error`` / ``rate_limit_exceeded``, with ``Retry-After``)
+  - ``ClientClosedRequestError`` (499 ``client_closed_request``: the client left before
+    its answer was ready; never seen by it, only logged)
   - ``InternalError`` (500 ``internal_error``, generic message only)
   - ``GenerationTimeoutError`` (504 ``timeout``)
   - ``ServiceUnavailableError`` (503 ``unavailable``: the worker is shutting down)
@@ -57,6 +59,7 @@ class APIError(Exception):
     type: ClassVar[str] = "server_error"
     code: ClassVar[str | None] = "internal_error"
     default_param: ClassVar[str | None] = None
+    headers: ClassVar[dict[str, str]] = {}  # sent with the error response
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -149,6 +152,13 @@ class RateLimitError(APIError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+    headers = {"Retry-After": "1"}  # slots free up as generations end: seconds, not minutes
+
+
+class ClientClosedRequestError(APIError):
+    status = 499  # nginx's "client closed request"
+    type = "invalid_request_error"
+    code = "client_closed_request"
 
 
 class InternalError(APIError):
@@ -189,6 +199,7 @@ def api_error_response(error: APIError) -> Response:
     """A Flask response carrying ``error`` in the shape of the API the request belongs to."""
     response = jsonify(plain_error_body(error.message) if wants_plain_errors() else error.body())
     response.status_code = error.status
+    response.headers.update(error.headers)
     return response
 
 

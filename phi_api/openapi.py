@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from phi_api import __version__
 from phi_api.schemas import REQUEST_SCHEMAS, SCHEMA_DIR
 
 JSON = "application/json"
+_PATH_PARAMETER = re.compile(r"<(?:[a-z]+:)?(\w+)>")  # Flask's <path:model> is OpenAPI's {model}
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Operation:
 _GENERATION = (400, 401, 404, 405, 408, 413, 415, 429, 500, 503, 504)
 OPERATIONS: dict[str, Operation] = {
     "models.list_models": Operation("List the served model"),
+    "models.retrieve_model": Operation("The served model's object (404 model_not_found for any other id)"),
     "chat.create_chat_completion": Operation("Chat completion (SSE when stream is true)", "chat_completion",
                                              (JSON, "text/event-stream"), statuses=_GENERATION),
     "completions.create_completion": Operation("Text completion (SSE when stream is true)", "completion",
@@ -122,8 +125,13 @@ def build(app: Flask) -> dict[str, Any]:
         if rule.endpoint == "static":
             continue
         operation = OPERATIONS[rule.endpoint]
+        path = _PATH_PARAMETER.sub(r"{\1}", rule.rule)
         for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
-            paths.setdefault(rule.rule, {})[method.lower()] = _operation(operation, rule.endpoint, method)
+            described = _operation(operation, rule.endpoint, method)
+            if rule.arguments:
+                described["parameters"] = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                                           for name in sorted(rule.arguments)]
+            paths.setdefault(path, {})[method.lower()] = described
     return {
         "openapi": "3.1.0",
         "info": {"title": "phi-api", "version": __version__,

@@ -12,6 +12,9 @@ elsewhere (Flask's test client) these guards do nothing.
   once the bytes in flight fill the buffers; a client that closed the
   connection is found before the next event is sent (the socket reads as
   end-of-file), even while a long prompt is still being prefilled.
+- Non-streaming answers: the wait for the answer polls the socket the same
+  way (:func:`disconnect_probe`), so a client that gave up is found within
+  a poll interval and its generation cancelled.
 """
 
 from __future__ import annotations
@@ -55,6 +58,19 @@ def read_body(timeout: float) -> bytes:
             except OSError:
                 pass
         raise RequestTimeoutError(f"The request body did not arrive within {timeout:g} seconds.") from None
+
+
+def disconnect_probe() -> Callable[[], bool]:
+    """For the current request: a check that says whether its client has closed the connection.
+
+    A non-streaming answer writes nothing until it is done, so the write that
+    would reveal a vanished client comes too late; its wait polls this
+    instead. Outside gunicorn (Flask's test client) the check says "no".
+    """
+    sock = _client_socket()
+    if sock is None:
+        return lambda: False
+    return lambda: client_gone(sock)
 
 
 def client_gone(sock: Any) -> bool:

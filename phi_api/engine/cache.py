@@ -4,11 +4,23 @@ A chat client's next request repeats the whole conversation so far plus a
 new message. If a kept generator holds a prefix of that prompt, the
 scheduler rewinds it to the shared prefix and prefills only the rest.
 
+Exactness by construction: the only numerical guarantee ONNX Runtime gives
+on every CPU is that identical shapes and inputs give identical numbers (its
+int4 matmul picks kernels by the number of rows, differently on AVX2,
+AVX-512 and VNNI machines). A cold prompt is prefilled in chunks of
+``chunk`` tokens laid on a fixed grid (``[0, c)``, ``[c, 2c)``, ...). A
+reused generator therefore resumes only at a multiple of ``chunk``: every
+key and value it keeps came from a full chunk of that same grid, and every
+chunk it still computes has the very offset, length and past length the
+cold request's chunk has. So a reused prompt gives the cold prompt's logits
+bit for bit, on any CPU.
+
 A generator is reusable only by a request with the same search options (they
 are fixed when ONNX Runtime GenAI creates it) and only if its KV buffer (also
 fixed, ``max_length`` tokens) has room for the new prompt and answer. The
 kept generators are bounded by the memory of their KV buffers and evicted
-least recently used first. Only the engine thread touches this object.
+least recently used first. The scheduler's engine threads share one, each
+call under a lock (see ``scheduler._SharedCache``).
 """
 
 from __future__ import annotations
@@ -39,11 +51,18 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(mismatch[0]) if mismatch.size else length
 
 
+def resume_point(shared: int, prompt_length: int, chunk: int) -> int:
+    """Where a kept generator sharing ``shared`` tokens with a prompt may resume: the largest multiple
+    of ``chunk`` within the shared prefix that still leaves a prompt token to compute (see above)."""
+    return (min(shared, prompt_length - 1) // chunk) * chunk
+
+
 class PromptCache:
     """Kept generators, at most ``budget_bytes`` of KV buffers in all."""
 
-    def __init__(self, budget_bytes: int, bytes_per_token: int) -> None:
+    def __init__(self, budget_bytes: int, bytes_per_token: int, chunk: int = 1) -> None:
         self._budget = budget_bytes
+        self._chunk = max(1, chunk)
         self._bytes_per_token = max(1, bytes_per_token)
         self._kept: OrderedDict[int, Kept] = OrderedDict()
         self._next_id = 0
@@ -65,10 +84,7 @@ class PromptCache:
         for kept_id, kept in self._kept.items():
             if kept.key != key or kept.capacity < needed_capacity:
                 continue
-            # Leave at least two prompt tokens to append: the step yields the next-token
-            # logits, and a one-row step would compute them with another kernel than a
-            # cold prefill does (see the scheduler's SINGLE_ROW_NOTE).
-            length = min(common_prefix(kept.tokens, prompt), len(prompt) - 2)
+            length = resume_point(common_prefix(kept.tokens, prompt), len(prompt), self._chunk)
             if length > best_length:
                 best_id, best_length = kept_id, length
         if best_id is None:

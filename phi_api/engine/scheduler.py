@@ -48,14 +48,6 @@ class Model(Protocol):
     def create_stream(self) -> Any: ...
 
 
-# SINGLE_ROW_NOTE: ONNX Runtime's int4 MatMulNBits computes a one-row step with
-# another kernel than a multi-row one, and the logits differ in the last bits
-# (enough to flip a near-tie under greedy decoding). Steps of two or more rows
-# give identical rows whatever their count, so prefill chunking, and prompt
-# reuse, never make a prompt token go through a step alone unless the prompt
-# is a single token. A reused prompt then answers exactly as a cold one.
-
-
 class _Running:
     """Engine-thread state of one job."""
 
@@ -91,11 +83,10 @@ class _Running:
         if self._generator is None:
             self._start()
         if self._prefilled < len(job.prompt):
-            end = self._prefilled + self._chunk
-            if len(job.prompt) - end == 1:
-                end += 1  # never leave one token for a step of its own (see SINGLE_ROW_NOTE)
+            # Chunks on a fixed grid (see engine.cache: what makes reuse exact on any CPU).
+            end = min(self._prefilled + self._chunk, len(job.prompt))
             self._generator.append_tokens(job.prompt[self._prefilled:end])
-            self._prefilled = min(end, len(job.prompt))
+            self._prefilled = end
         else:
             self._decode_one()
 
@@ -246,7 +237,7 @@ class Scheduler:
         self._prefill_chunk = prefill_chunk
         self._report = report
         self._lane_count = lanes
-        self._cache = _SharedCache(PromptCache(cache_bytes, model.info.kv_bytes_per_token))
+        self._cache = _SharedCache(PromptCache(cache_bytes, model.info.kv_bytes_per_token, prefill_chunk))
         self._headroom = cache_headroom
         self._relay: HubRelay | None = None
         self._idle_wait = idle_wait

@@ -54,7 +54,7 @@ class ChatChoice:
 
     def close(self, finished: Finished) -> list[dict[str, Any]]:
         """The last chunks of a stream: held text or tool calls, then the finish reason."""
-        calls = self._calls()
+        calls, reason = self._calls(finished)
         if calls:
             chunks = []
             for position, call in enumerate(calls):
@@ -62,24 +62,35 @@ class ChatChoice:
                                                            "function": {"name": call.name, "arguments": ""}}]}))
                 chunks.append(self._chunk({"tool_calls": [{"index": position,
                                                            "function": {"arguments": call.arguments}}]}))
-            return chunks + [self._chunk({}, finish_reason="tool_calls")]
-        return self._release_held() + [self._chunk({}, finish_reason=finished.reason)]
+            return chunks + [self._chunk({}, finish_reason=reason)]
+        return self._release_held() + [self._chunk({}, finish_reason=reason)]
 
     def result(self, finished: Finished) -> dict[str, Any]:
         """The whole choice, for a non-streaming answer."""
-        calls = self._calls()
-        message: dict[str, Any] = {"role": "assistant", "content": None if calls else "".join(self._parts)}
+        calls, reason = self._calls(finished)
+        # OpenAI's schema requires "refusal" (null: this server never refuses in a separate field).
+        message: dict[str, Any] = {"role": "assistant", "content": None if calls else "".join(self._parts),
+                                   "refusal": None}
         if calls:
             message["tool_calls"] = [call.to_openai() for call in calls]
         return {
             "index": self.index,
             "message": message,
             "logprobs": {"content": self._entries, "refusal": None} if self._logprobs else None,
-            "finish_reason": "tool_calls" if calls else finished.reason,
+            "finish_reason": reason,
         }
 
-    def _calls(self) -> list[ToolCall]:
-        return self._plan.parse("".join(self._parts)) if self._plan is not None else []
+    def _calls(self, finished: Finished) -> tuple[list[ToolCall], str]:
+        """The answer's tool calls and its finish reason; a forced call cut by ``max_tokens`` is
+        returned as far as it got, with ``length`` (as OpenAI does)."""
+        if self._plan is None:
+            return [], finished.reason
+        text = "".join(self._parts)
+        calls = self._plan.parse(text)
+        if calls:
+            return calls, "tool_calls"
+        partial = self._plan.partial_call(text) if finished.reason == "length" else None
+        return ([partial], "length") if partial else ([], finished.reason)
 
     def _release_held(self) -> list[dict[str, Any]]:
         held, self._held = self._held, []

@@ -12,6 +12,7 @@ from flask import Response, jsonify
 from phi_api.engine import Finished, Generation, SamplingParams, TextDelta
 from phi_api.errors import (
     APIError,
+    ClientClosedRequestError,
     GenerationTimeoutError,
     InternalError,
     ModelNotFoundError,
@@ -24,8 +25,10 @@ from phi_api.service.features import check_supported
 from phi_api.service.formats import Format, Request
 from phi_api.service.params import choices, given, sampling_params
 from phi_api.service.sse import KEEPALIVE, sse_response
+from phi_api.transport import disconnect_probe
 
 KEEPALIVE_SECONDS = 1.0
+DISCONNECT_POLL_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -110,11 +113,20 @@ def start(kind: Format, body: dict[str, Any]) -> Run:
 def collect(run: Run, on_delta: Callable[[TextDelta], Any]) -> list[Finished]:
     """Wait for every choice to finish, passing each text delta to ``on_delta``; close the run.
 
-    A choice that ends without an answer raises its error (engine errors are mapped here).
+    A choice that ends without an answer raises its error (engine errors are
+    mapped here). A client that closes the connection meanwhile is noticed
+    within ``DISCONNECT_POLL_SECONDS``: the generation is cancelled and its
+    slot freed at once, rather than when an answer nobody reads is done.
     """
     finished: list[Finished | None] = [None] * len(run.params)
+    gone = disconnect_probe()
+    next_poll = time.monotonic() + DISCONNECT_POLL_SECONDS
     try:
-        for event in run.generation.events():
+        for event in run.generation.events(idle_timeout=DISCONNECT_POLL_SECONDS):
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + DISCONNECT_POLL_SECONDS
+                if gone():
+                    raise ClientClosedRequestError("The client closed the connection before the answer was ready.")
             if isinstance(event, TextDelta):
                 on_delta(event)
             elif isinstance(event, Finished):

@@ -70,9 +70,10 @@ def _response_grammar(body: dict[str, Any]) -> tuple[str, str] | None:
     response_format = given(body, "response_format", {"type": "text"})
     kind = response_format["type"]
     if kind == "json_object":
-        return json_schema_grammar({"type": "object"})
+        return json_schema_grammar({"type": "object"}, "response_format")
     if kind == "json_schema":
-        return json_schema_grammar(response_format["json_schema"].get("schema") or {"type": "object"})
+        return json_schema_grammar(response_format["json_schema"].get("schema") or {"type": "object"},
+                                   "response_format.json_schema.schema")
     return None
 
 

@@ -17,15 +17,19 @@ and earlier tool calls and results into plain turns the template knows.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from phi_api.errors import InvalidParameterError
-from phi_api.service.grammar import json_schema_grammar
+from phi_api.service.grammar import check_json_schema, json_schema_grammar
 from phi_api.service.params import given
 
 _DECODER = json.JSONDecoder()
+# The forced-call grammar writes {"name": "<function>", "arguments": {...}} in this order.
+_NAME = re.compile(r'^\s*\{\s*"name"\s*:\s*"([^"\\]*)"')
+_ARGUMENTS = re.compile(r'"arguments"\s*:\s*')
 _TAG_OPEN, _TAG_CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -54,11 +58,16 @@ class ToolPlan:
         return {function["name"] for function in self.functions}
 
     def grammar(self) -> tuple[str, str] | None:
-        """The JSON Schema that forces a call, or None for auto."""
+        """The JSON Schema that forces a call, or None for auto; 400 naming the tool whose parameters are
+        not a schema the grammar can be built from."""
         if not self.forced:
             return None
-        options = [_call_schema(function) for function in self.functions if function["name"] in self.forced]
-        return json_schema_grammar(options[0] if len(options) == 1 else {"anyOf": options})
+        options = []
+        for index, function in enumerate(self.functions):
+            if function["name"] in self.forced:
+                check_json_schema(_call_schema(function), f"tools[{index}].function.parameters")
+                options.append(_call_schema(function))
+        return json_schema_grammar(options[0] if len(options) == 1 else {"anyOf": options}, "tools")
 
     def system_prompt(self) -> str:
         """The tools and the calling convention, for templates that cannot render tools."""
@@ -83,6 +92,19 @@ class ToolPlan:
                     continue
             calls.append(ToolCall(name, json.dumps(arguments, ensure_ascii=False), new_call_id()))
         return calls if self.parallel else calls[:1]
+
+
+    def partial_call(self, text: str) -> ToolCall | None:
+        """A forced call cut short (``max_tokens``): its name and the arguments written so far, as OpenAI
+        returns them; None when not even the function is known yet."""
+        if not self.forced or not text:
+            return None
+        named = _NAME.search(text)
+        name = named.group(1) if named else (self.forced[0] if len(self.forced) == 1 else None)
+        if name not in self.forced:
+            return None
+        arguments = _ARGUMENTS.search(text)
+        return ToolCall(name, text[arguments.end():] if arguments else "", new_call_id())
 
 
 def new_call_id() -> str:

@@ -19,7 +19,7 @@ def test_non_streaming_response_has_openai_s_shape(client):
     assert (body["object"], body["model"]) == ("chat.completion", "test-model")
     assert body["choices"] == [{
         "index": 0,
-        "message": {"role": "assistant", "content": "Hello, world!"},
+        "message": {"role": "assistant", "content": "Hello, world!", "refusal": None},
         "logprobs": None,
         "finish_reason": "stop",
     }]

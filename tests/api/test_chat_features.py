@@ -201,3 +201,33 @@ def test_min_p_drops_unlikely_tokens(make_app):
                                               "logit_bias": {"3": 5}})
     logits = engine.model.script.logits_seen[0]
     assert logits[3] == 5 and (logits[:3] == -math.inf).all()  # far less likely than token 3: dropped
+
+
+@pytest.mark.parametrize("stream_it", [False, True])
+def test_a_forced_call_cut_by_max_tokens_is_returned_as_far_as_it_got(make_app, stream_it):
+    cut = '{"name": "get_weather", "arguments": {"ci'
+    client, _ = scripted(make_app, cut[:12].encode(), cut[12:].encode(), b"ty")
+    body = {**CHAT, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 2}
+    if stream_it:
+        deltas = [chunk["choices"][0] for chunk in stream(client, body)]
+        calls = [delta["delta"]["tool_calls"][0] for delta in deltas if "tool_calls" in delta["delta"]]
+        assert calls[0]["function"] == {"name": "get_weather", "arguments": ""}
+        arguments = "".join(call["function"]["arguments"] for call in calls)
+        reason = deltas[-1]["finish_reason"]
+        assert not any(delta["delta"].get("content") for delta in deltas)
+    else:
+        choice = client.post("/v1/chat/completions", json=body).get_json()["choices"][0]
+        assert choice["message"]["content"] is None
+        (call,) = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+        arguments, reason = call["function"]["arguments"], choice["finish_reason"]
+    assert (arguments, reason) == ('{"ci', "length")
+
+
+def test_a_forced_call_cut_before_its_name_among_several_tools_stays_text(make_app):
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    client, _ = scripted(make_app, b'{"na', b'me"')
+    body = {**CHAT, "tools": [WEATHER, other], "tool_choice": "required", "max_tokens": 1}
+    choice = client.post("/v1/chat/completions", json=body).get_json()["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ('{"na', "length")
+    assert "tool_calls" not in choice["message"]

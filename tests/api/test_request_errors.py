@@ -218,9 +218,10 @@ def test_over_the_concurrency_limit_is_429(make_app, route):
     client = make_app(MAX_CONCURRENT_REQUESTS=1).test_client()
     held = client.post(route, json={**ROUTES[route], "stream": True}, buffered=False)
     assert held.status_code == 200
-    error = assert_error(client.post(route, json=ROUTES[route]), 429, "rate_limit_error", "rate_limit_exceeded",
-                         None)
+    refused = client.post(route, json=ROUTES[route])
+    error = assert_error(refused, 429, "rate_limit_error", "rate_limit_exceeded", None)
     assert error["message"] == "Too many concurrent requests. Please try again later."
+    assert refused.headers["Retry-After"] == "1"
     held.close()  # the stream's slot comes back when its response is closed
     assert client.post(route, json=ROUTES[route]).status_code == 200
 

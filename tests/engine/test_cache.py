@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from phi_api.engine import Finished, SamplingParams
-from phi_api.engine.cache import PromptCache, common_prefix
+from phi_api.engine.cache import MIN_REUSED_TOKENS, PromptCache, common_prefix, resume_point
 from tests.support.fakes import fake_engine, text_pieces
 
 
@@ -43,10 +43,26 @@ def test_takes_the_longest_usable_prefix_and_rewinds_to_it():
     assert cache.take(prompt, 80, "k")[0] is short  # taken generators leave the cache
 
 
-def test_an_identical_prompt_keeps_two_tokens_to_append():
+def test_an_identical_prompt_keeps_a_token_to_compute():
     cache = PromptCache(10_000, 1)
     cache.put(Kept(), np.arange(30, dtype=np.int32), 100, "k")
-    assert cache.take(np.arange(30, dtype=np.int32), 50, "k")[1] == 28
+    assert cache.take(np.arange(30, dtype=np.int32), 50, "k")[1] == 29
+
+
+@pytest.mark.parametrize("shared,prompt_length,chunk,expected", [
+    (30, 40, 1, 30), (30, 40, 8, 24), (32, 40, 8, 32), (31, 40, 8, 24), (40, 40, 8, 32), (41, 41, 8, 40),
+    (16, 40, 16, 16), (15, 40, 16, 0), (64, 64, 64, 0), (65, 66, 64, 64),
+])
+def test_reuse_resumes_only_on_the_prefill_grid(shared, prompt_length, chunk, expected):
+    assert resume_point(shared, prompt_length, chunk) == expected
+
+
+def test_the_cache_resumes_kept_generators_on_the_chunk_grid():
+    cache = PromptCache(10_000, 1, chunk=8)
+    kept = Kept()
+    cache.put(kept, np.arange(30, dtype=np.int32), 100, "k")
+    generator, reused, _ = cache.take(np.arange(40, dtype=np.int32), 50, "k")
+    assert (generator, reused, kept.rewound_to) == (kept, 24, 24)
 
 
 @pytest.mark.parametrize("key,needed,prompt_length", [("other", 50, 30), ("k", 101, 30), ("k", 50, 10)])
@@ -78,7 +94,7 @@ def run(engine, prompt, **params):
 @pytest.fixture
 def cached_engine():
     engine = fake_engine([1, 2, 3, 0], text_pieces(b"a", b"b", b"c"), cache_bytes=10_000, cache_headroom=50,
-                         prefill_chunk=100)
+                         prefill_chunk=10)
     yield engine
     engine.stop()
 
@@ -106,3 +122,25 @@ def test_different_sampling_or_a_seed_starts_fresh(cached_engine):
 def test_kept_generators_have_room_for_the_next_turn(cached_engine):
     run(cached_engine, list(range(1, 31)), max_tokens=10, temperature=0)
     assert cached_engine.model.script.options[0]["max_length"] == 30 + 10 + 50
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 8])
+@pytest.mark.parametrize("first,extra", [(16, 1), (16, 2), (17, 5), (23, 1), (24, 1), (24, 8), (25, 9), (31, 2)])
+def test_a_reused_prompt_is_computed_in_exactly_the_chunks_of_a_cold_one(chunk, first, extra):
+    """What makes reuse exact on any CPU: the same shapes, offsets and past lengths as a cold prefill."""
+    prompt = list(range(1, first + extra + 1))
+    cold = fake_engine([0], text_pieces(b"a"), prefill_chunk=chunk)
+    warm = fake_engine([0], text_pieces(b"a"), prefill_chunk=chunk, cache_bytes=10_000, cache_headroom=50)
+    try:
+        run(cold, prompt, max_tokens=4, temperature=0)
+        run(warm, prompt[:first], max_tokens=4, temperature=0)
+        first_chunks = list(warm.model.script.chunks)
+        reused = run(warm, prompt, max_tokens=4, temperature=0).cached_tokens
+    finally:
+        cold.stop()
+        warm.stop()
+    on_grid = (min(first, len(prompt) - 1) // chunk) * chunk
+    assert reused == (on_grid if on_grid >= MIN_REUSED_TOKENS else 0)
+    kept = [(offset, length) for offset, length in first_chunks if offset + length <= reused]
+    computed = warm.model.script.chunks[len(first_chunks):]
+    assert kept + computed == cold.model.script.chunks

@@ -76,10 +76,11 @@ def test_prompt_is_prefilled_in_chunks(engine_for):
     assert script.steps[:3] == ["prefill:4", "prefill:4", "prefill:2"]
 
 
-def test_no_prompt_token_is_prefilled_alone(engine_for):
+@pytest.mark.parametrize("prompt_length", [1, 3, 4, 5, 8, 9, 13])
+def test_prompt_chunks_lie_on_a_fixed_grid_whatever_the_prompt_length(engine_for, prompt_length):
     engine, script = engine_for([EOS], prefill_chunk=4)
-    run(engine, prompt_length=9, max_tokens=3)
-    assert script.steps[:2] == ["prefill:4", "prefill:5"]
+    run(engine, prompt_length=prompt_length, max_tokens=3)
+    assert script.chunks == [(offset, min(4, prompt_length - offset)) for offset in range(0, prompt_length, 4)]
 
 
 def test_jobs_take_turns_step_by_step(engine_for):

@@ -75,6 +75,7 @@ def test_limit_holds_across_workers_and_gets_are_never_limited(limited_server):
                    for _ in range(4)]  # some of these reach the worker that holds no slot
         assert [response.status_code for response in refused] == [429] * 4
         assert all(r.json()["error"]["type"] == "rate_limit_error" for r in refused)
+        assert all(r.headers["Retry-After"] == "1" for r in refused)
         assert requests.get(limited_server.url + "/v1/models").status_code == 200
 
 

@@ -16,6 +16,18 @@ def test_models_list(client):
     assert models.data[0].owned_by == "system"
 
 
+def test_models_retrieve(client):
+    assert client.models.retrieve(MODEL_ID) == client.models.list().data[0]
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-4o")
+    assert missing.value.code == "model_not_found"
+
+
+def test_the_message_carries_refusal_null_as_openai_s_schema_requires(client):
+    message = client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=4).choices[0].message
+    assert "refusal" in message.model_fields_set and message.refusal is None
+
+
 def test_chat_completion_with_exact_usage(client, reference):
     completion = client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=24, temperature=0)
     choice = completion.choices[0]

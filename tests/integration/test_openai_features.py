@@ -8,6 +8,7 @@ from collections import Counter
 
 import jsonschema
 import numpy as np
+import openai
 import pytest
 from pydantic import BaseModel, Field
 
@@ -210,3 +211,42 @@ def test_content_parts_names_and_user(client):
                   {"role": "user", "name": "alice", "content": [{"type": "text", "text": "Hi"},
                                                                 {"type": "text", "text": "there"}]}])
     assert answer.choices[0].message.content
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("schema", [{"type": "hiccup"}, {"type": 123}])
+def test_an_invalid_user_schema_is_a_400_before_the_stream(client, schema, stream):
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=8, stream=stream,
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "c", "schema": schema}})
+    assert (bad.value.code, bad.value.param) == ("invalid_parameter", "response_format.json_schema.schema")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_invalid_forced_tool_parameters_are_a_400_naming_the_tool(client, stream):
+    broken = {"type": "function", "function": {"name": "broken", "parameters": {"type": "hiccup"}}}
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=8, stream=stream,
+                                       tools=[WEATHER, broken], tool_choice="required")
+    assert (bad.value.code, bad.value.param) == ("invalid_parameter", "tools[1].function.parameters")
+
+
+def test_a_forced_call_cut_by_max_tokens_is_a_partial_tool_call(client):
+    kwargs = dict(model=MODEL_ID, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER],
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}}, temperature=0)
+    whole = client.chat.completions.create(**kwargs, max_tokens=60).choices[0]
+    assert whole.finish_reason == "tool_calls"
+    cut = client.chat.completions.create(**kwargs, max_tokens=12).choices[0]
+    assert cut.finish_reason == "length" and cut.message.content is None
+    (call,) = cut.message.tool_calls
+    assert call.function.name == "get_weather"
+    full_arguments = whole.message.tool_calls[0].function.arguments
+    assert call.function.arguments and call.function.arguments != full_arguments
+    assert full_arguments.startswith(call.function.arguments)  # greedy: the cut call is the whole one's start
+    streamed = list(client.chat.completions.create(**kwargs, max_tokens=12, stream=True))
+    calls = [chunk.choices[0].delta.tool_calls[0] for chunk in streamed
+             if chunk.choices and chunk.choices[0].delta.tool_calls]
+    assert calls[0].function.name == "get_weather"
+    assert "".join(c.function.arguments or "" for c in calls) == call.function.arguments
+    assert streamed[-1].choices[0].finish_reason == "length"

@@ -148,3 +148,29 @@ def test_a_stream_past_the_timeout_ends_with_an_error_event_and_done(strict_serv
     assert (error["type"], error["code"]) == ("server_error", "timeout")
     assert len(events) > 3  # tokens were streamed before the timeout
     assert free_slots(strict_server.url, MODEL_ID, 2, timeout=10)
+
+
+def test_an_abandoned_answer_is_cancelled_and_frees_its_slot_within_a_second(logs_dir, model_path):
+    """A non-streaming client that times out and leaves: the generation stops, the slot comes back, and an
+    orphan never delays the server's shutdown."""
+    import openai
+
+    with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1,
+                MAX_CONCURRENT_REQUESTS=1) as server:
+        impatient = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=1)
+        body = dict(model=MODEL_ID, prompt="I believe the meaning of life is", max_tokens=1000,
+                    extra_body={"ignore_eos": True})
+        with pytest.raises(openai.APITimeoutError):
+            impatient.completions.create(**body)
+        left = time.monotonic()
+        small = {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 1}
+        # 1000 tokens take several seconds here: a slot back within a second means the generation stopped.
+        wait_until(lambda: requests.post(server.url + "/v1/completions", json=small, timeout=10).status_code == 200,
+                   timeout=1.0, message="the abandoned request's slot")
+        assert time.monotonic() - left < 1.5
+        wait_until(lambda: "finish_reason=cancelled" in server.log(), timeout=5, message="the cancellation log")
+        with pytest.raises(openai.APITimeoutError):
+            impatient.completions.create(**{**body, "max_tokens": 1500})
+        stopping = time.monotonic()
+        assert server.stop(timeout=30) == 0
+        assert time.monotonic() - stopping < 5

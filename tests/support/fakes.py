@@ -27,6 +27,7 @@ class Script:
     gate: threading.Semaphore | None = None  # acquired before each decode step when set
     fail_at: int | None = None  # raise at this decode step
     steps: list[str] = field(default_factory=list)  # what the generator did, for assertions
+    chunks: list[tuple[int, int]] = field(default_factory=list)  # (offset, length) of every prompt step
     logits_seen: list[np.ndarray] = field(default_factory=list)
     options: list[dict[str, Any]] = field(default_factory=list)
 
@@ -45,6 +46,7 @@ class FakeGenerator:
         script.options.append(options)
 
     def append_tokens(self, tokens: Any) -> None:
+        self._script.chunks.append((self._length, len(tokens)))
         self._length += len(tokens)
         self._script.steps.append(f"prefill:{len(tokens)}")
 
