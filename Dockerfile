@@ -8,6 +8,7 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     MODEL_PATH=/models/model \
+    PHI_API_CACHE_DIR=/var/cache/phi-api \
     SERVER_HOST=0.0.0.0 \
     SERVER_PORT=8000
 
@@ -19,7 +20,8 @@ COPY phi_api/ phi_api/
 COPY schemas/ schemas/
 COPY wsgi.py gunicorn.conf.py ./
 
-RUN useradd --system --no-create-home phi-api
+# The host's prepacked copy of the model is made here at first start (mount a volume to keep it).
+RUN useradd --system --no-create-home phi-api && mkdir -p /var/cache/phi-api && chown phi-api /var/cache/phi-api
 USER phi-api
 EXPOSE 8000
 CMD ["gunicorn", "-c", "gunicorn.conf.py", "wsgi:app"]

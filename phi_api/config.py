@@ -42,11 +42,11 @@ class Settings:
     API_KEYS: str = ""
     MAX_REQUEST_SIZE_MB: float = 10.0
     LOG_LEVEL: str = "INFO"
-    ENGINE_THREADS: int = 0
     INTRA_OP_THREADS: int = 0
+    KV_CACHE_MB: float = 0.0
+    MAX_BATCH_ROWS: int = 32
     PREFILL_CHUNK_TOKENS: int = 64
     PROMPT_CACHE_MB: float = 256.0
-    PROMPT_CACHE_HEADROOM_TOKENS: int = 256
 
     @property
     def cors_origins(self) -> list[str] | str:
@@ -74,24 +74,34 @@ class Settings:
         return max(1, (os.cpu_count() or 1) // self.workers)
 
     @property
-    def engine_threads(self) -> int:
-        """Engine threads per worker, each running its own generations.
+    def intra_op_threads(self) -> int:
+        """ONNX Runtime threads each worker's engine computes a step with: the worker's share of the cores.
 
-        A preloaded model is forked into the workers, and ONNX Runtime's thread
-        pool does not survive a fork: a forked worker computes each step on the
-        calling thread alone. So it runs one engine thread per core it may use.
-        A worker that loads its own model runs one, with a live thread pool.
+        Each worker's engine thread makes its own session after the fork (a
+        session inherited through the fork computes on one thread), on the
+        host's prepacked model file, whose weights all workers share.
         """
-        if self.ENGINE_THREADS:
-            return self.ENGINE_THREADS
-        return self._cores_per_worker if self.PRELOAD_MODEL else 1
+        return self.INTRA_OP_THREADS or self._cores_per_worker
 
     @property
-    def intra_op_threads(self) -> int:
-        """ONNX Runtime threads per model step: 1 for a preloaded model (its pool would die in the fork)."""
-        if self.PRELOAD_MODEL:
-            return 1
-        return self.INTRA_OP_THREADS or self._cores_per_worker
+    def kv_budget_bytes(self) -> int:
+        """Key/value memory each worker's running generations may hold (``KV_CACHE_MB``; 0: a quarter of the
+        machine's memory, split between the workers)."""
+        if self.KV_CACHE_MB:
+            return int(self.KV_CACHE_MB * 2**20)
+        return _memory_bytes() // 4 // self.workers
+
+
+def _memory_bytes() -> int:
+    """The machine's memory (MemTotal), or 8 GiB when it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 8 * 2**30
 
 
 def _integer(low: int, high: int | None = None) -> Callable[[str, Any], int]:
@@ -165,11 +175,11 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "API_KEYS": lambda name, raw: str(raw),
     "MAX_REQUEST_SIZE_MB": _number(0.0, 1024.0, exclusive_low=True),
     "LOG_LEVEL": _text(choices=LOG_LEVELS, upper=True),
-    "ENGINE_THREADS": _integer(0, 256),
     "INTRA_OP_THREADS": _integer(0, 256),
+    "KV_CACHE_MB": _number(0.0, 10_000_000.0),
+    "MAX_BATCH_ROWS": _integer(1, 1024),
     "PREFILL_CHUNK_TOKENS": _integer(1, 1_000_000),
     "PROMPT_CACHE_MB": _number(0.0, 1_000_000.0),
-    "PROMPT_CACHE_HEADROOM_TOKENS": _integer(0, 1_000_000),
 }
 
 SETTING_NAMES = tuple(field.name for field in dataclasses.fields(Settings))

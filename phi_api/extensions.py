@@ -25,8 +25,14 @@ OPENAPI = "phi_api.openapi"
 
 def load_engine(settings: Settings) -> Engine:
     """Load ``settings.MODEL_PATH``; raises :class:`ModelLoadingError` with the path and the cause."""
+    from google.protobuf.message import DecodeError
+
     from phi_api.engine import oga
+    from phi_api.engine.guidance import GuidanceError
     from phi_api.engine.model import LanguageModel
+    from phi_api.engine.prepack import PrepackError
+    from phi_api.engine.runtime import ORT_ERRORS
+    from phi_api.prepare import cache_root
 
     path = settings.MODEL_PATH
     if not os.path.isdir(path):
@@ -34,15 +40,14 @@ def load_engine(settings: Settings) -> Engine:
     if not os.path.isfile(os.path.join(path, "genai_config.json")):
         raise ModelLoadingError(path, "genai_config.json not found (not an ONNX Runtime GenAI model folder)")
     try:
-        model = LanguageModel(path, intra_op_threads=settings.intra_op_threads)
-    except oga.OgaError as exc:
+        model = LanguageModel(path, cache_dir=cache_root() / "runtime")
+    except (oga.OgaError, PrepackError, GuidanceError) as exc:
         raise ModelLoadingError(path, str(exc)) from exc
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadingError(path, f"unreadable model configuration ({type(exc).__name__}: {exc})") from exc
+    except ORT_ERRORS + (DecodeError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadingError(path, f"unreadable model ({type(exc).__name__}: {exc})") from exc
     return Engine(model, prefill_chunk=settings.PREFILL_CHUNK_TOKENS, timeout=settings.GENERATION_TIMEOUT,
-                  lanes=settings.engine_threads,
-                  cache_bytes=int(settings.PROMPT_CACHE_MB * 2**20),
-                  cache_headroom=settings.PROMPT_CACHE_HEADROOM_TOKENS)
+                  threads=settings.intra_op_threads, kv_budget_bytes=settings.kv_budget_bytes,
+                  max_rows=settings.MAX_BATCH_ROWS, cache_bytes=int(settings.PROMPT_CACHE_MB * 2**20))
 
 
 def _get(key: str) -> Any:

@@ -20,6 +20,7 @@ from phi_api.engine import Finished
 from phi_api.engine.job import Job
 
 _RATE_BUCKETS = (5, 10, 25, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
+_ROW_BUCKETS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 _TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -49,6 +50,9 @@ class Metrics:
                                       buckets=_RATE_BUCKETS, **own)
         self.decode_rate = Histogram("phi_api_decode_tokens_per_second", "Decode throughput per generation",
                                      buckets=_RATE_BUCKETS, **own)
+        self.batch_rows = Histogram("phi_api_generation_batch_rows",
+                                    "Rows per batched decode step a generation ran in, on average",
+                                    buckets=_ROW_BUCKETS, **own)
 
     def observe_generation(self, job: Job, finished: Finished) -> None:
         """Record a finished generation (called on the hub's thread)."""
@@ -62,6 +66,8 @@ class Metrics:
             self.prefill_rate.observe((finished.prompt_tokens - finished.cached_tokens) / ttft)
         if finished.decode_tokens_per_second:
             self.decode_rate.observe(finished.decode_tokens_per_second)
+        if finished.batch_rows:
+            self.batch_rows.observe(finished.batch_rows)
 
     def exposition(self) -> Response:
         """The text exposition of every worker's samples."""

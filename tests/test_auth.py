@@ -6,6 +6,8 @@ import logging
 
 import pytest
 
+from tests.support.server import wait_until
+
 KEYS = "key-one,key-two"
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -13,7 +15,9 @@ CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
 @pytest.fixture
 def keyed(make_app):
     app = make_app(API_KEYS=KEYS)
-    app.extensions["phi_api.engine"].start()
+    engine = app.extensions["phi_api.engine"]
+    engine.start()
+    wait_until(lambda: engine.ready, timeout=10, message="the engine thread")
     return app.test_client()
 
 

@@ -60,21 +60,20 @@ def test_cors_origins_list():
     assert load_settings(environ={}).cors_origins == "*"
 
 
-def test_a_preloaded_model_gets_one_engine_thread_per_core_of_each_worker(monkeypatch):
+def test_each_worker_computes_with_its_share_of_the_cores(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)
-    settings = load_settings(environ={"WEB_CONCURRENCY": "2", "INTRA_OP_THREADS": "4"})
-    assert (settings.engine_threads, settings.intra_op_threads) == (4, 1)  # the pool would die in the fork
-    assert load_settings(environ={}).engine_threads == 8
-    assert load_settings(environ={"ENGINE_THREADS": "3"}).engine_threads == 3
+    assert load_settings(environ={}).intra_op_threads == 8
+    assert load_settings(environ={"WEB_CONCURRENCY": "2"}).intra_op_threads == 4
+    assert load_settings(environ={"WEB_CONCURRENCY": "2", "PRELOAD_MODEL": "false"}).intra_op_threads == 4
+    assert load_settings(environ={"WEB_CONCURRENCY": "16"}).intra_op_threads == 1
+    assert load_settings(environ={"INTRA_OP_THREADS": "3"}).intra_op_threads == 3
 
 
-def test_a_model_each_worker_loads_gets_a_thread_pool_instead(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
-    per_worker = {"PRELOAD_MODEL": "false"}
-    settings = load_settings(environ={**per_worker, "WEB_CONCURRENCY": "2"})
-    assert (settings.engine_threads, settings.intra_op_threads) == (1, 4)
-    assert load_settings(environ={**per_worker, "WEB_CONCURRENCY": "16"}).intra_op_threads == 1
-    assert load_settings(environ={**per_worker, "INTRA_OP_THREADS": "3"}).intra_op_threads == 3
+def test_the_key_value_budget_is_a_setting_or_a_share_of_the_memory(monkeypatch):
+    assert load_settings(environ={"KV_CACHE_MB": "512"}).kv_budget_bytes == 512 * 2**20
+    monkeypatch.setattr("phi_api.config._memory_bytes", lambda: 16 * 2**30)
+    assert load_settings(environ={}).kv_budget_bytes == 4 * 2**30
+    assert load_settings(environ={"WEB_CONCURRENCY": "2"}).kv_budget_bytes == 2 * 2**30
 
 
 @pytest.mark.parametrize("raw,expected", [("true", True), ("0", False), ("off", False), ("YES", True)])

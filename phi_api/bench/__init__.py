@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import requests
 
 from phi_api.bench.client import LatencyProbe, StreamResult, concurrent_streams, stream_completion
-from phi_api.bench.raw import RawEngine
+from phi_api.bench.raw import EngineBatch, RawEngine
 from phi_api.bench.server import Server
 
 PROMPT = (
@@ -27,6 +29,11 @@ PROMPT = (
     "about this history, with one paragraph for each major era, and explain why each change mattered."
 )
 SHORT_PROMPT = "Hello! How are you today?"
+
+
+def say(message: str) -> None:
+    """Progress, on stderr, as the run goes (a whole run takes many minutes)."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def median(values: list[float]) -> float:
@@ -65,21 +72,30 @@ def first_model(url: str) -> str:
 
 
 class RawReference:
-    """The engine itself, in this process: with every core, and with one thread."""
+    """ONNX Runtime GenAI itself, in this process: with every core (set explicitly: its default computed on
+    one core here), and with one thread; and phi-api's own engine session, for its static-batch ceiling."""
 
     def __init__(self, model_path: str) -> None:
         self.engines = {os.cpu_count() or 1: RawEngine(model_path), 1: RawEngine(model_path, 1)}
         self.prompt_tokens = len(self.engines[1].encode(PROMPT))
         for engine in self.engines.values():
             engine.generate(PROMPT, 8)  # warm-up
+        self.own = EngineBatch(model_path)
 
     def static_batch(self, batch: int, max_tokens: int, runs: int) -> dict[str, Any]:
-        """The engine's own static batching with every core: the most it offers concurrent streams on CPU."""
+        """Static batches of ``batch`` copies of the prompt with every core, interleaved with single streams:
+        ONNX Runtime GenAI's own batching, and phi-api's engine session without the server around it."""
         threads = max(self.engines)
-        rates = [self.engines[threads].generate_batch(PROMPT, max_tokens, batch) for _ in range(runs)]
-        single = median([self.engines[threads].generate(PROMPT, max_tokens).decode_rate for _ in range(runs)])
-        return {"batch": batch, "threads": threads, "aggregate_tokens_per_s": median(rates),
-                "single_tokens_per_s": single, "ratio": median(rates) / single}
+        engine = self.engines[threads]
+        prompt = np.asarray(engine.encode(PROMPT))
+        raw, own, single = [], [], []
+        for _ in range(runs):
+            single.append(engine.generate(PROMPT, max_tokens).decode_rate)
+            raw.append(engine.generate_batch(PROMPT, max_tokens, batch))
+            own.append(self.own.aggregate_rate(prompt, max_tokens, batch))
+        return {"batch": batch, "threads": threads, "aggregate_tokens_per_s": median(raw),
+                "engine_aggregate_tokens_per_s": median(own), "single_tokens_per_s": median(single),
+                "ratio": median(raw) / median(single), "engine_ratio": median(own) / median(single)}
 
     def sample(self, max_tokens: int) -> dict[int, Any]:
         """One generation per thread setting."""
@@ -272,13 +288,18 @@ def _server_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 def measure_target(target: Target, options: Any, levels: list[int], raw: RawReference | None) -> dict[str, Any]:
     """Every per-server measurement."""
-    return {
-        "single_stream": measure_single(target, options.max_tokens, options.runs, raw),
-        "head_of_line": measure_head_of_line(target, options.runs),
-        "concurrency": measure_concurrency(target, levels, options.max_tokens, options.runs),
-        "prompt_reuse": measure_prompt_reuse(target, options.runs),
-        "feature_costs": measure_feature_costs(target, options.max_tokens, options.runs),
-    }
+    results: dict[str, Any] = {}
+    say(f"{target.name}: one stream, {options.runs} runs alternating with the raw engine")
+    results["single_stream"] = measure_single(target, options.max_tokens, options.runs, raw)
+    say(f"{target.name}: head-of-line latency")
+    results["head_of_line"] = measure_head_of_line(target, options.runs)
+    say(f"{target.name}: concurrent streams {levels}, with GET /v1/models probes at {max(levels)}")
+    results["concurrency"] = measure_concurrency(target, levels, options.max_tokens, options.runs)
+    say(f"{target.name}: prompt reuse")
+    results["prompt_reuse"] = measure_prompt_reuse(target, options.runs)
+    say(f"{target.name}: feature costs")
+    results["feature_costs"] = measure_feature_costs(target, options.max_tokens, options.runs)
+    return results
 
 
 def run(options: Any) -> dict[str, Any]:
@@ -292,10 +313,12 @@ def run(options: Any) -> dict[str, Any]:
         "settings": {"runs": options.runs, "max_tokens": options.max_tokens, "concurrency": levels},
         "targets": {},
     }
+    say("loading the raw references (ONNX Runtime GenAI, all cores and one thread; phi-api's engine session)")
     raw = RawReference(options.model_path) if options.model_path else None
     servers = [("phi-api", {})] if not options.url else []
     servers += [_server_spec(spec) for spec in options.server or []]
     for name, env in servers:
+        say(f"starting {name} {env or ''}".rstrip())
         with Server(log_dir, MODEL_PATH=options.model_path, MODEL_ID="bench-model",
                     MAX_CONCURRENT_REQUESTS=max(levels) * 2, **env) as own:
             report["targets"][name] = measure_target(Target(name, own.url, "bench-model"), options, levels, raw)
@@ -311,9 +334,11 @@ def run(options: Any) -> dict[str, Any]:
         except (requests.RequestException, RuntimeError) as exc:  # keep what was measured of the others
             report["targets"][name] = {"failed": f"{type(exc).__name__}: {exc}"}
     if raw is not None:
-        report["raw_static_batch"] = raw.static_batch(max(level for level in levels if level <= 8),
-                                                      options.max_tokens, options.runs)
+        batch = max(level for level in levels if level <= 8)
+        say(f"static batches of {batch}: ONNX Runtime GenAI's and phi-api's engine session, in this process")
+        report["raw_static_batch"] = raw.static_batch(batch, options.max_tokens, options.runs)
     if options.model_path and options.memory:
+        say("memory: the whole server's PSS with 1 worker, then 2")
         report["memory"] = measure_memory(options.model_path, "bench-model", log_dir)
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -70,3 +70,43 @@ class RawEngine:
             generator.generate_next_token()
             tokens += 1
         return RawResult(first - started, tokens, time.perf_counter() - first)
+
+
+class EngineBatch:
+    """phi-api's own engine graph session, in this process: a static batch of identical rows, greedy.
+
+    The ceiling of the server's batching on this machine: one decoder step
+    over ``rows`` rows per token, with no HTTP, no scheduler and no sampling
+    beyond an argmax. It uses the host's prepacked model, as the server does.
+    """
+
+    def __init__(self, model_path: str, threads: int | None = None) -> None:
+        from pathlib import Path
+
+        from phi_api.engine.model import ModelInfo
+        from phi_api.engine.prepack import prepacked_model
+        from phi_api.engine.runtime import Decoder, DecoderSpec
+        from phi_api.prepare import cache_root
+
+        folder = Path(model_path)
+        info = ModelInfo.read(model_path)
+        model_file = prepacked_model(folder, info.decoder_file, cache_root() / "runtime" / "prepacked")
+        self._decoder = Decoder(model_file, DecoderSpec.read(folder, info.rope_switch), threads or os.cpu_count() or 1)
+
+    def aggregate_rate(self, prompt: np.ndarray, max_tokens: int, rows: int) -> float:
+        """Aggregate decode tokens/s of ``rows`` copies of ``prompt`` advanced together for ``max_tokens``."""
+        from phi_api.engine.runtime import KVCache
+
+        kv = KVCache(self._decoder.spec)
+        kv.ensure(rows, len(prompt) + max_tokens)
+        tokens = np.zeros((rows, 1), dtype=np.int64)
+        for row in range(rows):
+            logits = self._decoder.step(kv, row, np.asarray(prompt, dtype=np.int64)[None, :], np.array([0]), True)
+            tokens[row, 0] = int(np.argmax(logits[0]))
+        past = np.full(rows, len(prompt), dtype=np.int64)
+        started = time.perf_counter()
+        for _ in range(max_tokens - 1):
+            logits = self._decoder.step(kv, 0, tokens, past, False)
+            tokens[:, 0] = np.argmax(logits, axis=1)
+            past += 1
+        return rows * (max_tokens - 1) / (time.perf_counter() - started)

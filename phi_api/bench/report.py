@@ -66,9 +66,10 @@ def print_report(report: dict[str, Any]) -> None:
               f"{concurrency.get('models_latency_failures', 0)} failed or timed out)")
     batch = report.get("raw_static_batch")
     if batch:
-        print(f"\nraw engine, static batch of {batch['batch']} ({batch['threads']} threads, in this process): "
-              f"aggregate {batch['aggregate_tokens_per_s']:.1f} tok/s, {batch['ratio']:.2f}x its single stream "
-              f"({batch['single_tokens_per_s']:.1f} tok/s): the ceiling of the engine's own batching")
+        print(f"\nstatic batch of {batch['batch']} ({batch['threads']} threads, in this process), against ONNX Runtime "
+              f"GenAI's single stream ({batch['single_tokens_per_s']:.1f} tok/s): ONNX Runtime GenAI "
+              f"{batch['aggregate_tokens_per_s']:.1f} tok/s ({batch['ratio']:.2f}x); phi-api's engine session "
+              f"{batch['engine_aggregate_tokens_per_s']:.1f} tok/s ({batch['engine_ratio']:.2f}x): the ceilings")
     memory = report.get("memory")
     if memory:
         print(f"\nmemory (PSS, whole server): 1 worker {memory['pss_1_worker_mb']:.0f} MB, "

@@ -1,7 +1,8 @@
 """The inference engine: an extension stored on the Flask app.
 
 ``Engine`` bundles the loaded model (shared, loaded once before gunicorn
-forks) with this process's scheduler thread (started after the fork).
+forks) with this process's scheduler: the engine thread, started after the
+fork, that runs every generation of the worker in one continuous batch.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from phi_api.engine.job import Event, Finished, Job, TextDelta
 from phi_api.engine.model import ChatTemplateError, LanguageModel, ModelInfo
 from phi_api.engine.native import off_hub
 from phi_api.engine.params import SamplingParams
-from phi_api.engine.scheduler import Scheduler
+from phi_api.engine.scheduler import CapacityError, Scheduler
 from phi_api.engine.wakeup import HubWaker
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ChatTemplateError", "Engine", "Event", "Finished", "Generation", "ModelInfo", "SamplingParams", "TextDelta",
+    "CapacityError", "ChatTemplateError", "Engine", "Event", "Finished", "Generation", "ModelInfo", "SamplingParams",
+    "TextDelta",
 ]
 
 
@@ -65,12 +67,12 @@ class Generation:
 class Engine:
     """The model, its tokenizer and this process's scheduler."""
 
-    def __init__(self, model: Any, *, prefill_chunk: int, timeout: float, lanes: int = 1, cache_bytes: int = 0,
-                 cache_headroom: int = 0) -> None:
+    def __init__(self, model: Any, *, prefill_chunk: int, timeout: float, threads: int = 1,
+                 kv_budget_bytes: int = 1 << 30, max_rows: int = 64, cache_bytes: int = 0) -> None:
         self.model = model
         self.observers: list[Callable[[Job, Finished], None]] = [log_generation]
-        self.scheduler = Scheduler(model, prefill_chunk=prefill_chunk, report=self._report, lanes=lanes,
-                                   cache_bytes=cache_bytes, cache_headroom=cache_headroom)
+        self.scheduler = Scheduler(model, prefill_chunk=prefill_chunk, report=self._report, threads=threads,
+                                   kv_budget_bytes=kv_budget_bytes, max_rows=max_rows, cache_bytes=cache_bytes)
         self.draining = False  # set when this worker starts shutting down
         self.loaded_at = int(time.time())
         self._timeout = timeout
@@ -112,24 +114,33 @@ class Engine:
         """The prompt text for chat ``messages`` (and ``tools``, when the template renders them)."""
         return off_hub(self.model.render_chat, messages, tools, add_generation_prompt)
 
+    def check_capacity(self, prompt_tokens: int, max_tokens: int, choices: int) -> None:
+        """Raise :class:`CapacityError` for a request the key/value budget could never hold."""
+        self.scheduler.check_capacity(prompt_tokens, max_tokens, choices)
+
     def submit(self, prompt: np.ndarray, params: SamplingParams | list[SamplingParams],
                request_id: str = "-") -> Generation:
-        """Start generating, one choice per parameter set; the returned handle streams the results."""
-        waker = HubWaker()
+        """Start generating, one choice per parameter set; the returned handle streams the results.
+
+        A grammar is compiled here, off the hub, once per choice: the engine
+        thread never spends a step's time on it.
+        """
         choices = params if isinstance(params, list) else [params]
-        jobs = [Job(prompt, choice, timeout=self._timeout, notify=waker.notify, request_id=request_id, index=index)
-                for index, choice in enumerate(choices)]
-        for job in jobs:
-            self.scheduler.submit(job)
+        guides = [off_hub(self.model.guide, choice.guidance) if choice.guidance else None for choice in choices]
+        waker = HubWaker()
+        jobs = [Job(prompt, choice, timeout=self._timeout, notify=waker.notify, request_id=request_id, index=index,
+                    guide=guide)
+                for index, (choice, guide) in enumerate(zip(choices, guides))]
+        self.scheduler.submit(jobs)
         return Generation(jobs, waker)
 
     def start(self) -> None:
-        """Start this process's engine threads (call after forking)."""
+        """Start this process's engine thread (call after forking); it loads its decoder session."""
         self.scheduler.start()
 
     @property
     def ready(self) -> bool:
-        """Whether this process can generate: engine threads up, not shutting down."""
+        """Whether this process can generate: engine thread up with its session, not shutting down."""
         return self.scheduler.running and not self.draining
 
     def _report(self, job: Job, finished: Finished) -> None:
@@ -148,9 +159,9 @@ def log_generation(job: Job, finished: Finished) -> None:
     extra = {"request_id": job.request_id}
     log.info(
         "generation finish_reason=%s prompt_tokens=%d cached_tokens=%d completion_tokens=%d ttft_ms=%s "
-        "tokens_per_s=%s",
+        "tokens_per_s=%s batch_rows=%.1f",
         finished.reason, finished.prompt_tokens, finished.cached_tokens, finished.completion_tokens, ttft,
-        f"{rate:.1f}" if rate else "-", extra=extra,
+        f"{rate:.1f}" if rate else "-", finished.batch_rows, extra=extra,
     )
     if finished.error:
         log.error("generation failed in the engine:\n%s", finished.error, extra=extra)

@@ -1,47 +1,46 @@
-"""Prompt reuse: finished generations kept with their KV cache, for the next turn of a conversation.
+"""Prompt reuse: finished prompts' keys and values, kept for the next turn of a conversation.
 
 A chat client's next request repeats the whole conversation so far plus a
-new message. If a kept generator holds a prefix of that prompt, the
-scheduler rewinds it to the shared prefix and prefills only the rest.
+new message. When a kept prompt shares a prefix with the new one, the
+engine copies that prefix's keys and values into the new sequence's row and
+prefills only the rest. Only prompts are kept, not answers: keys and values
+computed one token at a time while decoding differ in the last bits from
+those a prefill computes, so re-prefilling the answer keeps a reused
+conversation exactly as a cold one.
 
 Exactness by construction: the only numerical guarantee ONNX Runtime gives
 on every CPU is that identical shapes and inputs give identical numbers (its
 int4 matmul picks kernels by the number of rows, differently on AVX2,
 AVX-512 and VNNI machines). A cold prompt is prefilled in chunks of
-``chunk`` tokens laid on a fixed grid (``[0, c)``, ``[c, 2c)``, ...). A
-reused generator therefore resumes only at a multiple of ``chunk``: every
-key and value it keeps came from a full chunk of that same grid, and every
-chunk it still computes has the very offset, length and past length the
-cold request's chunk has. So a reused prompt gives the cold prompt's logits
-bit for bit, on any CPU.
+``chunk`` tokens laid on a fixed grid (``[0, c)``, ``[c, 2c)``, ...). So a
+prefix is kept, and resumed, only up to a multiple of ``chunk``: every key
+and value it holds came from a full chunk of that same grid, and every chunk
+the new request still computes has the very offset, length and past length
+the cold request's chunk has. A reused prompt therefore gives the cold
+prompt's logits bit for bit, on any CPU.
 
-A generator is reusable only by a request with the same search options (they
-are fixed when ONNX Runtime GenAI creates it) and only if its KV buffer (also
-fixed, ``max_length`` tokens) has room for the new prompt and answer. The
-kept generators are bounded by the memory of their KV buffers and evicted
-least recently used first. The scheduler's engine threads share one, each
-call under a lock (see ``scheduler._SharedCache``).
+Entries are bounded by their memory and evicted least recently used first.
+Only the engine thread touches this object.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Hashable
 
 import numpy as np
 
-MIN_REUSED_TOKENS = 16  # below this, reuse saves nothing worth a lookup
+MIN_REUSED_TOKENS = 16  # below this, reuse saves nothing worth a copy
 
 
 @dataclass
 class Kept:
-    """A finished generation's generator, and the tokens its KV cache holds."""
+    """A prompt prefix's tokens and its keys and values (``[layers, 2, kv_heads, tokens, head_size]``)."""
 
-    generator: Any
     tokens: np.ndarray
-    capacity: int
-    key: Hashable
+    kv: np.ndarray
+    regime: Hashable  # what the values were computed under (LongRoPE's short or long factors)
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -52,18 +51,17 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def resume_point(shared: int, prompt_length: int, chunk: int) -> int:
-    """Where a kept generator sharing ``shared`` tokens with a prompt may resume: the largest multiple
-    of ``chunk`` within the shared prefix that still leaves a prompt token to compute (see above)."""
+    """Where a sequence sharing ``shared`` tokens with a kept prefix may resume: the largest multiple of
+    ``chunk`` within the shared prefix that still leaves a prompt token to compute (see above)."""
     return (min(shared, prompt_length - 1) // chunk) * chunk
 
 
 class PromptCache:
-    """Kept generators, at most ``budget_bytes`` of KV buffers in all."""
+    """Kept prompt prefixes, at most ``budget_bytes`` of keys and values in all."""
 
-    def __init__(self, budget_bytes: int, bytes_per_token: int, chunk: int = 1) -> None:
+    def __init__(self, budget_bytes: int, chunk: int = 1) -> None:
         self._budget = budget_bytes
         self._chunk = max(1, chunk)
-        self._bytes_per_token = max(1, bytes_per_token)
         self._kept: OrderedDict[int, Kept] = OrderedDict()
         self._next_id = 0
         self._used = 0
@@ -74,43 +72,61 @@ class PromptCache:
 
     @property
     def held_bytes(self) -> int:
-        """KV memory the kept generators hold."""
+        """Memory the kept prefixes hold."""
         return self._used
 
-    def take(self, prompt: np.ndarray, needed_capacity: int, key: Hashable) -> tuple[Any, int, int] | None:
-        """The kept generator sharing the longest prefix with ``prompt`` and able to hold ``needed_capacity``
-        tokens, rewound to that prefix; with how many prompt tokens it already holds, and its capacity."""
-        best_id, best_length = None, MIN_REUSED_TOKENS - 1
+    def keepable(self, prompt_length: int, floor: int = 0) -> int:
+        """How much of a prompt of ``prompt_length`` tokens is worth keeping: its whole chunks (0: none).
+        ``floor``: the first grid point a resume may use (LongRoPE's first long chunk)."""
+        length = (prompt_length // self._chunk) * self._chunk
+        return length if length >= max(MIN_REUSED_TOKENS, floor) and self.enabled else 0
+
+    def take(self, prompt: np.ndarray, regime: Hashable, floor: int = 0) -> tuple[int, np.ndarray | None]:
+        """The longest kept prefix of ``prompt`` computed under ``regime``, cut to a resume point at or past
+        ``floor``: (its length, its keys and values); (0, None) when none serves."""
+        best, best_length = None, max(MIN_REUSED_TOKENS, floor) - 1
         for kept_id, kept in self._kept.items():
-            if kept.key != key or kept.capacity < needed_capacity:
+            if kept.regime != regime:
                 continue
             length = resume_point(common_prefix(kept.tokens, prompt), len(prompt), self._chunk)
             if length > best_length:
-                best_id, best_length = kept_id, length
-        if best_id is None:
-            return None
-        kept = self._pop(best_id)
-        kept.generator.rewind_to(best_length)
-        return kept.generator, best_length, kept.capacity
+                best, best_length = kept_id, length
+        if best is None:
+            return 0, None
+        self._kept.move_to_end(best)
+        return best_length, self._kept[best].kv[:, :, :, :best_length]
 
-    def put(self, generator: Any, tokens: np.ndarray, capacity: int, key: Hashable) -> bool:
-        """Keep ``generator`` (whose KV cache holds ``tokens``); False, and nothing kept, if it cannot fit."""
-        size = capacity * self._bytes_per_token
+    def put(self, tokens: np.ndarray, kv: np.ndarray, regime: Hashable) -> bool:
+        """Keep ``kv`` (the keys and values of ``tokens``); False, and nothing kept, if it cannot fit.
+
+        A prefix of an entry already kept replaces nothing; a kept entry that
+        is a prefix of the new one is dropped (the new one serves it too).
+        """
+        size = kv.nbytes
         if size > self._budget:
             return False
+        for kept_id, kept in list(self._kept.items()):
+            if kept.regime != regime:
+                continue
+            shared = common_prefix(kept.tokens, tokens)
+            if shared == len(tokens) and len(kept.tokens) >= len(tokens):
+                self._kept.move_to_end(kept_id)
+                return True
+            if shared == len(kept.tokens):
+                self._pop(kept_id)
         while self._used + size > self._budget:
-            self._pop(next(iter(self._kept))).generator.close()
-        self._kept[self._next_id] = Kept(generator, tokens, capacity, key)
+            self._pop(next(iter(self._kept)))
+        self._kept[self._next_id] = Kept(tokens, kv, regime)
         self._next_id += 1
         self._used += size
         return True
 
     def clear(self) -> None:
-        """Free every kept generator."""
-        while self._kept:
-            self._pop(next(iter(self._kept))).generator.close()
+        """Forget every kept prefix."""
+        self._kept.clear()
+        self._used = 0
 
     def _pop(self, kept_id: int) -> Kept:
         kept = self._kept.pop(kept_id)
-        self._used -= kept.capacity * self._bytes_per_token
+        self._used -= kept.kv.nbytes
         return kept

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -42,6 +42,7 @@ class Finished:
     error: str | None = None  # for the log only: never shown to clients
     cached_tokens: int = 0  # prompt tokens whose KV cache came from an earlier generation
     index: int = 0
+    batch_rows: float = 0.0  # rows per batched step this generation was advanced in, on average
 
     @property
     def decode_tokens_per_second(self) -> float | None:
@@ -58,9 +59,10 @@ class Job:
     """One generation request handed to the scheduler."""
 
     def __init__(self, prompt: np.ndarray, params: SamplingParams, *, timeout: float,
-                 notify: Callable[[], None], request_id: str = "-", index: int = 0) -> None:
+                 notify: Callable[[], None], request_id: str = "-", index: int = 0, guide: Any = None) -> None:
         self.prompt = prompt
         self.params = params
+        self.guide = guide  # this choice's grammar state (engine.guidance.Guide), when constrained
         self.request_id = request_id
         self.index = index
         self.submitted_at = time.monotonic()

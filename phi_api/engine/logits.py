@@ -1,17 +1,33 @@
-"""Our own work on each step's logits: log-probabilities, OpenAI's penalties and logit_bias, min_p.
+"""One sequence's choice of its next token: logits edits, masks, and sampling, all ours.
 
-ONNX Runtime GenAI applies temperature, top-k, top-p, its repetition penalty
-and any guidance grammar after these edits, when it samples.
+ONNX Runtime GenAI's sampler is not used: the engine runs the decoder graph
+itself, rows of many requests in one step, so each row's logits go through
+its own :class:`Sampler`, in this order:
+
+1. log-probabilities are recorded from the raw logits (the model's own
+   distribution, before any edit, as OpenAI reports them);
+2. OpenAI's ``logit_bias``, ``presence_penalty`` and ``frequency_penalty``
+   (over the completion so far), then the repetition penalty of ONNX Runtime
+   GenAI and Hugging Face (over prompt and completion: a positive logit is
+   divided by it, a negative one multiplied);
+3. masks: end-of-sequence ids below ``min_tokens`` (always, with
+   ``ignore_eos``), and a grammar's allowed tokens (:mod:`engine.guidance`);
+4. vLLM's ``min_p`` at the request's temperature; then greedy (temperature
+   0 or top-k 1: the most likely token) or sampling: temperature, top-k,
+   top-p, drawn from the row's own seeded generator.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Iterable
 
 import numpy as np
 
 from phi_api.engine.params import SamplingParams
+
+_TOP_P_CANDIDATES = 1024  # top-p usually keeps far fewer: sort these first, all only if they do not reach p
 
 
 @dataclass(frozen=True)
@@ -24,32 +40,30 @@ class TokenLogprob:
 
 
 class LogitsEditor:
-    """Applies one generation's logits edits and records log-probabilities.
+    """Records log-probabilities and applies OpenAI's edits and the repetition penalty to one row's logits.
 
     Penalties as OpenAI defines them: for every token j already generated c[j]
     times, ``logit[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty``;
-    ``logit_bias`` adds its value to each listed token's logit. Only the
-    completion counts, not the prompt. ``min_p`` (vLLM's) drops the tokens
-    whose probability at the request's temperature is below ``min_p`` times
-    the most likely one's. Log-probabilities are taken before any edit: they
-    describe the model's distribution, not the sampler's.
+    ``logit_bias`` adds its value to each listed token's logit.
     """
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, prompt: Iterable[int] = ()) -> None:
         self._presence = params.presence_penalty
         self._frequency = params.frequency_penalty
+        self._repetition = params.repetition_penalty
         self._bias_ids = np.array([token for token, _ in params.logit_bias], dtype=np.int64)
         self._bias_values = np.array([value for _, value in params.logit_bias], dtype=np.float32)
         self._min_p_margin = (params.temperature * math.log(params.min_p)
                               if params.min_p > 0 and not params.greedy else None)
         self._top = params.logprobs
         self._counts: dict[int, int] = {}
+        self._seen: set[int] = {int(token) for token in prompt} if self._repetition != 1.0 else set()
         self._raw: np.ndarray | None = None
         self._normalizer = 0.0
         self._alternatives: tuple[tuple[int, float], ...] = ()
 
     def __call__(self, logits: np.ndarray) -> None:
-        """Edit ``logits`` (one step's vector) in place."""
+        """Record, then apply the edits to ``logits`` (one step's vector) in place."""
         if self._top is not None:
             self._record(logits)
         if self._bias_ids.size:
@@ -58,12 +72,23 @@ class LogitsEditor:
             ids = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
             counts = np.fromiter(self._counts.values(), dtype=np.float32, count=len(self._counts))
             logits[ids] -= counts * self._frequency + self._presence
+        if self._seen:
+            ids = np.fromiter(self._seen, dtype=np.int64, count=len(self._seen))
+            ids = ids[ids < logits.size]
+            picked = logits[ids]
+            logits[ids] = np.where(picked > 0, picked / self._repetition, picked * self._repetition)
+
+    def apply_min_p(self, logits: np.ndarray) -> None:
+        """Drop the tokens whose probability at the request's temperature is below ``min_p`` times the most
+        likely one's (after the masks, so the most likely allowed token is the reference)."""
         if self._min_p_margin is not None:
             logits[logits < logits.max() + self._min_p_margin] = -np.inf
 
     def observe(self, token: int) -> TokenLogprob | None:
-        """Record the token that was sampled; its log-probability record when asked for."""
+        """Record the token that was chosen; its log-probability record when asked for."""
         self._counts[token] = self._counts.get(token, 0) + 1
+        if self._repetition != 1.0:
+            self._seen.add(token)
         if self._top is None or self._raw is None:
             return None
         return TokenLogprob(token, float(self._raw[token] - self._normalizer), self._alternatives)
@@ -77,3 +102,85 @@ class LogitsEditor:
             best = np.argpartition(-self._raw, top - 1)[:top]
             best = best[np.argsort(-self._raw[best], kind="stable")]
             self._alternatives = tuple((int(token), float(self._raw[token] - self._normalizer)) for token in best)
+
+
+class Sampler:
+    """Chooses one sequence's tokens, step by step (see the module's docstring for the order)."""
+
+    def __init__(self, params: SamplingParams, prompt: np.ndarray, eos_ids: frozenset[int], *,
+                 guide: Any = None, seed: int | None = None) -> None:
+        self.params = params
+        self._editor = LogitsEditor(params, prompt) if params.edits_logits else None
+        self._eos = np.array(sorted(eos_ids), dtype=np.int64)
+        self._guide = guide
+        self._generated = 0
+        self._rng = None if params.greedy else np.random.default_rng(params.seed if params.seed is not None
+                                                                     else seed)
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Whether the choice is the raw logits' argmax (what a batch can compute for all such rows at once)."""
+        return (self.params.greedy and self._editor is None and self._guide is None and not self._masks_eos)
+
+    @property
+    def guide_failure(self) -> str | None:
+        """Why this sequence's grammar cannot continue, if it cannot."""
+        return self._guide.failed if self._guide is not None else None
+
+    @property
+    def _masks_eos(self) -> bool:
+        return self.params.ignore_eos or self._generated < self.params.min_tokens
+
+    def choose(self, logits: np.ndarray) -> tuple[int, TokenLogprob | None]:
+        """The next token from this step's ``logits`` (edited in place), and its log-probability record."""
+        if self._editor is not None:
+            self._editor(logits)
+        if self._masks_eos and self._eos.size:
+            logits[self._eos[self._eos < logits.size]] = -np.inf
+        if self._guide is not None:
+            self._guide.mask(logits)
+        if self._editor is not None:
+            self._editor.apply_min_p(logits)
+        token = self._pick(logits)
+        return token, self.observe(token)
+
+    def observe(self, token: int) -> TokenLogprob | None:
+        """Account for ``token`` (chosen here, or by a batch's argmax for a plain greedy row)."""
+        self._generated += 1
+        if self._guide is not None:
+            self._guide.consume(token)
+        return self._editor.observe(token) if self._editor is not None else None
+
+    def _pick(self, logits: np.ndarray) -> int:
+        if not np.isfinite(logits).any():  # every token masked: end the sequence rather than pick garbage
+            return int(self._eos[0]) if self._eos.size else 0
+        if self._rng is None:
+            return int(np.argmax(logits))
+        return sample(logits, self.params.temperature, self.params.top_k, self.params.top_p, self._rng)
+
+
+def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
+    """Draw a token: logits at ``temperature``, restricted to the ``top_k`` most likely (0: all), then to the
+    smallest set of those whose probability reaches ``top_p``."""
+    scaled = logits.astype(np.float64) / temperature
+    pool = np.flatnonzero(np.isfinite(scaled))
+    if 0 < top_k < pool.size:
+        pool = pool[np.argpartition(-scaled[pool], top_k - 1)[:top_k]]
+    weights = np.exp(scaled[pool] - scaled[pool].max())
+    if top_p < 1.0:
+        total = weights.sum()
+        head = _most_likely(weights, min(pool.size, _TOP_P_CANDIDATES))
+        cumulative = np.cumsum(weights[head]) / total
+        if cumulative[-1] < top_p and head.size < pool.size:  # rare: a very flat distribution
+            head = _most_likely(weights, pool.size)
+            cumulative = np.cumsum(weights[head]) / total
+        cut = min(int(np.searchsorted(cumulative, top_p)) + 1, head.size)
+        pool, weights = pool[head[:cut]], weights[head[:cut]]
+    choice = int(np.searchsorted(np.cumsum(weights), rng.random() * weights.sum(), side="right"))
+    return int(pool[min(choice, pool.size - 1)])
+
+
+def _most_likely(weights: np.ndarray, count: int) -> np.ndarray:
+    """Indices of the ``count`` largest ``weights``, largest first."""
+    head = np.argpartition(-weights, count - 1)[:count] if count < weights.size else np.arange(weights.size)
+    return head[np.argsort(-weights[head], kind="stable")]

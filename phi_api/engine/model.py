@@ -1,4 +1,4 @@
-"""The loaded model: weights, tokenizer, chat template, and what its folder says about it."""
+"""The loaded model: tokenizer, chat template, the decoder graph's host copy, and what its folder says."""
 
 from __future__ import annotations
 
@@ -51,6 +51,8 @@ class ModelInfo:
     chat_template: str = ""
     size_bytes: int = 0
     modified_at: float = 0.0
+    decoder_file: str = "model.onnx"
+    rope_switch: int | None = None  # LongRoPE: sequences longer than this use the long rotary factors
 
     @classmethod
     def read(cls, folder: str) -> "ModelInfo":
@@ -61,6 +63,8 @@ class ModelInfo:
         decoder = model.get("decoder", {})
         eos = model.get("eos_token_id", [])
         template = _chat_template(root)
+        decoder_file = str(decoder.get("filename", "model.onnx"))
+        graph = _graph_facts(root / decoder_file)
         return cls(
             path=str(root),
             model_type=str(model.get("type", "unknown")),
@@ -73,10 +77,47 @@ class ModelInfo:
             size_bytes=sum(entry.stat().st_size for entry in os.scandir(root) if entry.is_file()),
             modified_at=(root / "genai_config.json").stat().st_mtime,
             fingerprint=_fingerprint(root, config),
-            # keys and values, per layer, in float32 (the CPU models' KV type)
-            kv_bytes_per_token=2 * 4 * int(decoder.get("num_hidden_layers", 0))
+            # keys and values, per layer, in the graph's key/value type
+            kv_bytes_per_token=2 * graph.kv_itemsize * int(decoder.get("num_hidden_layers", 0))
             * int(decoder.get("num_key_value_heads", 0)) * int(decoder.get("head_size", 0)),
+            decoder_file=decoder_file,
+            rope_switch=graph.rope_switch,
         )
+
+
+@dataclass(frozen=True)
+class _GraphFacts:
+    kv_itemsize: int = 4
+    rope_switch: int | None = None
+
+
+def _graph_facts(graph_file: Path) -> _GraphFacts:
+    """What the decoder graph itself says (its weights are not read): the key/value element size, and where
+    LongRoPE switches to its long factors.
+
+    The model builder makes LongRoPE models pick their rotary caches with
+    ``If(Greater(attention mask width, original_max_position_embeddings))``;
+    that constant is the switch. (ONNX Runtime GenAI hard-codes it: 4096
+    for every ``phi3`` model, Phi-3.5's value; the graph holds the real one.)
+    """
+    import onnx
+
+    graph = onnx.load(str(graph_file), load_external_data=False).graph
+    sizes = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.BFLOAT16: 2}
+    past = next((value for value in graph.input if value.name.startswith("past_key_values")), None)
+    itemsize = sizes.get(past.type.tensor_type.elem_type, 4) if past is not None else 4
+    producers = {output: node for node in graph.node for output in node.output}
+    constants = {node.output[0]: node for node in graph.node if node.op_type == "Constant"}
+    switch = None
+    for node in graph.node:
+        if node.op_type != "If" or "cos_cache" not in node.output:
+            continue
+        condition = producers.get(node.input[0])
+        if condition is not None and condition.op_type == "Greater" and condition.input[1] in constants:
+            value = onnx.numpy_helper.to_array(constants[condition.input[1]].attribute[0].t)
+            switch = int(value.reshape(-1)[0])
+    return _GraphFacts(itemsize, switch)
+
 
 
 def _longest_token_bytes(tokenizer_json: Path) -> int:
@@ -118,19 +159,41 @@ def _fingerprint(root: Path, config: dict[str, Any]) -> str:
 
 
 class LanguageModel:
-    """An ONNX Runtime GenAI model folder, loaded once and shared by every generation."""
+    """A model folder: its tokenizer (shared, loaded once before gunicorn forks) and its decoder graph.
 
-    def __init__(self, folder: str, *, intra_op_threads: int) -> None:
+    Loading checks everything a worker will need: the tokenizer and chat
+    template, the host's prepacked copy of the graph (made now if missing,
+    see :mod:`engine.prepack`), a session on it, and the guidance tokenizer.
+    The sessions that compute are made by each worker's engine thread
+    (:meth:`new_decoder`), after the fork.
+    """
+
+    def __init__(self, folder: str, *, cache_dir: Path) -> None:
+        from phi_api.engine.guidance import GuideFactory
+        from phi_api.engine.prepack import prepacked_model
+        from phi_api.engine.runtime import Decoder, DecoderSpec
+
+        root = Path(folder)
         self.info = ModelInfo.read(folder)
-        self.model = oga.Model(folder, intra_op_threads=intra_op_threads)
+        cache_dir = _writable(cache_dir)
+        self.model = oga.Model(folder, decoder=str(oga.stub_decoder(cache_dir)))
         # The C API promises no thread safety, so each tokenizer's calls take turns.
-        # Requests (encode, templates) and the engine threads (streaming decode) have
+        # Requests (encode, templates) and the engine thread (streaming decode) have
         # one each: a long prompt being encoded never stalls running generations.
         self._tokenizer = oga.Tokenizer(self.model)
         self._tokenizer_lock = new_lock()
         self._stream_tokenizer = oga.Tokenizer(self.model)
         self._stream_lock = new_lock()
-        self.longest_token_bytes = _longest_token_bytes(Path(folder) / "tokenizer.json")
+        self.longest_token_bytes = _longest_token_bytes(root / "tokenizer.json")
+        self.decoder_file = prepacked_model(root, self.info.decoder_file, cache_dir / "prepacked")
+        self.spec = Decoder(self.decoder_file, DecoderSpec.read(root, self.info.rope_switch), threads=1).spec
+        self.guides = GuideFactory(root / "tokenizer.json", self.info.vocab_size, self.info.eos_token_ids)
+
+    def new_decoder(self, threads: int) -> Any:
+        """A session of the decoder graph computing with ``threads`` threads (make it where it will run)."""
+        from phi_api.engine.runtime import Decoder
+
+        return Decoder(self.decoder_file, self.spec, threads)
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text``, exactly as the model will see them."""
@@ -155,10 +218,9 @@ class LanguageModel:
             except oga.OgaError as exc:
                 raise ChatTemplateError(str(exc)) from exc
 
-    def new_generator(self, search_options: dict[str, float | bool],
-                      guidance: tuple[str, str] | None = None) -> oga.Generator:
-        """A generator for one sequence with these search options (and grammar, if any)."""
-        return oga.Generator(self.model, search_options, guidance)
+    def guide(self, grammar: tuple[str, str]) -> Any:
+        """A fresh grammar state for one sequence (compiling takes a while: call off the hub)."""
+        return self.guides.guide(*grammar)
 
     @functools.cached_property
     def token_bytes(self) -> dict[int, bytes]:
@@ -169,6 +231,26 @@ class LanguageModel:
         """An incremental decoder for one generation."""
         with self._stream_lock:
             return LockedStream(self._stream_tokenizer.create_stream(), self._stream_lock)
+
+
+def _writable(folder: Path) -> Path:
+    """``folder``, made if need be; a private temporary folder when it cannot be written (the prepacked
+    model is then made again at each start, in each process that loads the model)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+        return folder
+    except OSError as exc:
+        import logging
+        import tempfile
+
+        fallback = Path(tempfile.mkdtemp(prefix="phi-api-runtime-"))
+        logging.getLogger(__name__).warning("cannot write %s (%s); using %s for the host's model files: set "
+                                            "PHI_API_CACHE_DIR to a writable folder to keep them", folder, exc,
+                                            fallback)
+        return fallback
 
 
 class LockedStream:

@@ -64,12 +64,13 @@ def status(settings: Settings, engine: Engine) -> dict[str, Any]:
         "models": [{
             "model_name": settings.MODEL_ID,
             "model_type": "llm",
-            "engine": "onnxruntime-genai",
+            "engine": "onnxruntime",
             "device": "CPU",
             "runtime_config": {
                 "workers": settings.workers,
-                "engine_threads_per_worker": settings.engine_threads,
                 "intra_op_threads": settings.intra_op_threads,
+                "kv_cache_mb_per_worker": round(settings.kv_budget_bytes / 2**20),
+                "max_batch_rows": settings.MAX_BATCH_ROWS,
                 "preload_model": settings.PRELOAD_MODEL,
                 "max_concurrent_requests": settings.MAX_CONCURRENT_REQUESTS,
                 "context_length": engine.info.context_length,

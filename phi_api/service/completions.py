@@ -9,10 +9,11 @@ from typing import Any, Callable, Iterator
 
 from flask import Response, jsonify
 
-from phi_api.engine import Finished, Generation, SamplingParams, TextDelta
+from phi_api.engine import CapacityError, Finished, Generation, SamplingParams, TextDelta
 from phi_api.errors import (
     APIError,
     ClientClosedRequestError,
+    ContextLengthExceededError,
     GenerationTimeoutError,
     InternalError,
     ModelNotFoundError,
@@ -99,6 +100,11 @@ def start(kind: Format, body: dict[str, Any]) -> Run:
     if get_engine().draining:
         raise ServiceUnavailableError("This server is shutting down; please retry.")
     request, params = prepare(kind, body)
+    try:
+        get_engine().check_capacity(len(request.prompt), params[0].max_tokens, len(params))
+    except CapacityError as exc:
+        raise ContextLengthExceededError(f"This request is too large for this server: it {exc}.",
+                                         param="max_tokens") from None
     slot = get_limiter().try_acquire()
     if slot is None:
         raise RateLimitError("Too many concurrent requests. Please try again later.")

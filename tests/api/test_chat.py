@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tests.support.fakes import fake_engine, text_pieces
+from tests.support.fakes import SCRIPTED_LOGIT, fake_engine, text_pieces
 from tests.support.sse import chat_text, parse_sse
 
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "Say hello"}]}
@@ -96,15 +96,14 @@ def test_sampling_parameters_reach_the_engine(make_app):
     client = make_app(engine).test_client()
     client.post("/v1/chat/completions", json={**CHAT, "temperature": 0.3, "top_p": 0.5, "seed": 7, "top_k": 4,
                                               "max_tokens": 9})
-    options = engine.model.script.options[-1]
-    assert (options["temperature"], options["top_p"], options["top_k"], options["random_seed"]) == (0.3, 0.5, 4, 7)
-    assert options["max_length"] == len("<user>Say hello<assistant>") + 9
+    params = engine.model.script.params[-1]
+    assert (params.temperature, params.top_p, params.top_k, params.seed, params.max_tokens) == (0.3, 0.5, 4, 7, 9)
 
 
 def test_default_temperature_comes_from_settings(make_app):
     engine = fake_engine([1, 0], text_pieces(b"ok"))
     make_app(engine, DEFAULT_TEMPERATURE=0.25).test_client().post("/v1/chat/completions", json=CHAT)
-    assert engine.model.script.options[-1]["temperature"] == 0.25
+    assert engine.model.script.params[-1].temperature == 0.25
 
 
 def test_logit_bias_and_penalties_edit_the_logits(make_app):
@@ -114,7 +113,7 @@ def test_logit_bias_and_penalties_edit_the_logits(make_app):
     assert body["choices"][0]["message"]["content"] == "bb"
     client.post("/v1/chat/completions", json={**CHAT, "frequency_penalty": 1.0, "max_tokens": 3})
     last = engine.model.script.logits_seen[-1]
-    assert last[1] == -2.0  # token 1 generated twice before the third step
+    assert last[1] == SCRIPTED_LOGIT - 2.0  # token 1 generated twice before the third step
 
 
 def test_developer_role_is_rendered_as_system(make_app):

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tests.support.fakes import VOCAB, fake_engine, text_pieces
+from tests.support.fakes import SCRIPTED_LOGIT, VOCAB, fake_engine, text_pieces
 from tests.support.sse import parse_sse
 
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "Say hello"}]}
@@ -49,7 +49,7 @@ def test_n_streams_every_choice_with_its_index(client):
 def test_seeded_choices_are_seeded_apart(make_app):
     client, engine = scripted(make_app, b"x")
     client.post("/v1/chat/completions", json={**CHAT, "n": 3, "seed": 10, "temperature": 1})
-    assert sorted(options["random_seed"] for options in engine.model.script.options) == [10, 11, 12]
+    assert sorted(params.seed for params in engine.model.script.params) == [10, 11, 12]
 
 
 def test_logprobs_content_matches_the_text(make_app):
@@ -61,8 +61,9 @@ def test_logprobs_content_matches_the_text(make_app):
     assert len(entries) == 5  # one per generated token, end-of-sequence excluded
     assert entries[2]["token"] == "" and entries[3]["token"] == "안"  # a split character goes to its last token
     assert bytes(entries[2]["bytes"] + entries[3]["bytes"]) == "안".encode()
-    uniform = -math.log(VOCAB)  # the fake model's logits are all equal
-    assert all(entry["logprob"] == pytest.approx(uniform) for entry in entries)
+    # the fake model's logits are 0 but for the scripted token's
+    scripted_logprob = SCRIPTED_LOGIT - math.log(math.exp(SCRIPTED_LOGIT) + VOCAB - 1)
+    assert all(entry["logprob"] == pytest.approx(scripted_logprob, abs=1e-5) for entry in entries)
     assert all(len(entry["top_logprobs"]) == 3 for entry in entries)
     assert choice["logprobs"]["refusal"] is None
 
@@ -97,7 +98,8 @@ def test_response_format_constrains_the_generator(make_app, response_format, sch
     client, engine = scripted(make_app, b'{"age": 3}')
     body = client.post("/v1/chat/completions", json={**CHAT, "response_format": response_format}).get_json()
     assert body["choices"][0]["message"]["content"] == '{"age": 3}'
-    kind, grammar = engine.model.script.options[-1]["guidance"]
+    kind, grammar = engine.model.script.grammars[-1]
+    assert engine.model.script.params[-1].guidance == (kind, grammar)
     assert kind == "json_schema"
     assert json.loads(grammar) == {**schema, "x-guidance": {"whitespace_flexible": False, "key_separator": ": ",
                                                             "item_separator": ", "}}
@@ -106,7 +108,7 @@ def test_response_format_constrains_the_generator(make_app, response_format, sch
 def test_text_response_format_sets_no_grammar(make_app):
     client, engine = scripted(make_app, b"hi")
     client.post("/v1/chat/completions", json={**CHAT, "response_format": {"type": "text"}})
-    assert "guidance" not in engine.model.script.options[-1]
+    assert engine.model.script.params[-1].guidance is None and engine.model.script.grammars == []
 
 
 def test_auto_tool_call_is_recognised(make_app):
@@ -161,7 +163,7 @@ def test_forced_tool_choice_is_a_grammar(make_app, tool_choice):
     body = client.post("/v1/chat/completions", json={**CHAT, "tools": [WEATHER, other],
                                                      "tool_choice": tool_choice}).get_json()
     assert body["choices"][0]["finish_reason"] == "tool_calls"
-    kind, grammar = engine.model.script.options[-1]["guidance"]
+    kind, grammar = engine.model.script.grammars[-1]
     schema = json.loads(grammar)
     options = schema.get("anyOf", [schema])
     names = sorted(option["properties"]["name"]["const"] for option in options)
@@ -197,10 +199,11 @@ def test_tool_conversations_are_rendered(make_app):
 
 def test_min_p_drops_unlikely_tokens(make_app):
     client, engine = scripted(make_app, b"a")
-    client.post("/v1/chat/completions", json={**CHAT, "min_p": 0.5, "temperature": 1.0,
-                                              "logit_bias": {"3": 5}})
-    logits = engine.model.script.logits_seen[0]
-    assert logits[3] == 5 and (logits[:3] == -math.inf).all()  # far less likely than token 3: dropped
+    client.post("/v1/chat/completions", json={**CHAT, "min_p": 0.5, "temperature": 1.0, "max_tokens": 1,
+                                              "logit_bias": {"3": SCRIPTED_LOGIT + 5}})
+    logits = engine.model.script.logits_seen[-1]  # the last prompt chunk's: the one the token came from
+    # token 3 now leads by 5: every other token, the scripted one too, is far less likely and dropped
+    assert logits[3] == SCRIPTED_LOGIT + 5 and (logits[:3] == -math.inf).all() and (logits[4:] == -math.inf).all()
 
 
 @pytest.mark.parametrize("stream_it", [False, True])

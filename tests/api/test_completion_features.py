@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tests.support.fakes import VOCAB, fake_engine, text_pieces
+from tests.support.fakes import SCRIPTED_LOGIT, VOCAB, fake_engine, text_pieces
 from tests.support.sse import parse_sse
 
 BODY = {"model": "test-model", "prompt": "Once"}
@@ -19,7 +19,8 @@ def test_logprobs_in_the_completion_format(make_app):
     lists = choice["logprobs"]
     assert lists["tokens"] == ["upon", " a", " time"] and "".join(lists["tokens"]) == choice["text"]
     assert lists["text_offset"] == [0, 4, 6]
-    assert lists["token_logprobs"] == pytest.approx([-math.log(VOCAB)] * 3)
+    scripted = SCRIPTED_LOGIT - math.log(math.exp(SCRIPTED_LOGIT) + VOCAB - 1)  # 0 but the scripted token's
+    assert lists["token_logprobs"] == pytest.approx([scripted] * 3, abs=1e-5)
     assert all(len(top) >= 2 and entry in top for top, entry in zip(lists["top_logprobs"], lists["tokens"]))
 
 

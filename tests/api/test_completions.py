@@ -56,11 +56,11 @@ def test_echo_puts_the_prompt_first(client):
 def test_a_stream_waiting_for_the_engine_sends_keepalive_comments(make_app):
     gate = threading.Semaphore(0)
     engine = fake_engine([1, 2, 0], text_pieces(b"Hi", b"!"))
-    engine.model.script.gate = gate  # every decode step waits for the test
+    engine.model.script.gate = gate  # every step waits for the test
     client = make_app(engine).test_client()
 
     def let_it_run() -> None:
-        for _ in range(3):
+        for _ in range(10):  # every prompt chunk and token of the script, with room to spare
             gate.release()
 
     # Without keepalives, the first chunk would be the text once this lets the engine go.

@@ -53,9 +53,8 @@ def test_options_map_to_the_engine(make_app):
     options = {"temperature": 0.4, "top_p": 0.9, "top_k": 7, "num_predict": 3, "seed": 5, "repeat_penalty": 1.2,
                "stop": ["zzz"]}
     body = client.post("/api/generate", json={**GENERATE, "options": options, "stream": False}).get_json()
-    used = engine.model.script.options[-1]
-    assert (used["temperature"], used["top_p"], used["top_k"], used["random_seed"], used["repetition_penalty"]) == (
-        0.4, 0.9, 7, 5, 1.2)
+    used = engine.model.script.params[-1]
+    assert (used.temperature, used.top_p, used.top_k, used.seed, used.repetition_penalty) == (0.4, 0.9, 7, 5, 1.2)
     assert body["eval_count"] == 3 and body["done_reason"] == "length"
 
 
@@ -63,7 +62,7 @@ def test_format_json_is_a_grammar(make_app):
     engine = fake_engine([1, 0], text_pieces(b"{}"))
     client = make_app(engine).test_client()
     client.post("/api/generate", json={**GENERATE, "format": "json", "stream": False})
-    assert engine.model.script.options[-1]["guidance"][0] == "json_schema"
+    assert engine.model.script.grammars[-1][0] == "json_schema"
 
 
 def test_chat_streams_messages(client):

@@ -20,7 +20,7 @@ def test_an_invalid_response_schema_is_a_400_with_its_path(make_app, schema, str
     error = assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_request_error",
                          "invalid_parameter", "response_format.json_schema.schema")
     assert "not a valid JSON Schema" in error["message"]
-    assert engine.model.generators == []  # nothing was started
+    assert engine.model.script.params == [] and engine.model.script.steps == []  # nothing was started
 
 
 @pytest.mark.parametrize("stream_it", [False, True])
@@ -31,7 +31,7 @@ def test_invalid_parameters_of_a_forced_tool_are_a_400_naming_the_tool(make_app,
     body = {**CHAT, "stream": stream_it, "tools": [WEATHER, broken], "tool_choice": tool_choice}
     assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_request_error",
                  "invalid_parameter", "tools[1].function.parameters")
-    assert engine.model.generators == []
+    assert engine.model.script.params == [] and engine.model.script.steps == []
 
 
 def test_valid_schemas_pass_the_check(make_app):

@@ -1,4 +1,4 @@
-"""OpenAI's presence/frequency penalties and logit_bias, applied to logits."""
+"""A sequence's choice of token: OpenAI's penalties and logit_bias, the repetition penalty, masks, sampling."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from phi_api.engine import SamplingParams
-from phi_api.engine.logits import LogitsEditor
+from phi_api.engine.logits import LogitsEditor, Sampler, sample
 
 
 def edited(params: SamplingParams, seen: list[int], size: int = 8) -> np.ndarray:
@@ -43,10 +43,10 @@ def test_only_requests_that_need_it_pay_for_logits_processing():
 
 def test_min_p_keeps_tokens_near_the_most_likely_at_the_request_s_temperature():
     logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
-    LogitsEditor(SamplingParams(max_tokens=1, temperature=1.0, min_p=0.2))(logits)
+    LogitsEditor(SamplingParams(max_tokens=1, temperature=1.0, min_p=0.2)).apply_min_p(logits)
     assert np.isfinite(logits[:3]).all() and logits[3] == -np.inf  # 0.05 < 0.2 * 0.5
     hotter = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
-    LogitsEditor(SamplingParams(max_tokens=1, temperature=2.0, min_p=0.2))(hotter)
+    LogitsEditor(SamplingParams(max_tokens=1, temperature=2.0, min_p=0.2)).apply_min_p(hotter)
     assert np.isfinite(hotter).all()  # at temperature 2 the distribution is flatter: all stay
 
 
@@ -75,3 +75,58 @@ def test_asking_for_more_alternatives_than_the_vocabulary_holds_lists_them_all()
     editor = LogitsEditor(SamplingParams(max_tokens=1, logprobs=20))
     editor(np.array([1.0, 3.0, 2.0], dtype=np.float32))
     assert [token for token, _ in editor.observe(1).top] == [1, 2, 0]
+
+
+def test_the_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens():
+    editor = LogitsEditor(SamplingParams(max_tokens=1, repetition_penalty=2.0), prompt=[1])
+    editor.observe(2)
+    logits = np.array([4.0, 4.0, -4.0, 4.0], dtype=np.float32)
+    editor(logits)
+    assert logits.tolist() == [4.0, 2.0, -8.0, 4.0]  # the prompt's token 1 and the generated token 2
+
+
+def draws(probabilities, count=4000, **options):
+    logits = np.log(np.array(probabilities, dtype=np.float32))
+    rng = np.random.default_rng(0)
+    return np.bincount([sample(logits.copy(), options.get("temperature", 1.0), options.get("top_k", 0),
+                               options.get("top_p", 1.0), rng) for _ in range(count)], minlength=len(probabilities))
+
+
+def test_sampling_follows_the_distribution():
+    counts = draws([0.5, 0.3, 0.2])
+    expected = np.array([0.5, 0.3, 0.2]) * 4000
+    assert (np.abs(counts - expected) < 5 * np.sqrt(expected)).all()  # within five standard deviations
+
+
+def test_top_k_and_top_p_keep_only_the_most_likely():
+    assert draws([0.5, 0.3, 0.15, 0.05], top_k=2)[2:].sum() == 0
+    assert draws([0.5, 0.3, 0.15, 0.05], top_p=0.75)[2:].sum() == 0  # 0.5 + 0.3 reach 0.75
+    assert draws([0.5, 0.3, 0.15, 0.05], top_p=0.4).tolist() == [4000, 0, 0, 0]
+    counts = draws([0.5, 0.3, 0.15, 0.05], top_p=0.75)
+    assert abs(counts[0] / counts[:2].sum() - 0.5 / 0.8) < 0.05  # renormalized among those kept
+
+
+def test_a_low_temperature_sharpens_and_a_high_one_flattens():
+    assert draws([0.5, 0.3, 0.2], temperature=0.05)[0] == 4000
+    flat = draws([0.5, 0.3, 0.2], temperature=100.0)
+    assert (np.abs(flat - 4000 / 3) < 5 * np.sqrt(4000 / 3)).all()
+
+
+def test_a_seed_makes_the_draws_repeatable():
+    logits = np.log(np.linspace(1, 2, 50, dtype=np.float32))
+
+    def tokens(seed):
+        sampler = Sampler(SamplingParams(max_tokens=20, temperature=1.0, seed=seed), np.zeros(0, np.int32),
+                          frozenset())
+        return [sampler.choose(logits.copy())[0] for _ in range(20)]
+
+    assert tokens(7) == tokens(7) and tokens(7) != tokens(8)
+
+
+def test_the_end_of_sequence_is_masked_below_min_tokens():
+    sampler = Sampler(SamplingParams(max_tokens=5, temperature=0, min_tokens=2), np.zeros(0, np.int32),
+                      frozenset({0}))
+    wants_to_end = np.array([5.0, 1.0, 0.0], dtype=np.float32)
+    assert not sampler.plain_greedy  # the batch's argmax would not know about the mask
+    assert [sampler.choose(wants_to_end.copy())[0] for _ in range(3)] == [1, 1, 0]
+    assert sampler.plain_greedy  # past min_tokens, nothing is left to mask

@@ -1,4 +1,4 @@
-"""The engine thread: stopping rules, interleaving, cancellation, failures (fake model)."""
+"""The engine thread: continuous batching, stopping rules, cancellation, failures (real scheduler, fake model)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,22 @@ import threading
 import numpy as np
 import pytest
 
-from phi_api.engine import Engine, Finished, SamplingParams, TextDelta
-from tests.support.fakes import EOS, FakeModel, Script, text_pieces
+from phi_api.engine import CapacityError, Engine, Finished, SamplingParams, TextDelta
+from tests.support.fakes import EOS, FakeModel, RecordingEngine, Script, text_pieces
+from tests.support.server import wait_until
 
 PIECES = text_pieces(b"a", b"b", b"c", b"<", b"/", b">")
 
 
+def prompt(length: int, first: int = 1) -> np.ndarray:
+    return np.arange(first, first + length, dtype=np.int32) % 60 + 1
+
+
 def run(engine: Engine, prompt_length: int = 5, **params) -> tuple[str, Finished]:
-    generation = engine.submit(np.arange(1, prompt_length + 1, dtype=np.int32), SamplingParams(**params))
+    return collect(engine.submit(prompt(prompt_length), SamplingParams(**params)))
+
+
+def collect(generation) -> tuple[str, Finished]:
     text, finished = [], None
     for event in generation.events():
         if isinstance(event, TextDelta):
@@ -29,9 +37,12 @@ def run(engine: Engine, prompt_length: int = 5, **params) -> tuple[str, Finished
 def engine_for():
     engines = []
 
-    def build(tokens, *, gate=None, fail_at=None, prefill_chunk=4, timeout=60.0, lanes=1):
+    def build(tokens, *, gate=None, fail_at=None, prefill_chunk=4, timeout=60.0, kv_budget_bytes=1 << 20,
+              max_rows=64, threads=1, rope_switch=None):
         script = Script(tokens, gate=gate, fail_at=fail_at)
-        engine = Engine(FakeModel(script, PIECES), prefill_chunk=prefill_chunk, timeout=timeout, lanes=lanes)
+        engine = RecordingEngine(FakeModel(script, PIECES, rope_switch=rope_switch), prefill_chunk=prefill_chunk,
+                                 timeout=timeout, kv_budget_bytes=kv_budget_bytes, max_rows=max_rows,
+                                 threads=threads)
         engines.append(engine)
         return engine, script
 
@@ -55,19 +66,19 @@ def test_max_tokens_finishes_with_length(engine_for):
 
 
 def test_stop_string_ends_the_text_just_before_it(engine_for):
-    engine, script = engine_for([1, 2, 4, 5, 6, 3, 3, 3])
+    engine, _ = engine_for([1, 2, 4, 5, 6, 3, 3, 3])
     text, finished = run(engine, max_tokens=50, stop=("</>",))
     assert text == "ab"
     assert finished.reason == "stop"
     assert finished.completion_tokens == 5  # generation stopped as soon as the stop string appeared
-    assert all(generator.closed for generator in engine.model.generators)
 
 
-def test_ignore_eos_keeps_generating_up_to_max_tokens(engine_for):
-    engine, script = engine_for([1, EOS])
-    text, finished = run(engine, max_tokens=6, ignore_eos=True)
+def test_ignore_eos_and_min_tokens_hold_the_end_of_sequence_back(engine_for):
+    engine, _ = engine_for([EOS])  # the model wants to end at every step
+    _, finished = run(engine, max_tokens=6, ignore_eos=True)
     assert finished.reason == "length" and finished.completion_tokens == 6
-    assert script.options[0]["min_length"] == script.options[0]["max_length"] == 5 + 6
+    _, finished = run(engine, max_tokens=10, min_tokens=4)
+    assert finished.reason == "stop" and finished.completion_tokens == 5  # EOS as soon as it is allowed
 
 
 def test_prompt_is_prefilled_in_chunks(engine_for):
@@ -83,29 +94,99 @@ def test_prompt_chunks_lie_on_a_fixed_grid_whatever_the_prompt_length(engine_for
     assert script.chunks == [(offset, min(4, prompt_length - offset)) for offset in range(0, prompt_length, 4)]
 
 
-def test_jobs_take_turns_step_by_step(engine_for):
+def test_running_sequences_advance_together_in_one_step(engine_for):
     gate = threading.Semaphore(0)
     engine, script = engine_for([1, 2, 3], gate=gate, prefill_chunk=100)
-    first = engine.submit(np.arange(1, 4, dtype=np.int32), SamplingParams(max_tokens=4))
-    second = engine.submit(np.arange(1, 4, dtype=np.int32), SamplingParams(max_tokens=4))
-    for _ in range(8):
+    generations = [engine.submit(prompt(3, first), SamplingParams(max_tokens=6)) for first in (1, 20, 40)]
+    for _ in range(100):
         gate.release()
-    results = []
-    for generation in (first, second):
-        events = list(generation.events())
-        results.append(events[-1])
-        generation.close()
-    assert [r.reason for r in results] == ["length", "length"]
-    tokens = [step for step in script.steps if step.startswith(("token", "prefill"))]
-    # both prompts are prefilled before either finishes: nobody waits for a whole answer
-    assert tokens.index("prefill:3", 1) < 4
+    results = [collect(generation) for generation in generations]
+    assert [(text, finished.reason) for text, finished in results] == [("abcabc", "length")] * 3
+    decodes = [int(step.split(":")[1]) for step in script.steps if step.startswith("decode")]
+    assert max(decodes) == 3  # all three in one batched step
+    assert sum(decodes) == 3 * 5  # each row advanced once per step: no step was wasted or repeated
 
 
-def test_close_cancels_the_generation_and_frees_its_generator(engine_for):
+def test_a_new_request_joins_the_running_batch_and_a_finished_one_leaves_it(engine_for):
+    gate = threading.Semaphore(0)
+    engine, script = engine_for([1, 2, 3], gate=gate, prefill_chunk=100)
+    long = engine.submit(prompt(3), SamplingParams(max_tokens=30))
+    gate.release()  # the long one's prompt
+    events = long.events()
+    assert next(events).text == "a"
+    short = engine.submit(prompt(4, 30), SamplingParams(max_tokens=3))
+    for _ in range(200):
+        gate.release()
+    short_text, short_finished = collect(short)
+    long_text = "a" + "".join(event.text for event in events if isinstance(event, TextDelta))
+    long.close()
+    assert (short_text, short_finished.reason) == ("abc", "length")  # its own script, from its own row
+    assert long_text == ("abc" * 10)[:30]
+    decodes = [int(step.split(":")[1]) for step in script.steps if step.startswith("decode")]
+    assert 2 in decodes and decodes[-1] == 1  # joined, then left before the long one ended
+    assert script.steps.index("prefill:4") < len(script.steps) - 20  # the newcomer did not wait for the end
+
+
+def test_a_long_prompt_is_prefilled_between_the_running_steps(engine_for):
+    gate = threading.Semaphore(0)
+    engine, script = engine_for([1, 2, 3], gate=gate, prefill_chunk=4)
+    running = engine.submit(prompt(2), SamplingParams(max_tokens=40))
+    gate.release()
+    events = running.events()
+    next(events)
+    newcomer = engine.submit(prompt(20, 30), SamplingParams(max_tokens=2))
+    for _ in range(200):
+        gate.release()
+    collect(newcomer)
+    running.close()
+    # the newcomer's five chunks, each followed by a step of the running sequence; then it runs too
+    start = script.steps.index("prefill:4", 1)
+    assert script.steps[start:start + 10] == ["prefill:4", "decode:1"] * 4 + ["prefill:4", "decode:2"]
+
+
+def test_n_choices_share_one_prefill_and_run_as_rows(engine_for):
+    engine, script = engine_for([1, 2, 3])
+    generation = engine.submit(prompt(10), [SamplingParams(max_tokens=3), SamplingParams(max_tokens=3)])
+    texts = {0: "", 1: ""}
+    finished = []
+    for event in generation.events():
+        if isinstance(event, TextDelta):
+            texts[event.index] += event.text
+        else:
+            finished.append(event)
+    generation.close()
+    assert texts == {0: "abc", 1: "abc"} and {f.index for f in finished} == {0, 1}
+    assert [step for step in script.steps if step.startswith("prefill")] == ["prefill:4", "prefill:4", "prefill:2"]
+    assert "decode:2" in script.steps
+
+
+def test_requests_beyond_the_budget_wait_for_room_then_run(engine_for):
+    gate = threading.Semaphore(0)
+    # 8 bytes a token: room for one row (and the spare) of 512 tokens, not two
+    engine, script = engine_for([1, 2, 3], gate=gate, kv_budget_bytes=2 * 512 * 8, prefill_chunk=100)
+    first = engine.submit(prompt(3), SamplingParams(max_tokens=300))
+    second = engine.submit(prompt(3, 20), SamplingParams(max_tokens=300))
+    for _ in range(1000):
+        gate.release()
+    results = [collect(first), collect(second)]
+    assert [finished.reason for _, finished in results] == ["length", "length"]
+    decodes = {int(step.split(":")[1]) for step in script.steps if step.startswith("decode")}
+    assert decodes == {1}  # never together: the second waited until the first had left
+
+
+def test_a_request_that_can_never_fit_is_refused_before_it_starts(engine_for):
+    engine, script = engine_for([1], kv_budget_bytes=2 * 256 * 8)  # 8 bytes a token: 2 rows of 256 tokens
+    engine.check_capacity(10, 200, 1)
+    with pytest.raises(CapacityError, match="KV_CACHE_MB"):
+        engine.check_capacity(10, 300, 1)
+    with pytest.raises(CapacityError):
+        engine.check_capacity(1, 1, 3)  # 4 rows (with the spare) need 4 x 256 tokens: more than the budget
+
+
+def test_close_cancels_the_generation(engine_for):
     gate = threading.Semaphore(0)
     engine, script = engine_for([1, 2, 3], gate=gate)
-    model = engine.model
-    generation = engine.submit(np.arange(1, 4, dtype=np.int32), SamplingParams(max_tokens=1000))
+    generation = engine.submit(prompt(3), SamplingParams(max_tokens=1000))
     gate.release()
     events = generation.events()
     assert isinstance(next(events), TextDelta)
@@ -115,14 +196,13 @@ def test_close_cancels_the_generation_and_frees_its_generator(engine_for):
     finished = [event for event in events if isinstance(event, Finished)]
     generation.close()
     assert finished[0].reason == "cancelled"
-    assert finished[0].completion_tokens < 1000
-    assert all(generator.closed for generator in model.generators)
+    assert finished[0].completion_tokens < 10
 
 
 def test_timeout_ends_the_generation(engine_for):
     gate = threading.Semaphore(0)
     engine, _ = engine_for([1], gate=gate, timeout=0.05)
-    generation = engine.submit(np.arange(1, 4, dtype=np.int32), SamplingParams(max_tokens=1000))
+    generation = engine.submit(prompt(3), SamplingParams(max_tokens=1000))
     released = threading.Timer(0.2, lambda: [gate.release() for _ in range(5)])
     released.start()
     finished = [event for event in generation.events() if isinstance(event, Finished)]
@@ -131,35 +211,55 @@ def test_timeout_ends_the_generation(engine_for):
     assert finished[0].reason == "timeout"
 
 
-def test_an_engine_failure_ends_that_job_only(engine_for):
+def test_a_failed_step_ends_its_rows_and_the_engine_goes_on(engine_for):
     engine, _ = engine_for([1, 2, 3], fail_at=1)
     text, finished = run(engine, max_tokens=10)
     assert finished.reason == "error" and "fake engine failure" in finished.error
-    assert text == "a"
+    assert text == "ab"
     engine.model.script.fail_at = None
     _, healthy = run(engine, max_tokens=3)
     assert healthy.reason == "length"
 
 
-def test_search_options_are_set_explicitly():
-    options = SamplingParams(max_tokens=10, temperature=0.0, seed=-1).search_options(7)
-    assert options["max_length"] == 17
-    assert options["do_sample"] is False
-    assert options["top_k"] == 0  # never the model folder's default of 50
-    assert 0 <= options["random_seed"] < 2**31
-    sampled = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, top_k=5).search_options(1)
-    assert (sampled["do_sample"], sampled["temperature"], sampled["top_p"], sampled["top_k"]) == (True, 0.8, 0.9, 5)
+def test_the_engine_thread_makes_its_session_with_the_worker_s_threads(engine_for):
+    engine, script = engine_for([1, EOS], threads=3)
+    run(engine, max_tokens=3)
+    assert script.decoder_threads == [3]
+    assert len(script.threads) == 1 and threading.get_ident() not in script.threads  # its own OS thread
 
 
-def test_lanes_run_generations_on_separate_threads(engine_for):
-    gate = threading.Semaphore(0)  # neither generation can finish before both are submitted
-    engine, _ = engine_for([1, 2, 3], lanes=2, gate=gate)
-    generations = [engine.submit(np.arange(1, 4, dtype=np.int32), SamplingParams(max_tokens=20)) for _ in range(2)]
-    for _ in range(40):
+def test_idle_engines_give_their_buffers_back(engine_for):
+    engine, _ = engine_for([1, EOS])
+    run(engine, max_tokens=3)
+    kv = engine.scheduler._kv
+    wait_until(lambda: kv.rows == 0, timeout=5, message="the buffers freed")
+    assert kv.keys == [] and kv.nbytes == 0
+
+
+def test_a_sequence_reaching_the_rope_switch_is_prefilled_again_whole(engine_for):
+    engine, script = engine_for([1, 2, 3], prefill_chunk=4, rope_switch=8)
+    _, finished = run(engine, prompt_length=6, max_tokens=6)
+    assert finished.reason == "length" and finished.completion_tokens == 6
+    # 6 prompt tokens + 2 fed; the 9th would cross the switch: all nine again, in one step
+    assert script.steps == ["prefill:4", "prefill:2", "decode:1", "decode:1", "prefill:9", "decode:1", "decode:1"]
+    assert script.chunks[-1] == (0, 9)
+
+
+def test_a_prompt_past_the_switch_starts_with_a_chunk_that_crosses_it(engine_for):
+    engine, script = engine_for([1, 2, 3], prefill_chunk=4, rope_switch=8)
+    run(engine, prompt_length=15, max_tokens=2)
+    assert script.chunks == [(0, 12), (12, 3)]  # the first grid point past the switch, then the grid
+
+
+def test_short_and_long_rows_never_share_a_step(engine_for):
+    gate = threading.Semaphore(0)
+    engine, script = engine_for([1, 2, 3], gate=gate, prefill_chunk=100, rope_switch=8)
+    long = engine.submit(prompt(10), SamplingParams(max_tokens=12))  # long from its first chunk
+    short = engine.submit(prompt(3, 30), SamplingParams(max_tokens=12))  # crosses after 5 steps
+    for _ in range(500):
         gate.release()
-    for generation in generations:
-        assert list(generation.events())[-1].reason == "length"
-        generation.close()
-    threads = [generator.threads for generator in engine.model.generators]
-    assert all(len(used) == 1 for used in threads)  # a generation stays on its lane
-    assert threads[0] != threads[1]  # the second went to the idle lane
+    results = [collect(long), collect(short)]
+    assert [finished.reason for _, finished in results] == ["length", "length"]
+    crossing = script.steps.index("prefill:9")
+    assert "decode:2" not in script.steps[:crossing]  # apart while one is short
+    assert "decode:2" in script.steps[crossing:]  # together once both are long

@@ -10,7 +10,8 @@ import requests
 
 from phi_api.engine.model import PHI3_CHAT_TEMPLATE
 from tests.support.server import Server
-from tests.support.tiny_phi3 import PHI3_EOS_TOKENS, build_tiny_phi3
+from tests.support.sse import parse_sse
+from tests.support.tiny_phi3 import PHI3_EOS_TOKENS, ROPE_CONTEXT, ROPE_SWITCH, build_tiny_phi3
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +67,47 @@ def test_each_end_of_sequence_id_ends_the_answer(phi3_server, tiny_phi3, eos_tok
     assert answer["choices"][0]["finish_reason"] == "stop"
     assert answer["choices"][0]["message"]["content"] == ""
     assert answer["usage"]["completion_tokens"] == 1
+
+
+def test_the_graph_says_where_longrope_switches(tiny_phi3):
+    from phi_api.engine.model import ModelInfo
+
+    assert ModelInfo.read(str(tiny_phi3)).rope_switch == ROPE_SWITCH
+    assert ModelInfo.read(str(tiny_phi3)).context_length == ROPE_CONTEXT
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_generation_crossing_the_longrope_switch_gives_onnxruntime_genai_s_tokens(phi3_server, tiny_phi3,
+                                                                                    stream):
+    """The prompt ends 40 tokens before the switch; the answer crosses it. ONNX Runtime GenAI's own generator
+    (fed the prompt in the server's 64-token chunks) then prefills the whole sequence again with the long
+    factors, as the server does: the tokens must be the same."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(1000, 40000, ROPE_SWITCH - 40).astype(np.int32)
+    answer_tokens = 100
+    model = og.Model(str(tiny_phi3))
+    params = og.GeneratorParams(model)
+    length = len(prompt) + answer_tokens
+    params.set_search_options(max_length=length, min_length=length, do_sample=False)
+    generator = og.Generator(model, params)
+    for start in range(0, len(prompt), 64):
+        generator.append_tokens(prompt[start:start + 64])
+    reference = []
+    while len(reference) < answer_tokens:
+        generator.generate_next_token()
+        reference.append(int(generator.get_next_tokens()[0]))
+    spelling = og.Tokenizer(model).create_stream()  # incremental decoding, as the server spells tokens
+    expected = "".join(spelling.decode(token) for token in reference)
+    body = {"model": "phi-3.5-mini", "prompt": prompt.tolist(), "max_tokens": answer_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": stream}
+    response = requests.post(phi3_server.url + "/v1/completions", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    if stream:
+        text = "".join(event["choices"][0]["text"] for event in parse_sse(response.text)[:-1] if event["choices"])
+    else:
+        text = response.json()["choices"][0]["text"]
+        assert response.json()["usage"]["completion_tokens"] == answer_tokens
+    assert text == expected

@@ -1,8 +1,14 @@
-"""A small fake model for unit tests: scripted tokens, real scheduler, no weights.
+"""A small fake model for unit tests: scripted tokens, the real scheduler and sampler, no weights.
 
 Token ``i`` decodes to ``PIECES[i]`` (bytes, so a character can be split
-across tokens); ``EOS`` ends a generation. A test can make a step block until
-it says so (``gate``), or fail.
+across tokens); ``EOS`` ends a generation. The fake decoder behaves like the
+real graph where the scheduler can tell: it writes something for every token
+it is fed into the row's key/value buffer (the index of the token it chose
+at that step), at the row's own offset, so a sequence's place in its script
+travels with its row through joins, leaves, moves and prompt reuse. Its
+logits are 0 but for the scripted token's, :data:`SCRIPTED_LOGIT`; the real
+:class:`~phi_api.engine.logits.Sampler` chooses from them. A test can make a
+step block until it says so (``gate``), or a decode step fail.
 """
 
 from __future__ import annotations
@@ -14,75 +20,72 @@ from typing import Any
 import numpy as np
 
 from phi_api.engine import Engine, ModelInfo
+from phi_api.engine.runtime import DecoderSpec, KVCache
 
 EOS = 0
 VOCAB = 64
+SCRIPTED_LOGIT = 30.0  # any other token: a chance of 63 x e^-30 (6e-12) a step, when sampling
 
 
 @dataclass
 class Script:
-    """What the fake generator will produce, and how."""
+    """What the fake model will produce, and a record of what it was asked."""
 
     tokens: list[int]
-    gate: threading.Semaphore | None = None  # acquired before each decode step when set
-    fail_at: int | None = None  # raise at this decode step
-    steps: list[str] = field(default_factory=list)  # what the generator did, for assertions
+    gate: threading.Semaphore | None = None  # acquired before each step when set
+    fail_at: int | None = None  # raise at this decode step (counted over the whole engine)
+    steps: list[str] = field(default_factory=list)  # "prefill:N" and "decode:ROWS", in order
     chunks: list[tuple[int, int]] = field(default_factory=list)  # (offset, length) of every prompt step
-    logits_seen: list[np.ndarray] = field(default_factory=list)
-    options: list[dict[str, Any]] = field(default_factory=list)
+    logits_seen: list[np.ndarray] = field(default_factory=list)  # each row's logits, as the sampler left them
+    params: list[Any] = field(default_factory=list)  # the SamplingParams of every submitted choice
+    grammars: list[tuple[str, str]] = field(default_factory=list)
+    threads: set[int] = field(default_factory=set)  # the OS threads that ran steps
+    decoder_threads: list[int] = field(default_factory=list)  # the intra-op threads each session was made with
 
 
-class FakeGenerator:
-    """Emits the script's tokens; honours max_length, min_length and logits edits like the real one."""
+class FakeDecoder:
+    """The decoder graph's contract, with scripted logits."""
 
-    def __init__(self, script: Script, options: dict[str, Any]) -> None:
-        self._script = script
-        self._options = options
-        self._length = 0
-        self._step = 0
-        self._done = False
-        self.closed = False
-        self.threads: set[int] = set()  # the OS threads that stepped this generator
-        script.options.append(options)
+    def __init__(self, script: Script, rope_switch: int | None = None) -> None:
+        self.script = script
+        self.spec = DecoderSpec(layers=1, kv_heads=1, head_size=1, vocab_size=VOCAB, rope_switch=rope_switch)
+        self._decode_steps = 0
 
-    def append_tokens(self, tokens: Any) -> None:
-        self._script.chunks.append((self._length, len(tokens)))
-        self._length += len(tokens)
-        self._script.steps.append(f"prefill:{len(tokens)}")
+    def step(self, kv: KVCache, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool) -> np.ndarray:
+        script = self.script
+        script.threads.add(threading.get_ident())
+        count, new = ids.shape
+        marks = kv.keys[0]
+        logits = np.zeros((count, VOCAB), dtype=np.float32)
+        if script.gate is not None:
+            script.gate.acquire()
+        if prefill:
+            script.steps.append(f"prefill:{new}")
+            script.chunks.append((int(past[0]), new))
+            chosen = [0]
+        else:
+            if script.fail_at == self._decode_steps:
+                raise RuntimeError("fake engine failure")
+            self._decode_steps += 1
+            script.steps.append(f"decode:{count}")
+            chosen = [int(marks[first + row, 0, int(past[row]) - 1, 0]) + 1 for row in range(count)]
+        for row in range(count):
+            marks[first + row, 0, int(past[row]):int(past[row]) + new, 0] = chosen[row]
+            logits[row, script.tokens[chosen[row] % len(script.tokens)]] = SCRIPTED_LOGIT
+            script.logits_seen.append(logits[row])
+        return logits
 
-    def process_logits(self, process: Any) -> None:
-        logits = np.zeros(VOCAB, dtype=np.float32)
-        process(logits)
-        self._script.logits_seen.append(logits.copy())
-        self._forced = int(np.argmax(logits)) if logits.max() > 50 else None
 
-    def generate_next_token(self) -> int:
-        self.threads.add(threading.get_ident())
-        if self._script.gate is not None:
-            self._script.gate.acquire()
-        if self._script.fail_at == self._step:
-            raise RuntimeError("fake engine failure")
-        forced = getattr(self, "_forced", None)
-        token = forced if forced is not None else self._script.tokens[self._step % len(self._script.tokens)]
-        self._forced = None
-        if token == EOS and self._length < self._options.get("min_length", 0):
-            token = 1  # the engine masks EOS below min_length
-        self._step += 1
-        self._length += 1
-        self._script.steps.append(f"token:{token}")
-        self._done = token == EOS or self._length >= self._options["max_length"]
-        return token
+class FakeGuide:
+    """A grammar that allows everything."""
 
-    def is_done(self) -> bool:
-        return self._done
+    failed = None
 
-    def rewind_to(self, length: int) -> None:
-        self._script.steps.append(f"rewind:{length}")
-        self._length = length
-        self._done = False
+    def mask(self, logits: np.ndarray) -> None:
+        pass
 
-    def close(self) -> None:
-        self.closed = True
+    def consume(self, token: int) -> None:
+        pass
 
 
 class FakeStream:
@@ -100,15 +103,15 @@ class FakeModel:
     """Text is encoded one token per character (``ord % VOCAB``); tokens decode through ``pieces``."""
 
     def __init__(self, script: Script, pieces: dict[int, bytes], *, context_length: int = 512,
-                 has_chat_template: bool = True) -> None:
+                 has_chat_template: bool = True, rope_switch: int | None = None) -> None:
         self.script = script
         self.pieces = pieces
+        self.rope_switch = rope_switch  # LongRoPE's original length, as the graph would say
         self.info = ModelInfo(
             path="/fake", model_type="fake", context_length=context_length, vocab_size=VOCAB,
             eos_token_ids=frozenset({EOS}), has_chat_template=has_chat_template, fingerprint="fp_fake",
-            kv_bytes_per_token=1,
+            kv_bytes_per_token=FakeDecoder(script).spec.kv_bytes_per_token,
         )
-        self.generators: list[FakeGenerator] = []
         self.rendered: list[str] = []  # every prompt the chat template produced
 
     @property
@@ -130,13 +133,24 @@ class FakeModel:
         self.rendered.append(text)
         return text
 
-    def new_generator(self, options: dict[str, Any], guidance: Any = None) -> FakeGenerator:
-        generator = FakeGenerator(self.script, {**options, "guidance": guidance} if guidance else options)
-        self.generators.append(generator)
-        return generator
+    def new_decoder(self, threads: int) -> FakeDecoder:
+        self.script.decoder_threads.append(threads)
+        return FakeDecoder(self.script, self.rope_switch)
+
+    def guide(self, grammar: tuple[str, str]) -> FakeGuide:
+        self.script.grammars.append(grammar)
+        return FakeGuide()
 
     def create_stream(self) -> FakeStream:
         return FakeStream(self.pieces)
+
+
+class RecordingEngine(Engine):
+    """The real engine, noting every choice's parameters in its model's script."""
+
+    def submit(self, prompt: np.ndarray, params: Any, request_id: str = "-") -> Any:
+        self.model.script.params.extend(params if isinstance(params, list) else [params])
+        return super().submit(prompt, params, request_id)
 
 
 def text_pieces(*pieces: bytes) -> dict[int, bytes]:
@@ -145,7 +159,9 @@ def text_pieces(*pieces: bytes) -> dict[int, bytes]:
 
 
 def fake_engine(tokens: list[int], pieces: dict[int, bytes], *, timeout: float = 60.0, prefill_chunk: int = 8,
-                cache_bytes: int = 0, cache_headroom: int = 0, **model_options: Any) -> Engine:
+                cache_bytes: int = 0, gate: threading.Semaphore | None = None, fail_at: int | None = None,
+                kv_budget_bytes: int = 1 << 20, max_rows: int = 64, **model_options: Any) -> RecordingEngine:
     """An Engine over a FakeModel running ``tokens``."""
-    return Engine(FakeModel(Script(tokens), pieces, **model_options), prefill_chunk=prefill_chunk, timeout=timeout,
-                  cache_bytes=cache_bytes, cache_headroom=cache_headroom)
+    model = FakeModel(Script(tokens, gate=gate, fail_at=fail_at), pieces, **model_options)
+    return RecordingEngine(model, prefill_chunk=prefill_chunk, timeout=timeout, cache_bytes=cache_bytes,
+                           kv_budget_bytes=kv_budget_bytes, max_rows=max_rows)

@@ -2,9 +2,13 @@
 
 It exercises the ``phi3`` path of the server: model type ``phi3``, a folder
 without a chat template of its own (so the server's Phi-3.5 template is
-used), several end-of-sequence ids like Phi-3.5's, and the same int4
-block-128 accuracy-level-4 recipe. Its tokenizer is the default model's,
-plus Phi-3's special tokens.
+used), several end-of-sequence ids like Phi-3.5's, the same int4
+block-128 accuracy-level-4 recipe, and Phi-3.5's kind of LongRoPE: rotary
+factors that switch from short to long past
+``original_max_position_embeddings`` (4096, Phi-3.5's own value and the one
+ONNX Runtime GenAI's generator re-prefills at for every ``phi3`` model),
+under a longer context. Its tokenizer is the default model's, plus Phi-3's
+special tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +22,11 @@ from phi_api.prepare import run_builder
 PHI3_SPECIAL_TOKENS = ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"]
 # Phi-3.5-mini's generation config ends a turn on <|endoftext|>, <|end|> and <|assistant|>.
 PHI3_EOS_TOKENS = ["<|endoftext|>", "<|end|>", "<|assistant|>"]
+ROPE_SWITCH = 4096  # original_max_position_embeddings
+# 256, not 128: onnxruntime 1.31 saves a broken prepacked file for int4 matmuls of K = 128 (NaN logits);
+# the server then falls back to the original file, and the fixture would not test the prepacked path.
+HIDDEN = 256
+ROPE_CONTEXT = 8192
 
 
 def build_tiny_phi3(tokenizer_source: Path, out_dir: Path, work_dir: Path) -> Path:
@@ -37,11 +46,14 @@ def build_tiny_phi3(tokenizer_source: Path, out_dir: Path, work_dir: Path) -> Pa
     _drop_chat_template(hf_dir)
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in PHI3_SPECIAL_TOKENS}
     eos_ids = [ids[token] for token in PHI3_EOS_TOKENS]
+    half_head = HIDDEN // 4 // 2
     config = Phi3Config(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,
-        original_max_position_embeddings=2048, bos_token_id=1, eos_token_id=eos_ids[0],
+        vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=ROPE_CONTEXT,
+        original_max_position_embeddings=ROPE_SWITCH, bos_token_id=1, eos_token_id=eos_ids[0],
         pad_token_id=eos_ids[0], tie_word_embeddings=False,
+        rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(half_head)],
+                      "long_factor": [2.0 + 0.3 * i for i in range(half_head)]},
     )
     torch.manual_seed(0)
     Phi3ForCausalLM(config).save_pretrained(hf_dir)
