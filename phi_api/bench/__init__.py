@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import requests
 
-from phi_api.bench.client import LatencyProbe, StreamResult, concurrent_streams, stream_completion
+from phi_api.bench.client import LatencyProbe, StreamResult, concurrent_streams, stream_completion, unique
 from phi_api.bench.raw import EngineBatch, RawEngine
 from phi_api.bench.server import Server
 
@@ -97,9 +97,15 @@ class RawReference:
                 "engine_aggregate_tokens_per_s": median(own), "single_tokens_per_s": median(single),
                 "ratio": median(raw) / median(single), "engine_ratio": median(own) / median(single)}
 
-    def sample(self, max_tokens: int) -> dict[int, Any]:
+    def sample(self, prompt: str, max_tokens: int) -> dict[int, Any]:
         """One generation per thread setting."""
-        return {threads: engine.generate(PROMPT, max_tokens) for threads, engine in self.engines.items()}
+        return {threads: engine.generate(prompt, max_tokens) for threads, engine in self.engines.items()}
+
+    def engine_batches(self, levels: list[int], max_tokens: int, runs: int) -> dict[int, float]:
+        """phi-api's engine session alone (no server), a static batch at each level: the ceiling of batching."""
+        prompt = np.asarray(self.engines[1].encode(PROMPT))
+        return {level: median([self.own.aggregate_rate(prompt, max_tokens, level) for _ in range(runs)])
+                for level in levels}
 
 
 def summarize_raw(samples: list[dict[int, Any]]) -> dict[str, Any]:
@@ -124,12 +130,13 @@ def measure_single(target: Target, max_tokens: int, runs: int, raw: RawReference
     Taking the raw samples between the server's, in the same loop, lets both
     see the same machine: on a shared host the speed drifts within minutes.
     """
-    body = _body(target, PROMPT, max_tokens)
-    stream_completion(target.url, {**body, "max_tokens": 4})  # warm-up
+    stream_completion(target.url, unique(_body(target, PROMPT, 4)))  # warm-up
     results, raw_samples = [], []
     for _ in range(runs):
+        # The same fresh prompt for both, which no prompt cache holds.
+        body = unique(_body(target, PROMPT, max_tokens))
         if raw is not None:
-            raw_samples.append(raw.sample(max_tokens))
+            raw_samples.append(raw.sample(body["prompt"], max_tokens))
         results.append(stream_completion(target.url, body))
     single = {
         "ttft_s": median([r.ttft for r in results]),
@@ -171,6 +178,7 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
         ttfts = [stream.ttft for batch in batches for stream in batch.streams]
         sweep[level] = {
             "aggregate_tokens_per_s": median([batch.aggregate_rate for batch in batches]),
+            "aggregate_decode_tokens_per_s": median([batch.decode_rate for batch in batches]),
             "per_stream_decode_tokens_per_s": median([s.decode_rate for b in batches for s in b.streams
                                                       if s.decode_rate]),
             "ttft_p50_s": percentile(ttfts, 0.5),
@@ -188,14 +196,14 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
 def measure_head_of_line(target: Target, runs: int, long_tokens: int = 400) -> dict[str, Any]:
     """First-token time of a short request: on an idle server, and while a long generation runs."""
     short = _body(target, SHORT_PROMPT, 4)
-    idle = [stream_completion(target.url, short).ttft for _ in range(runs)]
+    idle = [stream_completion(target.url, unique(short)).ttft for _ in range(runs)]
     busy = []
     for _ in range(runs):
-        long_body = {**_body(target, PROMPT, long_tokens), "stream": True}
+        long_body = {**unique(_body(target, PROMPT, long_tokens)), "stream": True}
         with requests.post(target.url + "/v1/completions", json=long_body, stream=True, timeout=600) as long_stream:
             lines = long_stream.iter_lines()
             next(line for line in lines if line.startswith(b"data: {"))  # the long one is generating
-            busy.append(stream_completion(target.url, short).ttft)
+            busy.append(stream_completion(target.url, unique(short)).ttft)
     return {"idle_ttft_s": median(idle), "busy_ttft_s": median(busy),
             "ratio": median(busy) / median(idle)}
 
@@ -337,6 +345,8 @@ def run(options: Any) -> dict[str, Any]:
         batch = max(level for level in levels if level <= 8)
         say(f"static batches of {batch}: ONNX Runtime GenAI's and phi-api's engine session, in this process")
         report["raw_static_batch"] = raw.static_batch(batch, options.max_tokens, options.runs)
+        say(f"phi-api's engine session alone, static batches of {levels}: the ceiling of batching here")
+        report["engine_ceiling"] = raw.engine_batches(levels, options.max_tokens, options.runs)
     if options.model_path and options.memory:
         say("memory: the whole server's PSS with 1 worker, then 2")
         report["memory"] = measure_memory(options.model_path, "bench-model", log_dir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,12 +70,27 @@ class LoadResult:
 
     @property
     def aggregate_rate(self) -> float:
-        """All completion tokens over the wall time of the whole batch."""
+        """All completion tokens over the wall time of the whole batch (prompt processing included)."""
         return sum(stream.tokens for stream in self.streams) / self.wall_seconds
+
+    @property
+    def decode_rate(self) -> float:
+        """The streams' decode rates summed: what the server decodes per second while they all run, to set
+        against a single stream's decode rate."""
+        return sum(stream.decode_rate or 0.0 for stream in self.streams)
+
+
+def unique(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with a prompt no earlier request shares, so no server answers it from a prompt cache."""
+    tag = f"[{uuid.uuid4().hex[:8]}] "
+    if "prompt" in body:
+        return {**body, "prompt": tag + body["prompt"]}
+    return {**body, "messages": [{**body["messages"][0], "content": tag + body["messages"][0]["content"]},
+                                 *body["messages"][1:]]}
 
 
 def concurrent_streams(base_url: str, body: dict[str, Any], concurrency: int) -> LoadResult:
-    """Start ``concurrency`` identical streams at once and wait for all of them."""
+    """Start ``concurrency`` streams at once (each with a prompt of its own) and wait for all of them."""
     results: list[StreamResult | BaseException] = []
     lock = threading.Lock()
     barrier = threading.Barrier(concurrency)
@@ -83,7 +99,7 @@ def concurrent_streams(base_url: str, body: dict[str, Any], concurrency: int) ->
         session = requests.Session()
         barrier.wait()
         try:
-            result: StreamResult | BaseException = stream_completion(base_url, body, session)
+            result: StreamResult | BaseException = stream_completion(base_url, unique(body), session)
         except BaseException as exc:  # reported after the batch
             result = exc
         with lock:

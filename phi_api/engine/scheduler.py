@@ -6,8 +6,9 @@ and the key/value buffers of every sequence it runs. Each iteration:
 
 1. takes new requests in, and admits them while the key/value budget has
    room (``KV_CACHE_MB``); the others wait, in order, until rows leave;
-2. prefills one chunk of one admitted prompt (round robin over them), so a
-   long prompt delays the running streams by one chunk at a time;
+2. prefills one chunk of one admitted prompt (the one with the least left to
+   prefill), so a long prompt delays the running streams by one chunk at a
+   time, and short prompts are not held back behind it;
 3. advances every running sequence by one token in one batched step.
 
 A sequence joins the batch as soon as its prompt is prefilled and leaves it
@@ -160,7 +161,7 @@ class Scheduler:
         self._running = 0  # rows [0, running) advance each step ...
         self._short = 0  # ... of which [0, short) with LongRoPE's short factors
         self._waiting: collections.deque[_Request] = collections.deque()
-        self._prefilling: collections.deque[_Request] = collections.deque()
+        self._prefilling: list[_Request] = []
 
     # The hub's side ---------------------------------------------------------------------------------
 
@@ -267,18 +268,18 @@ class Scheduler:
     def _occupied(self) -> int:
         return sum(row is not None for row in self._slots)
 
-    def _demand(self) -> tuple[int, int]:
-        """Rows and tokens per row that what is admitted will need: the running rows, and every choice of
-        the requests still prefilling."""
-        rows = self._running + sum(len(request.jobs) for request in self._prefilling)
+    def _demand(self, admitted: list[_Request]) -> tuple[int, int]:
+        """Rows and tokens per row that what is admitted will need: the running rows, and every choice of the
+        requests still prefilling or just ``admitted``."""
+        pending = list(self._prefilling) + admitted
+        rows = self._running + sum(len(request.jobs) for request in pending)
         tokens = max([row.reserve for row in self._slots[:self._running]]
-                     + [request.reserve for request in self._prefilling], default=0)
+                     + [request.reserve for request in pending], default=0)
         return rows, tokens
 
-    def _fits(self, request: _Request) -> bool:
-        rows, tokens = self._demand()
-        rows += len(request.jobs)
-        shape = KVCache.shape_for(rows + 1, max(tokens, request.reserve))  # one spare row for moves
+    def _fits(self, request: _Request, admitted: list[_Request]) -> bool:
+        rows, tokens = self._demand(admitted + [request])
+        shape = KVCache.shape_for(rows + 1, tokens)  # one spare row for moves
         return rows <= self._max_rows and shape[0] * shape[1] * self._bytes_per_token <= self._budget
 
     def _grow(self, rows: int, tokens: int) -> None:
@@ -287,6 +288,8 @@ class Scheduler:
         self._slots += [None] * (self._kv.rows - len(self._slots))
 
     def _admit(self) -> None:
+        """Start the waiting requests, in order, while they fit; the buffers grow once for all of them."""
+        admitted: list[_Request] = []
         while self._waiting:
             request = self._waiting[0]
             ended = request.over()
@@ -294,14 +297,18 @@ class Scheduler:
                 self._waiting.popleft()
                 self._end_request(request, ended)
                 continue
-            if not self._fits(request):
-                if not self._running and not self._prefilling:
+            if not self._fits(request, admitted):
+                if not self._running and not self._prefilling and not admitted:
                     self._waiting.popleft()  # it cannot fit even alone (the service checks this before)
                     self._end_request(request, "error", "the request does not fit the key/value budget")
                     continue
-                return
-            self._waiting.popleft()
-            self._start(request)
+                break
+            admitted.append(self._waiting.popleft())
+        if admitted:
+            rows, tokens = self._demand(admitted)
+            self._grow(rows + 1, tokens)
+            for request in admitted:
+                self._start(request)
 
     def _start(self, request: _Request) -> None:
         try:
@@ -310,8 +317,6 @@ class Scheduler:
             self._end_request(request, "error", "".join(traceback.format_exception(error)))
             return
         leader = request.leader
-        rows, tokens = self._demand()
-        self._grow(self._occupied() + 2, max(tokens, request.reserve))
         self._place(leader, self._free_slot(self._running))
         floor = request.first_chunk if request.regime == _LONG else 0
         reused, kv = self._cache.take(request.prompt, request.regime, floor) if self._cache.enabled else (0, None)
@@ -324,7 +329,10 @@ class Scheduler:
     # Prefill ----------------------------------------------------------------------------------------
 
     def _prefill_one(self) -> None:
-        request = self._prefilling.popleft()
+        # Shortest remaining prompt first: the fewest waits for first tokens, and a long prompt never holds
+        # short ones back (it proceeds whenever nothing shorter is waiting).
+        request = min(self._prefilling, key=lambda candidate: len(candidate.prompt) - candidate.prefilled)
+        self._prefilling.remove(request)
         ended = request.over()
         if ended:
             self._end_request(request, ended)
@@ -341,7 +349,7 @@ class Scheduler:
             return
         leader.length = request.prefilled = end
         if end < len(prompt):
-            self._prefilling.append(request)  # round robin: the next prompt's chunk comes first
+            self._prefilling.append(request)
             return
         self._keep_prompt(request)
         self._open(request, logits[0])

@@ -263,3 +263,35 @@ def test_short_and_long_rows_never_share_a_step(engine_for):
     crossing = script.steps.index("prefill:9")
     assert "decode:2" not in script.steps[:crossing]  # apart while one is short
     assert "decode:2" in script.steps[crossing:]  # together once both are long
+
+
+class CountingGate:
+    """A semaphore that says how many threads wait on it."""
+
+    def __init__(self) -> None:
+        self._semaphore = threading.Semaphore(0)
+        self.waiting = 0
+
+    def acquire(self) -> None:
+        self.waiting += 1
+        self._semaphore.acquire()
+        self.waiting -= 1
+
+    def release(self, count: int = 1) -> None:
+        for _ in range(count):
+            self._semaphore.release()
+
+
+def test_the_shortest_prompt_left_is_prefilled_first(engine_for):
+    gate = CountingGate()
+    engine, script = engine_for([1, 2, 3], gate=gate, prefill_chunk=4)
+    running = engine.submit(prompt(2), SamplingParams(max_tokens=40))
+    gate.release(2)  # its prompt, and one step
+    wait_until(lambda: gate.waiting == 1 and len(script.steps) == 2, timeout=5, message="the engine in a step")
+    requests = [engine.submit(prompt(length, 10 * length), SamplingParams(max_tokens=1)) for length in (20, 3, 8)]
+    gate.release(100)
+    for request in requests:
+        collect(request)
+    running.close()
+    prefills = [step for step in script.steps[2:] if step.startswith("prefill")]
+    assert prefills == ["prefill:3", "prefill:4", "prefill:4"] + ["prefill:4"] * 5  # short, medium, long
