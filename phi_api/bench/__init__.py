@@ -101,11 +101,9 @@ class RawReference:
         """One generation per thread setting."""
         return {threads: engine.generate(prompt, max_tokens) for threads, engine in self.engines.items()}
 
-    def engine_batches(self, levels: list[int], max_tokens: int, runs: int) -> dict[int, float]:
-        """phi-api's engine session alone (no server), a static batch at each level: the ceiling of batching."""
-        prompt = np.asarray(self.engines[1].encode(PROMPT))
-        return {level: median([self.own.aggregate_rate(prompt, max_tokens, level) for _ in range(runs)])
-                for level in levels}
+    def engine_batch(self, rows: int, max_tokens: int) -> float:
+        """phi-api's engine session alone (no server), a static batch of ``rows``: the ceiling of batching."""
+        return self.own.aggregate_rate(np.asarray(self.engines[1].encode(PROMPT)), max_tokens, rows)
 
 
 def summarize_raw(samples: list[dict[int, Any]]) -> dict[str, Any]:
@@ -159,22 +157,33 @@ def paired_ratios(results: list[StreamResult], raw_samples: list[dict[int, Any]]
             "ttft_delta_s": median([result.ttft - reference.prefill_seconds for result, reference in pairs])}
 
 
-def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs: int) -> dict[str, Any]:
-    """Aggregate throughput and first-token times at each concurrency level; /v1/models latency at the top level."""
+def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs: int,
+                        raw: RawReference | None) -> dict[str, Any]:
+    """Aggregate throughput and first-token times at each concurrency level; /v1/models latency at the top level.
+
+    Each run is paired, on a machine whose speed drifts: the raw engine's single stream (all cores) just
+    before the server's batch, and phi-api's engine session alone running a static batch of as many rows
+    just after it; the ratios are taken run by run, then their median.
+    """
     body = _body(target, PROMPT, max_tokens)
     sweep = {}
     models_latencies: list[float] = []
     models_failures = 0
     for level in levels:
-        batches = []
+        batches, to_raw, to_ceiling = [], [], []
         for _ in range(runs):
+            reference = raw.sample(PROMPT, max_tokens)[max(raw.engines)].decode_rate if raw else None
             if level == max(levels):
                 with LatencyProbe(target.url) as probe:
-                    batches.append(concurrent_streams(target.url, body, level))
+                    batch = concurrent_streams(target.url, body, level)
                 models_latencies.extend(probe.latencies)
                 models_failures += probe.failures
             else:
-                batches.append(concurrent_streams(target.url, body, level))
+                batch = concurrent_streams(target.url, body, level)
+            batches.append(batch)
+            if raw is not None:
+                to_raw.append(batch.decode_rate / reference)
+                to_ceiling.append(batch.decode_rate / raw.engine_batch(level, max_tokens))
         ttfts = [stream.ttft for batch in batches for stream in batch.streams]
         sweep[level] = {
             "aggregate_tokens_per_s": median([batch.aggregate_rate for batch in batches]),
@@ -184,6 +193,9 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
             "ttft_p50_s": percentile(ttfts, 0.5),
             "ttft_p95_s": percentile(ttfts, 0.95),
         }
+        if raw is not None:
+            sweep[level].update({"decode_to_raw_single_paired": median(to_raw),
+                                 "decode_to_engine_ceiling_paired": median(to_ceiling)})
     return {
         "levels": sweep,
         "models_latency_under_load_p50_s": percentile(models_latencies, 0.5),
@@ -302,7 +314,8 @@ def measure_target(target: Target, options: Any, levels: list[int], raw: RawRefe
     say(f"{target.name}: head-of-line latency")
     results["head_of_line"] = measure_head_of_line(target, options.runs)
     say(f"{target.name}: concurrent streams {levels}, with GET /v1/models probes at {max(levels)}")
-    results["concurrency"] = measure_concurrency(target, levels, options.max_tokens, options.runs)
+    results["concurrency"] = measure_concurrency(target, levels, options.max_tokens, options.runs,
+                                                 None if target.other else raw)
     say(f"{target.name}: prompt reuse")
     results["prompt_reuse"] = measure_prompt_reuse(target, options.runs)
     say(f"{target.name}: feature costs")
@@ -345,8 +358,7 @@ def run(options: Any) -> dict[str, Any]:
         batch = max(level for level in levels if level <= 8)
         say(f"static batches of {batch}: ONNX Runtime GenAI's and phi-api's engine session, in this process")
         report["raw_static_batch"] = raw.static_batch(batch, options.max_tokens, options.runs)
-        say(f"phi-api's engine session alone, static batches of {levels}: the ceiling of batching here")
-        report["engine_ceiling"] = raw.engine_batches(levels, options.max_tokens, options.runs)
+
     if options.model_path and options.memory:
         say("memory: the whole server's PSS with 1 worker, then 2")
         report["memory"] = measure_memory(options.model_path, "bench-model", log_dir)
