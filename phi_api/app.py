@@ -8,16 +8,14 @@ from typing import Any, Mapping
 from flask import Flask
 from flask_cors import CORS
 
-from phi_api import extensions, openapi
+from phi_api import extensions, limiter, metrics, openapi, schemas
 from phi_api.api import BLUEPRINTS
+from phi_api.api.http import render_errors
 from phi_api.auth import register_auth
 from phi_api.config import load_settings
 from phi_api.engine import Engine
-from phi_api.errors import register_error_handlers
-from phi_api.limiter import ConcurrencyLimiter
+from phi_api.errors import openai_body
 from phi_api.logs import configure_logging, register_request_logging
-from phi_api.metrics import Metrics
-from phi_api.schemas import RequestValidator
 
 
 def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None = None) -> Flask:
@@ -36,23 +34,19 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
     app.json.sort_keys = False  # keep OpenAI's field order
     app.json.ensure_ascii = False
 
-    app.extensions[extensions.SETTINGS] = settings
-    app.extensions[extensions.VALIDATOR] = RequestValidator()
-    app.extensions[extensions.LIMITER] = ConcurrencyLimiter(settings.MAX_CONCURRENT_REQUESTS)
-    app.extensions[extensions.ENGINE] = engine if engine is not None else extensions.load_engine(settings)
-
-    metrics = Metrics()
-    app.extensions[extensions.METRICS] = metrics
-    app.extensions[extensions.ENGINE].observers.append(metrics.observe_generation)
+    extensions.init_settings(app, settings)
+    schemas.init_app(app)
+    limiter.init_app(app, settings.MAX_CONCURRENT_REQUESTS)
+    served = extensions.init_engine(app, settings, engine)
+    served.observers.append(metrics.init_app(app).observe_generation)
 
     CORS(app, origins=settings.cors_origins, methods=["GET", "POST", "OPTIONS"],
          allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-Id"],
          expose_headers=["X-Request-Id"], supports_credentials=True, max_age=600)
     register_request_logging(app)
-    metrics.register(app)
     register_auth(app, settings.api_keys)
-    register_error_handlers(app)
+    render_errors(app, openai_body)
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
-    app.extensions[extensions.OPENAPI] = openapi.build(app)
+    openapi.init_app(app)
     return app

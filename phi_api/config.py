@@ -22,31 +22,100 @@ class ConfigError(ValueError):
     """A setting has a value the server cannot run with."""
 
 
+def _integer(low: int, high: int | None = None) -> Callable[[str, Any], int]:
+    def parse(name: str, raw: Any) -> int:
+        try:
+            value = int(raw) if not isinstance(raw, bool) else None
+        except (TypeError, ValueError):
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise ConfigError(f"{name} must be an integer {bound}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def _number(low: float, high: float | None = None, *, exclusive_low: bool = False) -> Callable[[str, Any], float]:
+    def parse(name: str, raw: Any) -> float:
+        try:
+            value = float(raw) if not isinstance(raw, bool) else float("nan")
+        except (TypeError, ValueError):
+            value = float("nan")
+        below = value <= low if exclusive_low else value < low
+        if value != value or below or (high is not None and value > high) or value == float("inf"):
+            bound = f"between {low} and {high}" if high is not None else f"{'above' if exclusive_low else 'at least'} {low}"
+            raise ConfigError(f"{name} must be a number {bound}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def _boolean(name: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    value = str(raw).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be true or false, got {raw!r}")
+
+
+def _text(*, choices: tuple[str, ...] = (), upper: bool = False) -> Callable[[str, Any], str]:
+    def parse(name: str, raw: Any) -> str:
+        value = str(raw).strip()
+        if upper:
+            value = value.upper()
+        if not value:
+            raise ConfigError(f"{name} must not be empty")
+        if choices and value not in choices:
+            raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def setting(default: Any, parse: Callable[[str, Any], Any], description: str) -> Any:
+    """A setting's declaration: its default, the parser that checks a given value, and what it means."""
+    return dataclasses.field(default=default, metadata={"parse": parse, "description": description})
+
+
 @dataclass(frozen=True)
 class Settings:
-    """The server's settings; see the README's configuration table."""
+    """The server's settings; see the README's configuration table.
 
-    MODEL_PATH: str = DEFAULT_MODEL_PATH
-    MODEL_ID: str = "phi-3.5-mini"
-    SERVER_HOST: str = "0.0.0.0"
-    SERVER_PORT: int = 8000
-    WEB_CONCURRENCY: int = 1
-    PRELOAD_MODEL: bool = True
-    MAX_CONCURRENT_REQUESTS: int = 10
-    DEFAULT_MAX_TOKENS: int = 1024
-    DEFAULT_TEMPERATURE: float = 0.7
-    GENERATION_TIMEOUT: float = 600.0
-    REQUEST_READ_TIMEOUT: float = 30.0
-    STREAM_WRITE_TIMEOUT: float = 1.0
-    CORS_ORIGINS: str = "*"
-    API_KEYS: str = ""
-    MAX_REQUEST_SIZE_MB: float = 10.0
-    LOG_LEVEL: str = "INFO"
-    INTRA_OP_THREADS: int = 0
-    KV_CACHE_MB: float = 0.0
-    MAX_BATCH_ROWS: int = 32
-    PREFILL_CHUNK_TOKENS: int = 64
-    PROMPT_CACHE_MB: float = 256.0
+    Each is declared once, with its default, its parser (which checks its
+    bounds) and its description: a new setting is one line here.
+    """
+
+    MODEL_PATH: str = setting(DEFAULT_MODEL_PATH, _text(), "ONNX Runtime GenAI model folder")
+    MODEL_ID: str = setting("phi-3.5-mini", _text(), "The model name clients must send")
+    SERVER_HOST: str = setting("0.0.0.0", _text(), "Listen address")
+    SERVER_PORT: int = setting(8000, _integer(1, 65535), "Listen port")
+    WEB_CONCURRENCY: int = setting(1, _integer(1, 64), "gunicorn workers; the cores are shared among them")
+    PRELOAD_MODEL: bool = setting(True, _boolean, "Load and check the model in the master, before the fork")
+    MAX_CONCURRENT_REQUESTS: int = setting(10, _integer(1, 10_000),
+                                           "Generations running at once in the whole server; more get 429")
+    DEFAULT_MAX_TOKENS: int = setting(1024, _integer(1, 1_000_000), "max_tokens when a request gives none")
+    DEFAULT_TEMPERATURE: float = setting(0.7, _number(0.0, 2.0), "temperature when a request gives none")
+    GENERATION_TIMEOUT: float = setting(600.0, _number(0.0, exclusive_low=True),
+                                        "Seconds a generation may run (waiting for room included)")
+    REQUEST_READ_TIMEOUT: float = setting(30.0, _number(0.0, exclusive_low=True),
+                                          "Seconds a request body may take to arrive; then 408")
+    STREAM_WRITE_TIMEOUT: float = setting(1.0, _number(0.0, exclusive_low=True),
+                                          "Seconds a streamed write may wait on a client that does not read")
+    CORS_ORIGINS: str = setting("*", _text(), "Allowed origins, comma-separated")
+    API_KEYS: str = setting("", lambda name, raw: str(raw), "Comma-separated keys; none: no authentication")
+    MAX_REQUEST_SIZE_MB: float = setting(10.0, _number(0.0, 1024.0, exclusive_low=True), "Larger bodies get 413")
+    LOG_LEVEL: str = setting("INFO", _text(choices=LOG_LEVELS, upper=True), "Logging level")
+    INTRA_OP_THREADS: int = setting(0, _integer(0, 256), "ONNX Runtime threads per worker; 0: cores / workers")
+    KV_CACHE_MB: float = setting(0.0, _number(0.0, 10_000_000.0),
+                                 "Key/value memory per worker for running generations; 0: a quarter of memory")
+    MAX_BATCH_ROWS: int = setting(32, _integer(1, 1024), "Sequences one worker advances together at most")
+    PREFILL_CHUNK_TOKENS: int = setting(64, _integer(1, 1_000_000), "Prompt tokens per engine step")
+    PROMPT_CACHE_MB: float = setting(256.0, _number(0.0, 1_000_000.0),
+                                     "Memory per worker kept for prompt reuse; 0 turns reuse off")
 
     @property
     def cors_origins(self) -> list[str] | str:
@@ -104,85 +173,14 @@ def _memory_bytes() -> int:
     return 8 * 2**30
 
 
-def _integer(low: int, high: int | None = None) -> Callable[[str, Any], int]:
-    def parse(name: str, raw: Any) -> int:
-        try:
-            value = int(raw) if not isinstance(raw, bool) else None
-        except (TypeError, ValueError):
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise ConfigError(f"{name} must be an integer {bound}, got {raw!r}")
-        return value
-
-    return parse
-
-
-def _number(low: float, high: float | None = None, *, exclusive_low: bool = False) -> Callable[[str, Any], float]:
-    def parse(name: str, raw: Any) -> float:
-        try:
-            value = float(raw) if not isinstance(raw, bool) else float("nan")
-        except (TypeError, ValueError):
-            value = float("nan")
-        below = value <= low if exclusive_low else value < low
-        if value != value or below or (high is not None and value > high) or value == float("inf"):
-            bound = f"between {low} and {high}" if high is not None else f"{'above' if exclusive_low else 'at least'} {low}"
-            raise ConfigError(f"{name} must be a number {bound}, got {raw!r}")
-        return value
-
-    return parse
-
-
-def _boolean(name: str, raw: Any) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    value = str(raw).strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{name} must be true or false, got {raw!r}")
-
-
-def _text(*, choices: tuple[str, ...] = (), upper: bool = False) -> Callable[[str, Any], str]:
-    def parse(name: str, raw: Any) -> str:
-        value = str(raw).strip()
-        if upper:
-            value = value.upper()
-        if not value:
-            raise ConfigError(f"{name} must not be empty")
-        if choices and value not in choices:
-            raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
-        return value
-
-    return parse
-
-
-_PARSERS: dict[str, Callable[[str, Any], Any]] = {
-    "MODEL_PATH": _text(),
-    "MODEL_ID": _text(),
-    "SERVER_HOST": _text(),
-    "SERVER_PORT": _integer(1, 65535),
-    "WEB_CONCURRENCY": _integer(1, 64),
-    "PRELOAD_MODEL": _boolean,
-    "MAX_CONCURRENT_REQUESTS": _integer(1, 10_000),
-    "DEFAULT_MAX_TOKENS": _integer(1, 1_000_000),
-    "DEFAULT_TEMPERATURE": _number(0.0, 2.0),
-    "GENERATION_TIMEOUT": _number(0.0, exclusive_low=True),
-    "REQUEST_READ_TIMEOUT": _number(0.0, exclusive_low=True),
-    "STREAM_WRITE_TIMEOUT": _number(0.0, exclusive_low=True),
-    "CORS_ORIGINS": _text(),
-    "API_KEYS": lambda name, raw: str(raw),
-    "MAX_REQUEST_SIZE_MB": _number(0.0, 1024.0, exclusive_low=True),
-    "LOG_LEVEL": _text(choices=LOG_LEVELS, upper=True),
-    "INTRA_OP_THREADS": _integer(0, 256),
-    "KV_CACHE_MB": _number(0.0, 10_000_000.0),
-    "MAX_BATCH_ROWS": _integer(1, 1024),
-    "PREFILL_CHUNK_TOKENS": _integer(1, 1_000_000),
-    "PROMPT_CACHE_MB": _number(0.0, 1_000_000.0),
-}
-
 SETTING_NAMES = tuple(field.name for field in dataclasses.fields(Settings))
+_PARSERS: dict[str, Callable[[str, Any], Any]] = {field.name: field.metadata["parse"]
+                                                  for field in dataclasses.fields(Settings)}
+
+
+def describe() -> dict[str, str]:
+    """Every setting's description (for documentation and its test)."""
+    return {field.name: field.metadata["description"] for field in dataclasses.fields(Settings)}
 
 
 def load_settings(environ: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:

@@ -1,10 +1,16 @@
-"""One error shape for the whole API.
+"""One error tree for the whole API, one renderer per protocol, one table for everyone else's exceptions.
 
-Every failure a client can see is an :class:`APIError` (or is turned into one
-by the handlers registered here) and is rendered by :func:`error_body` as
-OpenAI's error object::
+Every failure a client can see is an :class:`APIError`. Its class says the
+HTTP status and OpenAI's ``type`` and ``code``; the message and ``param``
+say what exactly went wrong. How it is written depends on the protocol the
+request speaks, and nothing else:
 
-    {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+- :func:`openai_body`: OpenAI's error object, ``{"error": {"message", "type", "param", "code"}}``;
+- :func:`ollama_body`: Ollama's, ``{"error": "message"}``.
+
+Exceptions raised by others (werkzeug's routing and body errors, gunicorn's
+refusals of broken HTTP, the engine's) become members of the tree in one
+place, :func:`from_foreign`, by the table :data:`FOREIGN`.
 
 The tree, with the rows of the specification's error table:
 
@@ -25,6 +31,7 @@ The tree, with the rows of the specification's error table:
     - ``URITooLongError`` (414 ``uri_too_long``) and ``HeadersTooLargeError``
       (431 ``headers_too_large``): answered by the gunicorn worker itself
     - ``AuthenticationError`` (401 ``invalid_api_key``)
+    - ``HTTPStatusError`` (any other 4xx a library refuses a request with)
   - ``RateLimitError`` (429 ``rate_limit_error`` / ``rate_limit_exceeded``, with ``Retry-After``)
   - ``ClientClosedRequestError`` (499 ``client_closed_request``: the client left before
     its answer was ready; never seen by it, only logged)
@@ -36,20 +43,16 @@ The tree, with the rows of the specification's error table:
 
 from __future__ import annotations
 
-import logging
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
-from flask import Flask, Response, current_app, has_request_context, jsonify, request
+from gunicorn.http import errors as http
 from werkzeug.exceptions import HTTPException
 
-log = logging.getLogger(__name__)
+from phi_api.engine.guidance import GuidanceError
+from phi_api.engine.model import ChatTemplateError
+from phi_api.engine.scheduler import CapacityError
 
 GENERIC_SERVER_ERROR = "The server had an error while processing your request."
-
-
-def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    """The OpenAI error object, with its fields in OpenAI's order."""
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 class APIError(Exception):
@@ -66,89 +69,127 @@ class APIError(Exception):
         self.message = message
         self.param = param if param is not None else self.default_param
 
-    def body(self) -> dict[str, Any]:
-        """This error as the OpenAI error object."""
-        return error_body(self.message, self.type, self.param, self.code)
-
 
 class InvalidRequestError(APIError):
+    """The request cannot be served as it is (400): the client must change it."""
+
     status = 400
     type = "invalid_request_error"
     code = None
 
 
 class InvalidParameterError(InvalidRequestError):
+    """A parameter has a value out of its range or of the wrong kind; ``param`` names it."""
+
     code = "invalid_parameter"
 
 
 class MissingParameterError(InvalidRequestError):
+    """A required parameter is missing; ``param`` names it."""
+
     code = "missing_parameter"
 
 
 class InvalidMessagesError(InvalidRequestError):
+    """The chat messages are malformed, or the chat template cannot render them."""
+
     code = "invalid_messages"
     default_param = "messages"
 
 
 class ContextLengthExceededError(InvalidRequestError):
+    """The prompt and ``max_tokens`` do not fit the model's context (or the server's key/value budget)."""
+
     code = "context_length_exceeded"
 
 
 class UnsupportedParameterError(InvalidRequestError):
+    """A valid parameter value this server cannot honour (images, ``suffix``, ...): refused, never ignored."""
+
     code = "unsupported_parameter"
 
 
 class InvalidJSONError(InvalidRequestError):
+    """The body is not a JSON object of text and finite numbers."""
+
     code = "invalid_json"
 
 
 class ModelNotFoundError(InvalidRequestError):
+    """The request names a model this server does not serve (404)."""
+
     status = 404
     code = "model_not_found"
     default_param = "model"
 
 
 class RouteNotFoundError(InvalidRequestError):
+    """No such route (404)."""
+
     status = 404
     code = "not_found"
 
 
 class MethodNotAllowedError(InvalidRequestError):
+    """The route exists, but not for this method (405)."""
+
     status = 405
     code = "method_not_allowed"
 
 
 class RequestTooLargeError(InvalidRequestError):
+    """The body is larger than ``MAX_REQUEST_SIZE_MB`` (413)."""
+
     status = 413
     code = "request_too_large"
 
 
 class UnsupportedMediaTypeError(InvalidRequestError):
+    """The body is declared as something other than JSON (415)."""
+
     status = 415
     code = "unsupported_media_type"
 
 
 class RequestTimeoutError(InvalidRequestError):
+    """The body did not arrive within ``REQUEST_READ_TIMEOUT`` (408)."""
+
     status = 408
     code = "request_timeout"
 
 
 class URITooLongError(InvalidRequestError):
+    """The request line is longer than gunicorn accepts (414)."""
+
     status = 414
     code = "uri_too_long"
 
 
 class HeadersTooLargeError(InvalidRequestError):
+    """Too many, or too large, headers (431)."""
+
     status = 431
     code = "headers_too_large"
 
 
 class AuthenticationError(InvalidRequestError):
+    """No API key, or a wrong one, while ``API_KEYS`` is set (401)."""
+
     status = 401
     code = "invalid_api_key"
 
 
+class HTTPStatusError(InvalidRequestError):
+    """Another client error a library refused the request with, keeping its status (403, 417, 501, ...)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status  # type: ignore[misc]  # the one class whose status is the library's
+
+
 class RateLimitError(APIError):
+    """The server runs ``MAX_CONCURRENT_REQUESTS`` generations already (429); retry in a moment."""
+
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
@@ -156,55 +197,57 @@ class RateLimitError(APIError):
 
 
 class ClientClosedRequestError(APIError):
-    status = 499  # nginx's "client closed request"
+    """The client closed the connection before its answer was ready (nginx's 499): only logged."""
+
+    status = 499
     type = "invalid_request_error"
     code = "client_closed_request"
 
 
 class InternalError(APIError):
+    """Anything unexpected (500): a generic message; the cause goes to the log only."""
+
     def __init__(self, message: str = GENERIC_SERVER_ERROR) -> None:
         super().__init__(message)
 
 
 class GenerationTimeoutError(APIError):
+    """The generation ran longer than ``GENERATION_TIMEOUT`` (504)."""
+
     status = 504
     code = "timeout"
 
 
 class ServiceUnavailableError(APIError):
+    """This worker is shutting down (503); retry on another."""
+
     status = 503
     code = "unavailable"
 
 
 class ModelLoadingError(APIError):
+    """The model could not be loaded at start-up: logged as one JSON line, then the server exits."""
+
     code = "model_loading_failed"
 
     def __init__(self, path: str, cause: str) -> None:
         super().__init__(f"Failed to load model from {path}: {cause}")
 
 
-def plain_error_body(message: str) -> dict[str, Any]:
-    """The error shape of Ollama's API: ``{"error": "message"}``."""
-    return {"error": message}
+def openai_body(error: APIError) -> dict[str, Any]:
+    """``error`` as OpenAI's error object, with its fields in OpenAI's order."""
+    return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
 
 
-def wants_plain_errors() -> bool:
-    """Whether the current request belongs to a blueprint that speaks Ollama's error shape."""
-    if not has_request_context() or request.blueprint is None:
-        return False
-    return getattr(current_app.blueprints.get(request.blueprint), "plain_errors", False)
+def ollama_body(error: APIError) -> dict[str, Any]:
+    """``error`` as Ollama's API writes errors."""
+    return {"error": error.message}
 
 
-def api_error_response(error: APIError) -> Response:
-    """A Flask response carrying ``error`` in the shape of the API the request belongs to."""
-    response = jsonify(plain_error_body(error.message) if wants_plain_errors() else error.body())
-    response.status_code = error.status
-    response.headers.update(error.headers)
-    return response
+# Everyone else's exceptions -------------------------------------------------------------------------
 
 
-def _from_http_exception(exc: HTTPException) -> APIError:
-    """Werkzeug's routing and body errors, as members of the tree."""
+def _werkzeug(exc: Any) -> APIError:
     status = exc.code or 500
     if status == 404:
         return RouteNotFoundError("Unknown route; see GET /v1/models for the API's base path.")
@@ -215,40 +258,47 @@ def _from_http_exception(exc: HTTPException) -> APIError:
     if status == 400:
         return InvalidJSONError("The request body could not be read as JSON.")
     if status < 500:
-        error = InvalidRequestError(exc.description or "Invalid request.")
-        error.status = status
-        return error
+        return HTTPStatusError(exc.description or "Invalid request.", status)
     return InternalError()
 
 
-def protocol_error(status: int) -> APIError:
-    """The error for a request gunicorn refused before the app saw it (a bad request line or headers)."""
+def _gunicorn(status: int) -> Callable[[Any], APIError]:
     if status == 414:
-        return URITooLongError("The request line is longer than the server accepts.")
+        return lambda exc: URITooLongError("The request line is longer than the server accepts.")
     if status == 431:
-        return HeadersTooLargeError("The request headers are larger or more numerous than the server accepts.")
+        return lambda exc: HeadersTooLargeError("The request headers are larger or more numerous than the server "
+                                                "accepts.")
     if status == 500:
-        return InternalError()
-    error = InvalidRequestError("The request is not valid HTTP/1.1, or uses a part of it this server refuses.")
-    error.status = status
-    return error
+        return lambda exc: InternalError()
+    return lambda exc: HTTPStatusError("The request is not valid HTTP/1.1, or uses a part of it this server "
+                                       "refuses.", status)
 
 
-def register_error_handlers(app: Flask) -> None:
-    """Turn every exception into the error object: API errors, HTTP errors and crashes."""
+# exception class -> its member of the tree (the first match wins)
+FOREIGN: tuple[tuple[type[BaseException], Callable[[Any], APIError]], ...] = (
+    (HTTPException, _werkzeug),
+    (http.InvalidResponseHeader, _gunicorn(500)),  # the app's fault, not the client's
+    (http.InvalidResponseHeaderName, _gunicorn(500)),
+    (http.LimitRequestLine, _gunicorn(414)),
+    (http.LimitRequestHeaders, _gunicorn(431)),
+    (http.ForbiddenProxyRequest, _gunicorn(403)),
+    (http.ExpectationFailed, _gunicorn(417)),
+    (http.UnsupportedTransferCoding, _gunicorn(501)),
+    (http.ConfigurationProblem, _gunicorn(500)),
+    (http.ParseException, _gunicorn(400)),
+    (CapacityError, lambda exc: ContextLengthExceededError(f"This request is too large for this server: it {exc}.",
+                                                           param="max_tokens")),
+    # The template's own words name library internals: they go to the log, not to the client.
+    (ChatTemplateError, lambda exc: InvalidMessagesError(
+        "The model's chat template cannot render these messages (for example, roles in an order it does not "
+        "accept).")),
+    (GuidanceError, lambda exc: InvalidParameterError(f"The output format cannot be enforced: {exc}",
+                                                      param="response_format")),
+)
 
-    @app.errorhandler(APIError)
-    def _api_error(error: APIError) -> Response:
-        return api_error_response(error)
 
-    @app.errorhandler(HTTPException)
-    def _http_error(exc: HTTPException) -> Response:
-        response = api_error_response(_from_http_exception(exc))
-        if exc.code == 405 and getattr(exc, "valid_methods", None):
-            response.headers["Allow"] = ", ".join(sorted(exc.valid_methods))
-        return response
-
-    @app.errorhandler(Exception)
-    def _unexpected(exc: Exception) -> Response:
-        log.exception("Unhandled error while serving the request")
-        return api_error_response(InternalError())
+def from_foreign(exc: BaseException) -> APIError:
+    """``exc`` (werkzeug's, gunicorn's or the engine's) as a member of the tree; anything else is internal."""
+    if isinstance(exc, APIError):
+        return exc
+    return next((convert(exc) for kind, convert in FOREIGN if isinstance(exc, kind)), InternalError())

@@ -1,26 +1,21 @@
-"""What the app factory attaches to the Flask app, and how code reaches it.
+"""The engine and the settings as app resources: their ``init_app`` and accessors (see :mod:`phi_api.resources`).
 
-Everything lives in ``app.extensions``; the accessors fail loudly when an app
-was built without it, instead of letting a ``None`` travel further.
+The engine package knows nothing of Flask; this module is where the app meets it.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from flask import current_app
+from flask import Flask
 
 from phi_api.config import Settings
 from phi_api.engine import Engine
 from phi_api.errors import ModelLoadingError
+from phi_api.resources import keep, kept
 
-ENGINE = "phi_api.engine"
-SETTINGS = "phi_api.settings"
-LIMITER = "phi_api.limiter"
-VALIDATOR = "phi_api.validator"
-METRICS = "phi_api.metrics"
-OPENAPI = "phi_api.openapi"
+_ENGINE = "phi_api.engine"
+_SETTINGS = "phi_api.settings"
 
 
 def load_engine(settings: Settings) -> Engine:
@@ -50,28 +45,21 @@ def load_engine(settings: Settings) -> Engine:
                   max_rows=settings.MAX_BATCH_ROWS, cache_bytes=int(settings.PROMPT_CACHE_MB * 2**20))
 
 
-def _get(key: str) -> Any:
-    try:
-        return current_app.extensions[key]
-    except KeyError:
-        raise RuntimeError(f"{key} is not set up on this app; build it with phi_api.create_app()") from None
+def init_settings(app: Flask, settings: Settings) -> None:
+    """Keep the app's settings."""
+    keep(app, _SETTINGS, settings)
 
 
-def get_engine() -> Engine:
-    """The app's engine."""
-    return _get(ENGINE)
-
-
-def get_settings() -> Settings:
+def get_settings(app: Flask | None = None) -> Settings:
     """The app's settings."""
-    return _get(SETTINGS)
+    return kept(_SETTINGS, app)
 
 
-def get_limiter() -> Any:
-    """The app's server-wide concurrency limiter."""
-    return _get(LIMITER)
+def init_engine(app: Flask, settings: Settings, engine: Engine | None = None) -> Engine:
+    """Keep the app's engine: ``engine`` (tests pass a fake), else the model ``settings`` name, loaded now."""
+    return keep(app, _ENGINE, engine if engine is not None else load_engine(settings))
 
 
-def get_validator() -> Any:
-    """The app's compiled request schemas."""
-    return _get(VALIDATOR)
+def get_engine(app: Flask | None = None) -> Engine:
+    """The app's engine."""
+    return kept(_ENGINE, app)

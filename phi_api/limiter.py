@@ -21,7 +21,12 @@ import os
 import tempfile
 from typing import Any
 
+from flask import Flask
 from gevent.lock import BoundedSemaphore
+
+from phi_api.resources import keep, kept
+
+_KEY = "phi_api.limiter"
 
 
 class Slot:
@@ -104,3 +109,13 @@ class ConcurrencyLimiter:
         fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, number)
         self._held.discard(number)
         self._local.release()
+
+
+def init_app(app: Flask, limit: int) -> ConcurrencyLimiter:
+    """Keep the app's server-wide limiter of ``limit`` slots."""
+    return keep(app, _KEY, ConcurrencyLimiter(limit))
+
+
+def get_limiter(app: Flask | None = None) -> ConcurrencyLimiter:
+    """The app's server-wide concurrency limiter."""
+    return kept(_KEY, app)

@@ -18,6 +18,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from phi_api.engine import Finished
 from phi_api.engine.job import Job
+from phi_api.resources import keep, kept
+
+_KEY = "phi_api.metrics"
 
 _RATE_BUCKETS = (5, 10, 25, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
 _ROW_BUCKETS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
@@ -99,6 +102,18 @@ class Metrics:
                 self.rate_limited.inc()
             response.call_on_close(self.in_flight.dec)
             return response
+
+
+def init_app(app: Flask) -> Metrics:
+    """Keep the app's metrics and count its every request."""
+    metrics = keep(app, _KEY, Metrics())
+    metrics.register(app)
+    return metrics
+
+
+def get_metrics(app: Flask | None = None) -> Metrics:
+    """The app's metrics."""
+    return kept(_KEY, app)
 
 
 def mark_worker_dead(pid: int) -> None:

@@ -2,7 +2,7 @@
 
 Request bodies are the files in ``schemas/`` (OpenAPI 3.1 speaks JSON Schema
 2020-12), bundled into ``components/schemas`` with their ``$ref``s rewritten.
-Every route of the app must be described here; the test suite checks it.
+Every route is described by its view (:func:`operation`); building the document fails otherwise.
 """
 
 from __future__ import annotations
@@ -12,15 +12,23 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from flask import Flask
 
-from phi_api import __version__
+from phi_api.version import __version__
+from phi_api.resources import keep, kept
 from phi_api.schemas import REQUEST_SCHEMAS, SCHEMA_DIR
+
+_KEY = "phi_api.openapi"
 
 JSON = "application/json"
 _PATH_PARAMETER = re.compile(r"<(?:[a-z]+:)?(\w+)>")  # Flask's <path:model> is OpenAPI's {model}
+
+
+SSE = "text/event-stream"
+NDJSON = "application/x-ndjson"
+GENERATION_STATUSES = (400, 401, 404, 405, 408, 413, 415, 429, 500, 503, 504)
 
 
 @dataclass(frozen=True)
@@ -34,30 +42,15 @@ class Operation:
     statuses: tuple[int, ...] = (400, 401, 404, 405, 413, 415)
 
 
-_GENERATION = (400, 401, 404, 405, 408, 413, 415, 429, 500, 503, 504)
-OPERATIONS: dict[str, Operation] = {
-    "models.list_models": Operation("List the served model"),
-    "models.retrieve_model": Operation("The served model's object (404 model_not_found for any other id)"),
-    "chat.create_chat_completion": Operation("Chat completion (SSE when stream is true)", "chat_completion",
-                                             (JSON, "text/event-stream"), statuses=_GENERATION),
-    "completions.create_completion": Operation("Text completion (SSE when stream is true)", "completion",
-                                               (JSON, "text/event-stream"), statuses=_GENERATION),
-    "ollama.list_tags": Operation("The model list, as OpenAI and Ollama list it", errors="ollama"),
-    "ollama.generate": Operation("Ollama generate (NDJSON unless stream is false)", "ollama_generate",
-                                 (JSON, "application/x-ndjson"), "ollama", _GENERATION),
-    "ollama.chat": Operation("Ollama chat (NDJSON unless stream is false)", "ollama_chat",
-                             (JSON, "application/x-ndjson"), "ollama", _GENERATION),
-    "ollama.show": Operation("Ollama's model details", "ollama_show", errors="ollama"),
-    "ollama.version": Operation("The server's version", errors="ollama"),
-    "ops.health": Operation("200 when this worker can serve, 503 otherwise", statuses=(503,)),
-    "ops.metrics": Operation("Prometheus metrics", media=("text/plain",)),
-    "ops.status": Operation("The loaded model and its runtime (OpenArc's status)"),
-    "ops.bench": Operation("Generate from token ids and report metrics (OpenArc's bench)", "bench",
-                           statuses=_GENERATION),
-    "ops.tokenize": Operation("Text or chat messages to token ids", "tokenize"),
-    "ops.detokenize": Operation("Token ids to text", "detokenize"),
-    "ops.openapi": Operation("This document"),
-}
+def operation(summary: str, **details: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Describe the view it decorates (put it under the route decorators): :class:`Operation`'s fields."""
+
+    def describe(view: Callable[..., Any]) -> Callable[..., Any]:
+        view.openapi = Operation(summary, **details)  # type: ignore[attr-defined]
+        return view
+
+    return describe
+
 
 _ERROR_SCHEMAS = {
     "openai": {
@@ -117,17 +110,19 @@ def _rewrite(node: Any, current: str) -> Any:
 
 
 def build(app: Flask) -> dict[str, Any]:
-    """The OpenAPI document for ``app``; raises if a route is not described in ``OPERATIONS``."""
+    """The OpenAPI document for ``app``; raises if a route's view has no :func:`operation`."""
     schemas = bundle()
     schemas.update({"OpenAIError": _ERROR_SCHEMAS["openai"], "OllamaError": _ERROR_SCHEMAS["ollama"]})
     paths: dict[str, dict[str, Any]] = {}
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
         if rule.endpoint == "static":
             continue
-        operation = OPERATIONS[rule.endpoint]
+        described_by = getattr(app.view_functions[rule.endpoint], "openapi", None)
+        if described_by is None:
+            raise LookupError(f"{rule.endpoint} ({rule.rule}) has no @operation: describe it for /openapi.json")
         path = _PATH_PARAMETER.sub(r"{\1}", rule.rule)
         for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
-            described = _operation(operation, rule.endpoint, method)
+            described = _operation(described_by, rule.endpoint, method)
             if rule.arguments:
                 described["parameters"] = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
                                            for name in sorted(rule.arguments)]
@@ -160,3 +155,13 @@ def _operation(operation: Operation, endpoint: str, method: str) -> dict[str, An
         described["requestBody"] = {"required": True, "content": {JSON: {
             "schema": {"$ref": f"#/components/schemas/{operation.request}"}}}}
     return described
+
+
+def init_app(app: Flask) -> dict[str, Any]:
+    """Build and keep ``app``'s document (once its routes are registered)."""
+    return keep(app, _KEY, build(app))
+
+
+def get_document(app: Flask | None = None) -> dict[str, Any]:
+    """The app's OpenAPI document."""
+    return kept(_KEY, app)

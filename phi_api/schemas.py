@@ -19,9 +19,13 @@ from typing import Any, Callable
 
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
+from flask import Flask
 from referencing import Registry, Resource
 
 from phi_api.errors import APIError, InvalidMessagesError, InvalidParameterError, MissingParameterError
+from phi_api.resources import keep, kept
+
+_KEY = "phi_api.validator"
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 REQUEST_SCHEMAS = {
@@ -59,13 +63,17 @@ class RequestValidator:
             contents = json.loads(path.read_text(encoding="utf-8"))
             resources.append((contents["$id"], Resource.from_contents(contents)))
         registry = Registry().with_resources(resources)
-        self.schemas: dict[str, dict[str, Any]] = {}
+        self._schemas: dict[str, dict[str, Any]] = {}
         self._validators: dict[str, Any] = {}
         for name, filename in REQUEST_SCHEMAS.items():
             schema = json.loads((schema_dir / filename).read_text(encoding="utf-8"))
             Draft202012Validator.check_schema(schema)
-            self.schemas[name] = schema
+            self._schemas[name] = schema
             self._validators[name] = StrictValidator(schema, registry=registry)
+
+    def known_fields(self, name: str) -> set[str]:
+        """The top-level fields schema ``name`` describes."""
+        return set(self._schemas[name].get("properties", {}))
 
     def validate(self, name: str, body: Any) -> None:
         """Raise the one :class:`~phi_api.errors.APIError` that describes what is wrong with ``body``."""
@@ -176,3 +184,13 @@ _MESSAGES: dict[str, Callable[[str, ValidationError], str]] = {
     "maxProperties": _properties,
     "pattern": _pattern,
 }
+
+
+def init_app(app: Flask) -> RequestValidator:
+    """Keep the app's compiled request schemas (read and compiled once, now)."""
+    return keep(app, _KEY, RequestValidator())
+
+
+def get_validator(app: Flask | None = None) -> RequestValidator:
+    """The app's compiled request schemas."""
+    return kept(_KEY, app)

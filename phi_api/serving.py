@@ -22,6 +22,7 @@ from flask import Flask
 
 from phi_api import extensions
 from phi_api.config import ConfigError, Settings, load_settings
+from phi_api.limiter import get_limiter
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def settings_or_exit() -> Settings:
 def build_wsgi_app() -> Flask:
     """``create_app()``, or exit: a model that fails to load is logged as the error object, one JSON line."""
     from phi_api.app import create_app
-    from phi_api.errors import ModelLoadingError
+    from phi_api.errors import ModelLoadingError, openai_body
 
     try:
         return create_app()
@@ -51,7 +52,7 @@ def build_wsgi_app() -> Flask:
         print(f"phi-api: configuration error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG_ERROR)
     except ModelLoadingError as exc:
-        print(json.dumps(exc.body()), file=sys.stderr, flush=True)
+        print(json.dumps(openai_body(exc)), file=sys.stderr, flush=True)
         sys.exit(EXIT_MODEL_LOADING_FAILED)
 
 
@@ -72,7 +73,7 @@ def post_worker_init(worker: Any) -> None:
     app = _flask_app(getattr(worker, "wsgi", None))
     if app is None:
         return
-    engine = app.extensions[extensions.ENGINE]
+    engine = extensions.get_engine(app)
     engine.start()
     for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
         previous = signal.getsignal(signum)
@@ -92,7 +93,7 @@ def worker_exit(server: Any, worker: Any) -> None:
     """gunicorn hook, in the exiting worker: stop the engine and leave without the hanging interpreter exit."""
     app = _flask_app(getattr(worker, "wsgi", None))
     if app is not None:
-        app.extensions[extensions.ENGINE].stop()
+        extensions.get_engine(app).stop()
     exc = sys.exc_info()[1]
     if isinstance(exc, SystemExit):
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -109,7 +110,7 @@ def on_exit(server: Any) -> None:
     if server.cfg.preload_app:
         app = _flask_app(server.app.wsgi())
         if app is not None:
-            app.extensions[extensions.LIMITER].remove_file()
+            get_limiter(app).remove_file()
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
     if os.environ.get(_OWN_METRICS_DIR) == folder and os.path.isdir(folder):
         shutil.rmtree(folder, ignore_errors=True)

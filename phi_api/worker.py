@@ -15,10 +15,9 @@ import uuid
 from http import HTTPStatus
 from typing import Any
 
-from gunicorn.http import errors
 from gunicorn.workers.ggevent import GeventWorker
 
-from phi_api.errors import protocol_error
+from phi_api.errors import from_foreign, openai_body
 from phi_api.logs import REQUEST_ID_HEADER
 
 log = logging.getLogger(__name__)
@@ -33,12 +32,13 @@ class Worker(GeventWorker):
         gunicorn's own handler writes HTML and logs the exception's text, which
         can quote the request line (and an ``api_key`` in its query string).
         """
-        status = protocol_status(exc)
+        error = from_foreign(exc)
+        status = error.status
         if status >= 500:
             log.error("Error handling request", exc_info=(type(exc), exc, exc.__traceback__))
         else:
             log.warning("Refused an invalid request (%s): %d", type(exc).__name__, status)
-        body = json.dumps(protocol_error(status).body()).encode()
+        body = json.dumps(openai_body(error)).encode()
         head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nConnection: close\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                 f"{REQUEST_ID_HEADER}: {uuid.uuid4().hex}\r\n\r\n")
@@ -55,21 +55,3 @@ class Worker(GeventWorker):
             # The response iterable has been closed (generation stopped, slot freed).
             log.info("Client stopped reading a response; connection closed")
             raise StopIteration() from None
-
-
-_STATUSES: tuple[tuple[type[BaseException], int], ...] = (
-    (errors.InvalidResponseHeader, 500),  # the app's fault, not the client's
-    (errors.InvalidResponseHeaderName, 500),
-    (errors.LimitRequestLine, 414),
-    (errors.LimitRequestHeaders, 431),
-    (errors.ForbiddenProxyRequest, 403),
-    (errors.ExpectationFailed, 417),
-    (errors.UnsupportedTransferCoding, 501),
-    (errors.ConfigurationProblem, 500),
-    (errors.ParseException, 400),
-)
-
-
-def protocol_status(exc: BaseException) -> int:
-    """The HTTP status for an exception raised while gunicorn read or answered a request."""
-    return next((status for kind, status in _STATUSES if isinstance(exc, kind)), 500)

@@ -9,7 +9,9 @@ from typing import Any, Callable
 import pytest
 from flask import Flask
 
-from phi_api import create_app
+from phi_api.app import create_app
+from phi_api.extensions import get_engine
+from phi_api.limiter import get_limiter
 from phi_api.engine import Engine
 from tests.support.fakes import fake_engine, text_pieces
 
@@ -41,8 +43,8 @@ def make_app(tmp_path: Path) -> Callable[..., Flask]:
 
     yield build
     for app in built:
-        app.extensions["phi_api.engine"].stop()
-        app.extensions["phi_api.limiter"].remove_file()
+        get_engine(app).stop()
+        get_limiter(app).remove_file()
 
 
 @pytest.fixture

@@ -79,3 +79,13 @@ def test_the_key_value_budget_is_a_setting_or_a_share_of_the_memory(monkeypatch)
 @pytest.mark.parametrize("raw,expected", [("true", True), ("0", False), ("off", False), ("YES", True)])
 def test_booleans(raw, expected):
     assert load_settings(environ={"PRELOAD_MODEL": raw}).PRELOAD_MODEL is expected
+
+
+def test_every_setting_is_declared_once_and_documented_in_the_readme():
+    from pathlib import Path
+
+    from phi_api.config import SETTING_NAMES, describe
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert set(describe()) == set(SETTING_NAMES) and all(describe().values())
+    assert [name for name in SETTING_NAMES if f"| `{name}` |" not in readme] == []

@@ -24,11 +24,14 @@ from phi_api import errors
 )
 def test_every_row_of_the_specification_s_table(error, status, type_, code, param):
     assert error.status == status
-    assert error.body() == {"error": {"message": error.message, "type": type_, "param": param, "code": code}}
+    assert errors.openai_body(error) == {"error": {"message": error.message, "type": type_, "param": param,
+                                                   "code": code}}
+    assert errors.ollama_body(error) == {"error": error.message}
 
 
 def test_error_fields_are_in_openai_s_order():
-    assert list(errors.error_body("m", "t")["error"]) == ["message", "type", "param", "code"]
+    assert list(errors.openai_body(errors.InvalidParameterError("m"))["error"]) == ["message", "type", "param",
+                                                                                      "code"]
 
 
 def test_model_loading_message_names_the_path_and_the_cause():

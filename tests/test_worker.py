@@ -9,7 +9,8 @@ import socket
 import pytest
 from gunicorn.http import errors
 
-from phi_api.worker import Worker, protocol_status
+from phi_api.errors import from_foreign
+from phi_api.worker import Worker
 
 
 @pytest.mark.parametrize("exc,status", [
@@ -22,7 +23,7 @@ from phi_api.worker import Worker, protocol_status
     (RuntimeError("boom"), 500),
 ])
 def test_each_refusal_has_its_status(exc, status):
-    assert protocol_status(exc) == status
+    assert from_foreign(exc).status == status
 
 
 @pytest.mark.parametrize("exc,status,code", [

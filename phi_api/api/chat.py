@@ -4,17 +4,22 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from phi_api.extensions import get_validator
-from phi_api.service import completions
-from phi_api.service.body import read_json_object
-from phi_api.service.formats import CHAT
+from phi_api.api.http import read_json_object
+from phi_api.api.openai import respond
+from phi_api.openapi import GENERATION_STATUSES, JSON, SSE, operation
+from phi_api.schemas import get_validator
+from phi_api.service.openai import ChatShape
+from phi_api.service.requests import ChatRequest
 
 bp = Blueprint("chat", __name__)
 
 
 @bp.post("/v1/chat/completions")
+@operation("Chat completion (SSE when stream is true)", request="chat_completion", media=(JSON, SSE),
+           statuses=GENERATION_STATUSES)
 def create_chat_completion() -> Response:
     """A chat completion: JSON, or server-sent events when ``stream`` is true."""
     body = read_json_object()
-    get_validator().validate(CHAT.schema, body)
-    return completions.serve(CHAT, body)
+    validator = get_validator()
+    validator.validate("chat_completion", body)
+    return respond(ChatShape, ChatRequest.from_openai(body, validator.known_fields("chat_completion")))

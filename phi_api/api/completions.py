@@ -4,17 +4,22 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from phi_api.extensions import get_validator
-from phi_api.service import completions
-from phi_api.service.body import read_json_object
-from phi_api.service.formats import COMPLETION
+from phi_api.api.http import read_json_object
+from phi_api.api.openai import respond
+from phi_api.openapi import GENERATION_STATUSES, JSON, SSE, operation
+from phi_api.schemas import get_validator
+from phi_api.service.openai import CompletionShape
+from phi_api.service.requests import CompletionRequest
 
 bp = Blueprint("completions", __name__)
 
 
 @bp.post("/v1/completions")
+@operation("Text completion (SSE when stream is true)", request="completion", media=(JSON, SSE),
+           statuses=GENERATION_STATUSES)
 def create_completion() -> Response:
     """A text completion of the prompt as given (no chat template)."""
     body = read_json_object()
-    get_validator().validate(COMPLETION.schema, body)
-    return completions.serve(COMPLETION, body)
+    validator = get_validator()
+    validator.validate("completion", body)
+    return respond(CompletionShape, CompletionRequest.from_openai(body, validator.known_fields("completion")))

@@ -1,19 +1,24 @@
-"""Operations: health, Prometheus metrics, OpenArc's status and bench, tokenizing."""
+"""Operations: health, Prometheus metrics, OpenArc's status and bench, tokenizing, the API's description."""
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Blueprint, Response, jsonify
 
-from phi_api import extensions
-from phi_api.extensions import get_engine, get_settings, get_validator
-from phi_api.service import catalog, completions, prompts
-from phi_api.service.body import read_json_object
-from phi_api.service.formats import COMPLETION
+from phi_api.api.http import read_json_object, services
+from phi_api.extensions import get_engine, get_settings
+from phi_api.logs import current_request_id
+from phi_api.metrics import get_metrics
+from phi_api.openapi import GENERATION_STATUSES, get_document, operation
+from phi_api.schemas import get_validator
+from phi_api.service import catalog, generation, prompts
+from phi_api.service.requests import CompletionRequest, Sampling
+from phi_api.transport import disconnect_probe
 
 bp = Blueprint("ops", __name__)
 
 
 @bp.get("/health")
+@operation("200 when this worker can serve, 503 otherwise", statuses=(503,))
 def health() -> Response:
     """200 once this worker can generate; 503 while it is starting or shutting down."""
     engine = get_engine()
@@ -25,19 +30,22 @@ def health() -> Response:
 
 
 @bp.get("/openapi.json")
+@operation("This document")
 def openapi() -> Response:
     """The OpenAPI 3.1 document of every route (generated from the JSON Schema files at start-up)."""
-    return jsonify(current_app.extensions[extensions.OPENAPI])
+    return jsonify(get_document())
 
 
 @bp.get("/metrics")
+@operation("Prometheus metrics", media=("text/plain",))
 def metrics() -> Response:
     """Prometheus text exposition, every worker's samples together."""
-    return current_app.extensions[extensions.METRICS].exposition()
+    return get_metrics().exposition()
 
 
 @bp.get("/v1/status")
 @bp.get("/openarc/status")
+@operation("The loaded model and its runtime (OpenArc's status)")
 def status() -> Response:
     """The loaded model, its engine, device and runtime configuration (OpenArc's status)."""
     return jsonify(catalog.status(get_settings(), get_engine()))
@@ -45,18 +53,23 @@ def status() -> Response:
 
 @bp.post("/v1/bench")
 @bp.post("/openarc/bench")
+@operation("Generate from token ids and report metrics (OpenArc's bench)", request="bench",
+           statuses=GENERATION_STATUSES)
 def bench() -> Response:
     """Generate from token ids, end-of-sequence ignored, and report the metrics (OpenArc's bench)."""
     body = read_json_object()
     get_validator().validate("bench", body)
-    request = {key: value for key, value in body.items() if key != "input_ids"}
-    request.update({"prompt": body["input_ids"], "ignore_eos": True, "stream": False})
-    run = completions.start(COMPLETION, request)
-    finished = completions.collect(run, lambda delta: None)
-    return jsonify({"metrics": completions.openarc_metrics(finished)})
+    sampling = Sampling(max_tokens=body.get("max_tokens"), temperature=body.get("temperature"),
+                        top_p=body.get("top_p"), top_k=body.get("top_k"),
+                        repetition_penalty=body.get("repetition_penalty"), ignore_eos=True)
+    run = generation.start(services(), CompletionRequest(model=body["model"], prompt=body["input_ids"],
+                                                         sampling=sampling), current_request_id())
+    results = generation.collect(run, disconnect_probe())
+    return jsonify({"metrics": generation.openarc_metrics([result.done.finished for result in results])})
 
 
 @bp.post("/tokenize")
+@operation("Text or chat messages to token ids", request="tokenize")
 def tokenize() -> Response:
     """Text, or chat messages (through the chat template), to token ids."""
     body = read_json_object()
@@ -74,6 +87,7 @@ def tokenize() -> Response:
 
 
 @bp.post("/detokenize")
+@operation("Token ids to text", request="detokenize")
 def detokenize() -> Response:
     """Token ids to text (answered as vLLM's ``prompt`` and llama.cpp's ``content``)."""
     body = read_json_object()

@@ -1,6 +1,7 @@
 """A real gunicorn process on loopback, started the way `make serve` starts it.
 
-Used by the benchmark (which can start its own server) and by the integration tests.
+Used by the benchmark (which starts its own servers); the integration tests build on it
+(``tests/support/server.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import requests
 
@@ -27,15 +28,20 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def wait_until(condition, timeout: float, interval: float = 0.05, message: str = "condition") -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+class ServerError(RuntimeError):
+    """The server did not start, or did not stop, as asked (the message has its log)."""
+
+
+def poll(condition: Callable[[], Any], timeout: float, message: str = "condition", interval: float = 0.05,
+         error: type[Exception] = ServerError) -> Any:
+    """Poll ``condition`` until it returns something truthy; raise ``error`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         result = condition()
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+            raise error(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
 
 
@@ -65,12 +71,12 @@ class Server:
             cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         if wait:
-            wait_until(self._ready, timeout=90, message=f"gunicorn on {self.url} (log: {self.log_path})")
+            poll(self._ready, timeout=90, message=f"gunicorn on {self.url} (log: {self.log_path})")
         return self
 
     def _ready(self) -> bool:
         if self.process.poll() is not None:
-            raise AssertionError(f"gunicorn exited with {self.process.returncode}:\n{self.log()}")
+            raise ServerError(f"gunicorn exited with {self.process.returncode}:\n{self.log()}")
         try:
             return requests.get(self.url + "/health", timeout=1).status_code == 200
         except (requests.ConnectionError, requests.Timeout):  # not listening yet, or a worker still loading
@@ -105,7 +111,7 @@ class Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
-            raise AssertionError(f"gunicorn did not stop within {timeout}s:\n{self.log()}")
+            raise ServerError(f"gunicorn did not stop within {timeout}s:\n{self.log()}")
         finally:
             self._log.close()
 

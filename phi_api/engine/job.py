@@ -45,6 +45,11 @@ class Finished:
     batch_rows: float = 0.0  # rows per batched step this generation was advanced in, on average
 
     @property
+    def ok(self) -> bool:
+        """Whether the generation gave an answer (it ended by itself or at ``max_tokens``)."""
+        return self.reason in ("stop", "length")
+
+    @property
     def decode_tokens_per_second(self) -> float | None:
         """Generated tokens after the first, per second of decoding."""
         if self.completion_tokens < 2 or self.decode_seconds <= 0:

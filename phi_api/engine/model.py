@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from phi_api.engine import oga, vocab
+import phi_api.engine.oga as oga  # the submodules, not the package (which imports this module)
+import phi_api.engine.vocab as vocab
 from phi_api.engine.native import new_lock
 
 # The Phi-3.5 chat format of the specification, for model folders that ship no
@@ -148,7 +149,7 @@ def _chat_template(root: Path) -> str:
 
 def _fingerprint(root: Path, config: dict[str, Any]) -> str:
     """A short, stable id of the build: phi-api's version, the model's configuration and its files' sizes."""
-    from phi_api import __version__
+    from phi_api.version import __version__
 
     digest = hashlib.sha256(f"phi-api {__version__};".encode("utf-8"))
     digest.update(json.dumps(config, sort_keys=True).encode("utf-8"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from phi_api import __version__
+from phi_api.version import __version__
 from phi_api.config import Settings
 from phi_api.engine import Engine
 

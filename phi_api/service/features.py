@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from phi_api.errors import InvalidParameterError, UnsupportedParameterError
-from phi_api.service.params import given
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,7 @@ def check_supported(body: dict[str, Any], gates: tuple[Gate, ...], known: set[st
         value = body.get(gate.param)
         if gate.refuses(value):
             raise UnsupportedParameterError(f"Unsupported value for '{gate.param}': {gate.reason}.", param=gate.param)
-    if given(body, "stream_options") is not None and not given(body, "stream", False):
+    if body.get("stream_options") is not None and not body.get("stream"):
         raise InvalidParameterError("stream_options is only allowed when stream is true.", param="stream_options")
     unknown = sorted(set(body) - known)
     if unknown:

@@ -1,36 +1,22 @@
 """Ollama's API (seed 004 and the official ``ollama`` client), served natively.
 
-An Ollama request is translated into the equivalent OpenAI request and runs
-through the same generation path (``service.completions``); only the answer
-is shaped differently: newline-delimited JSON objects, the last with
-``done: true`` and Ollama's counts and durations (nanoseconds).
+An Ollama body is parsed straight into the typed requests every protocol
+runs through (:mod:`service.requests`), and the run's events are rendered in
+Ollama's shapes: newline-delimited JSON objects, the last with ``done: true``
+and Ollama's counts and durations (nanoseconds), or that last object alone.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
-from flask import Response, jsonify
-
-from phi_api.engine import Finished, TextDelta
-from phi_api.errors import ModelNotFoundError, UnsupportedParameterError
-from phi_api.extensions import get_engine, get_settings, get_validator
-from phi_api.service import completions
-from phi_api.service.choices import ChatChoice
-from phi_api.service.formats import CHAT, COMPLETION, Format
-from phi_api.service.ndjson import ndjson_response
-from phi_api.service.params import given
-from phi_api.service.tools import new_call_id
-
-# Ollama option -> OpenAI request field
-_OPTIONS = {
-    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "stop": "stop",
-    "seed": "seed", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty", "num_predict": "max_tokens",
-}
+from phi_api.errors import APIError, ModelNotFoundError, UnsupportedParameterError, ollama_body
+from phi_api.service.choices import Calls, ChoiceResult, Text
+from phi_api.service.generation import KEEPALIVE, Run, events
+from phi_api.service.requests import ChatRequest, CompletionRequest, Sampling, given
+from phi_api.service.tools import ToolCall, new_call_id
 
 
 def created_at() -> str:
@@ -38,50 +24,66 @@ def created_at() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def check_model(name: str) -> str:
+def served_model(name: str, model_id: str) -> str:
     """The served model's id, if ``name`` names it (``name:latest`` too); else 404."""
-    served = get_settings().MODEL_ID
-    if name not in (served, f"{served}:latest"):
+    if name not in (model_id, f"{model_id}:latest"):
         raise ModelNotFoundError(f"model '{name}' not found")
-    return served
+    return model_id
 
 
-def _common(body: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAI fields shared by generate and chat: model, stream, options and format."""
-    translated: dict[str, Any] = {"model": check_model(body["model"]), "stream": given(body, "stream", True)}
-    for option, value in (given(body, "options", {}) or {}).items():
-        if value is None or (option == "num_predict" and value < 0):  # -1, -2: as long as the context allows
-            continue
-        translated[_OPTIONS[option]] = value
-    if given(body, "think", False):
-        raise UnsupportedParameterError("thinking is not supported by this model.", param="think")
+def _sampling(body: dict[str, Any]) -> Sampling:
+    """Ollama's ``options`` (already checked against their schema)."""
+    options = given(body, "options", {}) or {}
+
+    def option(name: str) -> Any:
+        return options.get(name)
+
+    stop = option("stop") or ()
+    num_predict = option("num_predict")
+    return Sampling(
+        max_tokens=num_predict if num_predict is not None and num_predict >= 0 else None,  # -1, -2: no limit
+        limit_param="num_predict", temperature=option("temperature"), top_p=option("top_p"), top_k=option("top_k"),
+        min_p=option("min_p"), seed=option("seed"), stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        presence_penalty=option("presence_penalty"), frequency_penalty=option("frequency_penalty"),
+        repetition_penalty=option("repeat_penalty"),
+    )
+
+
+def _output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    """Ollama's ``format``: ``"json"`` (any JSON object) or a JSON Schema; None: free text."""
     output_format = given(body, "format", "")
     if output_format == "json":
-        translated["response_format"] = {"type": "json_object"}
-    elif isinstance(output_format, dict):
-        translated["response_format"] = {"type": "json_schema", "json_schema": {"name": "format",
-                                                                                "schema": output_format}}
-    return translated
+        return {"type": "object"}
+    return output_format if isinstance(output_format, dict) else None
 
 
-def generate_request(body: dict[str, Any]) -> tuple[Format, dict[str, Any]]:
-    """An Ollama generate request as an OpenAI one: a chat turn, or the raw prompt for ``raw``."""
+def _common(body: dict[str, Any], model_id: str) -> dict[str, Any]:
+    if given(body, "think", False):
+        raise UnsupportedParameterError("thinking is not supported by this model.", param="think")
+    return {"model": served_model(body["model"], model_id), "sampling": _sampling(body),
+            "stream": bool(given(body, "stream", True))}
+
+
+def generate_request(body: dict[str, Any], model_id: str) -> ChatRequest | CompletionRequest:
+    """An Ollama generate body: a chat turn, or the raw prompt for ``raw``."""
     for unsupported in ("suffix", "images", "template", "context"):
         if given(body, unsupported):
             raise UnsupportedParameterError(f"'{unsupported}' is not supported.", param=unsupported)
-    translated = _common(body)
+    common = _common(body, model_id)
     prompt = given(body, "prompt", "")
     if given(body, "raw", False):
-        if "response_format" in translated:
+        if _output_schema(body) is not None:
             raise UnsupportedParameterError("format needs a templated prompt (raw is true).", param="format")
-        return COMPLETION, {**translated, "prompt": prompt}
+        return CompletionRequest(prompt=prompt, **common)
     system = given(body, "system")
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return CHAT, {**translated, "messages": messages}
+    return ChatRequest(messages=tuple(messages), output_schema=_output_schema(body), output_param="format", **common)
 
 
-def chat_request(body: dict[str, Any]) -> tuple[Format, dict[str, Any]]:
-    """An Ollama chat request as an OpenAI one."""
+def chat_request(body: dict[str, Any], model_id: str) -> ChatRequest:
+    """An Ollama chat body."""
+    from phi_api.service.tools import tool_plan
+
     messages = []
     for message in body["messages"]:
         if message.get("images"):
@@ -89,70 +91,27 @@ def chat_request(body: dict[str, Any]) -> tuple[Format, dict[str, Any]]:
         converted: dict[str, Any] = {"role": message["role"], "content": message.get("content") or ""}
         if message["role"] == "tool":
             converted["tool_call_id"] = message.get("tool_name") or "call_ollama"
-        if message.get("tool_calls"):
+        if message.get("tool_calls"):  # their arguments stay objects: the template renders them as such
             converted["tool_calls"] = [
                 {"id": new_call_id(), "type": "function",
-                 "function": {"name": call["function"]["name"],
-                              "arguments": json.dumps(call["function"].get("arguments") or {})}}
+                 "function": {"name": call["function"]["name"], "arguments": call["function"].get("arguments") or {}}}
                 for call in message["tool_calls"]]
         messages.append(converted)
-    translated = {**_common(body), "messages": messages}
-    if given(body, "tools"):
-        translated["tools"] = body["tools"]
-    return CHAT, translated
+    return ChatRequest(messages=tuple(messages), output_schema=_output_schema(body), output_param="format",
+                       tools=tool_plan(given(body, "tools", [])), **_common(body, model_id))
 
 
-def serve(kind: Format, translated: dict[str, Any], *, chat: bool) -> Response:
-    """Run a translated request and answer the Ollama way (NDJSON lines when streaming, else one object)."""
-    started = time.monotonic()
-    get_validator().validate(kind.schema, translated)
-    run = completions.start(kind, translated)
-    builder = ChatChoice(0, get_engine(), run.request.tools, logprobs=False) if chat else None
-    shape = _Shape(translated["model"], chat, started)
-    if translated["stream"]:
-        return ndjson_response(_stream(run, builder, shape), on_close=(run.close,))
-    parts: list[str] = []
-    finished = completions.collect(run, builder.add if builder else lambda delta: parts.append(delta.text))[0]
-    if builder is None:
-        return jsonify(shape.final(finished, "".join(parts)))
-    result = builder.result(finished)
-    return jsonify(shape.final(finished, result["message"]["content"] or "", result["message"].get("tool_calls")))
+class Reply:
+    """Ollama's response objects for one run."""
 
-
-def _stream(run: completions.Run, builder: ChatChoice | None, shape: "_Shape") -> Iterator[dict[str, Any]]:
-    for event in run.generation.events(idle_timeout=completions.KEEPALIVE_SECONDS):
-        if event is None:
-            yield shape.part("")  # an empty fragment: the client ignores it, a gone client is noticed
-        elif isinstance(event, TextDelta):
-            for text in _texts(builder.add(event)) if builder else [event.text]:
-                yield shape.part(text)
-        elif event.reason not in ("stop", "length"):
-            yield {"error": completions.failure(event).message}
-        else:
-            calls = None
-            if builder is not None:
-                closing = builder.close(event)
-                for text in _texts(closing):
-                    yield shape.part(text)
-                calls = builder.result(event)["message"].get("tool_calls")
-            yield shape.final(event, "", calls)
-
-
-def _texts(choices: list[dict[str, Any]]) -> list[str]:
-    return [choice["delta"]["content"] for choice in choices if choice["delta"].get("content")]
-
-
-class _Shape:
-    """Ollama's response objects for one request."""
-
-    def __init__(self, model: str, chat: bool, started: float) -> None:
-        self._model = model
-        self._chat = chat
+    def __init__(self, run: Run, started: float, *, chat: bool) -> None:
+        self._run = run
+        self._chat = chat  # /api/chat answers with messages; generate with responses, templated or not
         self._started = started
 
     def part(self, text: str) -> dict[str, Any]:
         """A streamed fragment."""
-        body: dict[str, Any] = {"model": self._model, "created_at": created_at()}
+        body: dict[str, Any] = {"model": self._run.request.model, "created_at": created_at()}
         if self._chat:
             body["message"] = {"role": "assistant", "content": text}
         else:
@@ -160,13 +119,12 @@ class _Shape:
         body["done"] = False
         return body
 
-    def final(self, finished: Finished, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The last object: the rest of the text, the reason, the counts and the durations."""
+    def final(self, result: ChoiceResult, text: str) -> dict[str, Any]:
+        """The last object: the text it still carries, the tool calls, the reason, the counts and the durations."""
         body = self.part(text)
-        if calls and self._chat:
-            body["message"]["tool_calls"] = [
-                {"function": {"name": call["function"]["name"], "arguments": json.loads(call["function"]["arguments"])}}
-                for call in calls]
+        if result.calls and self._chat:
+            body["message"]["tool_calls"] = [_call(call) for call in result.calls]
+        finished = result.done.finished
         ttft = finished.time_to_first_token or 0.0
         body.update({
             "done": True,
@@ -179,3 +137,29 @@ class _Shape:
             "eval_duration": int(finished.decode_seconds * 1e9),
         })
         return body
+
+    def whole(self, result: ChoiceResult) -> dict[str, Any]:
+        """The one object of a non-streaming answer."""
+        return self.final(result, result.text if not result.calls else "")
+
+    def lines(self) -> Iterator[dict[str, Any]]:
+        """The objects of a stream: fragments, then the last one; a failure ends it with Ollama's error."""
+        result = ChoiceResult(0)
+        try:
+            for event in events(self._run):
+                if event is KEEPALIVE:
+                    yield self.part("")  # an empty fragment: the client ignores it, a gone client is noticed
+                elif isinstance(event, Text):
+                    if event.text:
+                        yield self.part(event.text)
+                elif isinstance(event, Calls):
+                    result.take(event)
+                else:
+                    result.take(event)
+                    yield self.final(result, "")
+        except APIError as error:
+            yield ollama_body(error)
+
+
+def _call(call: ToolCall) -> dict[str, Any]:
+    return {"function": {"name": call.name, "arguments": call.arguments_object}}

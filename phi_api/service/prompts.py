@@ -14,6 +14,7 @@ from phi_api.errors import (
     InvalidMessagesError,
     InvalidParameterError,
     UnsupportedParameterError,
+    from_foreign,
 )
 from phi_api.service.tools import ToolPlan, template_messages
 
@@ -69,8 +70,7 @@ def chat_prompt(engine: Engine, messages: list[dict[str, Any]], plan: ToolPlan |
     except ChatTemplateError as exc:
         # The template's own words name library internals: they go to the log, not to the client.
         log.info("chat template rejected the messages: %s", exc)
-        raise InvalidMessagesError("The model's chat template cannot render these messages "
-                                   "(for example, roles in an order it does not accept).") from None
+        raise from_foreign(exc) from None
     return text_tokens(engine, text, "messages", must_fit=must_fit)
 
 

@@ -24,7 +24,6 @@ from typing import Any
 
 from phi_api.errors import InvalidParameterError
 from phi_api.service.grammar import check_json_schema, json_schema_grammar
-from phi_api.service.params import given
 
 _DECODER = json.JSONDecoder()
 # The forced-call grammar writes {"name": "<function>", "arguments": {...}} in this order.
@@ -38,8 +37,14 @@ class ToolCall:
     """A call the model made."""
 
     name: str
-    arguments: str  # JSON text, as OpenAI sends it
+    arguments: str  # JSON text, as OpenAI sends it (as far as it got, for a call cut short)
     id: str
+    value: Any = None  # the arguments as an object (None for a call cut short), as Ollama sends them
+
+    @property
+    def arguments_object(self) -> Any:
+        """The arguments as an object ({} for a call cut short)."""
+        return self.value if self.value is not None else {}
 
     def to_openai(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -90,7 +95,7 @@ class ToolPlan:
                     arguments = json.loads(arguments)
                 except ValueError:
                     continue
-            calls.append(ToolCall(name, json.dumps(arguments, ensure_ascii=False), new_call_id()))
+            calls.append(ToolCall(name, json.dumps(arguments, ensure_ascii=False), new_call_id(), arguments))
         return calls if self.parallel else calls[:1]
 
 
@@ -139,10 +144,10 @@ def _json_objects(text: str) -> list[dict[str, Any]]:
         position = end
 
 
-def tool_plan(body: dict[str, Any]) -> ToolPlan | None:
-    """The plan for a validated chat request's ``tools`` and ``tool_choice``; None when no tool is in play."""
-    tools = given(body, "tools", [])
-    choice = given(body, "tool_choice", "auto" if tools else "none")
+def tool_plan(tools: list[dict[str, Any]], tool_choice: Any = None, parallel: bool = True) -> ToolPlan | None:
+    """The plan for a validated chat request's ``tools`` and ``tool_choice`` (None: not given); None when no
+    tool is in play."""
+    choice = tool_choice if tool_choice is not None else ("auto" if tools else "none")
     if choice == "none" or not tools:
         if isinstance(choice, dict) or choice == "required":
             raise InvalidParameterError("tool_choice needs tools.", param="tool_choice")
@@ -159,7 +164,7 @@ def tool_plan(body: dict[str, Any]) -> ToolPlan | None:
         forced: tuple[str, ...] = (name,)
     else:
         forced = tuple(names) if choice == "required" else ()
-    return ToolPlan(functions, forced, bool(given(body, "parallel_tool_calls", True)))
+    return ToolPlan(functions, forced, parallel)
 
 
 def template_messages(messages: list[dict[str, Any]], plan: ToolPlan | None, template_knows_tools: bool
@@ -189,11 +194,14 @@ def template_messages(messages: list[dict[str, Any]], plan: ToolPlan | None, tem
     return _merge_systems(rendered)
 
 
-def _arguments(text: str) -> Any:
+def _arguments(arguments: Any) -> Any:
+    """A call's arguments as an object: OpenAI sends JSON text, Ollama the object itself."""
+    if not isinstance(arguments, str):
+        return arguments
     try:
-        return json.loads(text)
+        return json.loads(arguments)
     except ValueError:
-        return text
+        return arguments
 
 
 def _merge_systems(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ import time
 import gevent
 from prometheus_client.parser import text_string_to_metric_families
 
+from phi_api.extensions import get_engine
 from tests.support.server import wait_until
 
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "Say hello"}]}
@@ -21,7 +22,7 @@ def samples(client) -> dict:
 def test_health_follows_the_engine(make_app):
     app = make_app()
     client = app.test_client()
-    engine = app.extensions["phi_api.engine"]
+    engine = get_engine(app)
     assert client.get("/health").status_code == 503
     assert client.get("/health").get_json() == {"status": "starting"}
     engine.start()  # the engine thread loads its decoder session, then the worker is ready
@@ -33,7 +34,7 @@ def test_health_follows_the_engine(make_app):
 
 def test_a_draining_worker_refuses_new_generations(make_app):
     app = make_app()
-    app.extensions["phi_api.engine"].draining = True
+    get_engine(app).draining = True
     response = app.test_client().post("/v1/chat/completions", json=CHAT)
     assert response.status_code == 503 and response.get_json()["error"]["code"] == "unavailable"
 

@@ -83,7 +83,7 @@ def test_a_server_that_fails_is_reported_and_the_others_are_kept(monkeypatch: py
 
 def test_the_models_probe_counts_a_server_that_does_not_answer() -> None:
     from phi_api.bench.client import LatencyProbe
-    from phi_api.bench.server import free_port, wait_until
+    from tests.support.server import free_port, wait_until
 
     with LatencyProbe(f"http://127.0.0.1:{free_port()}") as probe:  # nothing listens there
         wait_until(lambda: probe.failures >= 2, timeout=10, message="two failed polls")

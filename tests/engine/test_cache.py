@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from phi_api.engine import Finished, SamplingParams
 from phi_api.engine.cache import MIN_REUSED_TOKENS, PromptCache, common_prefix, resume_point
 from tests.support.fakes import fake_engine, text_pieces
+from tests.support.generations import generate
 
 
 def tokens(*values):
@@ -78,10 +78,7 @@ def test_memory_is_bounded_and_the_least_recent_goes_first():
 
 
 def run(engine, prompt, **params):
-    generation = engine.submit(np.asarray(prompt, dtype=np.int32), SamplingParams(**params))
-    finished = [event for event in generation.events() if isinstance(event, Finished)][0]
-    generation.close()
-    return finished
+    return generate(engine, prompt, **params)[1]
 
 
 @pytest.fixture

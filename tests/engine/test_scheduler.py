@@ -9,6 +9,7 @@ import pytest
 
 from phi_api.engine import CapacityError, Engine, Finished, SamplingParams, TextDelta
 from tests.support.fakes import EOS, FakeModel, RecordingEngine, Script, text_pieces
+from tests.support.generations import collect, generate
 from tests.support.server import wait_until
 
 PIECES = text_pieces(b"a", b"b", b"c", b"<", b"/", b">")
@@ -19,18 +20,7 @@ def prompt(length: int, first: int = 1) -> np.ndarray:
 
 
 def run(engine: Engine, prompt_length: int = 5, **params) -> tuple[str, Finished]:
-    return collect(engine.submit(prompt(prompt_length), SamplingParams(**params)))
-
-
-def collect(generation) -> tuple[str, Finished]:
-    text, finished = [], None
-    for event in generation.events():
-        if isinstance(event, TextDelta):
-            text.append(event.text)
-        elif isinstance(event, Finished):
-            finished = event
-    generation.close()
-    return "".join(text), finished
+    return generate(engine, prompt(prompt_length), **params)
 
 
 @pytest.fixture

@@ -32,12 +32,18 @@ def client(server):
 
 
 @pytest.fixture(scope="session")
-def reference(model_path):
-    """ONNX Runtime GenAI's own Python tokenizer for the same model: the yardstick for usage counts."""
+def reference_model(model_path):
+    """ONNX Runtime GenAI's own Python API on the same model (loaded once): the yardstick."""
     import onnxruntime_genai as og
 
     model = og.Model(model_path)
-    tokenizer = og.Tokenizer(model)
+    return model, og.Tokenizer(model)
+
+
+@pytest.fixture(scope="session")
+def reference(reference_model):
+    """Token counts by ONNX Runtime GenAI's own tokenizer: the yardstick for usage counts."""
+    _, tokenizer = reference_model
 
     class Reference:
         def chat_tokens(self, messages) -> int:
@@ -59,13 +65,12 @@ def limited_server(model_path, logs_dir):
 
 
 @pytest.fixture(scope="session")
-def reference_logprobs(model_path):
+def reference_logprobs(reference_model):
     """Log-probability of the greedy first answer token, computed with ONNX Runtime GenAI's own Python API."""
     import numpy as np
     import onnxruntime_genai as og
 
-    model = og.Model(model_path)
-    tokenizer = og.Tokenizer(model)
+    model, tokenizer = reference_model
 
     def first_token_logprob(messages):
         prompt = tokenizer.encode(tokenizer.apply_chat_template(json.dumps(messages), add_generation_prompt=True))
@@ -81,11 +86,9 @@ def reference_logprobs(model_path):
 
 
 @pytest.fixture(scope="session")
-def reference_token(model_path):
+def reference_token(reference_model):
     """The token id of a piece of text (which must be a single token)."""
-    import onnxruntime_genai as og
-
-    tokenizer = og.Tokenizer(og.Model(model_path))
+    _, tokenizer = reference_model
 
     def token(text):
         ids = tokenizer.encode(text)

@@ -150,5 +150,6 @@ def test_under_load_answers_run_batched_and_begin_exactly_as_alone(server):
         together = list(pool.map(ask, prompts, [f"together-{n}" for n in range(len(prompts))]))
     assert together == alone  # token, log-probability and alternatives, to the last bit
     assert len({entry["token"] for entry in alone}) > 1  # different prompts: the comparison means something
-    rows = [float(value) for value in re.findall(r"\[together-\d\] .* batch_rows=([\d.]+)", server.log())]
-    assert len(rows) == len(prompts) and max(rows) > 1  # they did share steps
+    rows = wait_until(lambda: (found := re.findall(r"\[together-\d\] .* batch_rows=([\d.]+)", server.log()))
+                      and len(found) == len(prompts) and found, timeout=10, message="the generations' log lines")
+    assert max(float(value) for value in rows) > 1  # they did share steps

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from tests.integration.conftest import MODEL_ID
-from tests.support.server import Server
+from tests.support.server import Server, wait_until
 
 
 def mapped_bytes(pid: int, marker: str) -> dict[str, int]:
@@ -69,5 +69,6 @@ def test_requests_that_do_not_fit_together_wait_their_turn_and_all_finish(small_
     with ThreadPoolExecutor(3) as pool:
         answers = list(pool.map(ask, ["budget-1", "budget-2", "budget-3"]))
     assert [answer["usage"]["completion_tokens"] for answer in answers] == [150] * 3
-    rows = re.findall(r"\[budget-\d\] .* batch_rows=([\d.]+)", small_budget.log())
+    rows = wait_until(lambda: (found := re.findall(r"\[budget-\d\] .* batch_rows=([\d.]+)", small_budget.log()))
+                      and len(found) == 3 and found, timeout=10, message="the three generations' log lines")
     assert rows == ["1.0"] * 3  # one at a time: the budget held, and nobody was refused

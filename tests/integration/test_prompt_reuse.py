@@ -75,9 +75,7 @@ def test_streams_report_cached_tokens_too(servers):
 
 
 @pytest.fixture(scope="module")
-def reference_ids(model_path):
-    import onnxruntime_genai as og
-
-    ids = [int(token) for token in og.Tokenizer(og.Model(model_path)).encode(TEXT)]
+def reference_ids(reference_model):
+    ids = [int(token) for token in reference_model[1].encode(TEXT)]
     assert len(ids) > 200
     return ids

@@ -7,7 +7,7 @@ import pytest
 from phi_api.config import Settings
 from phi_api.engine import ModelInfo
 from phi_api.errors import ContextLengthExceededError, InvalidParameterError
-from phi_api.service.params import sampling_params
+from phi_api.service.requests import Sampling
 
 MODEL = ModelInfo(path="/m", model_type="llama", context_length=100, vocab_size=50, eos_token_ids=frozenset({2}),
                   has_chat_template=True, fingerprint="fp_test")
@@ -15,7 +15,8 @@ SETTINGS = Settings(DEFAULT_MAX_TOKENS=30, DEFAULT_TEMPERATURE=0.7)
 
 
 def params(body, prompt_tokens=10):
-    return sampling_params(body, prompt_tokens=prompt_tokens, prompt_param="messages", model=MODEL, settings=SETTINGS)
+    return Sampling.from_openai(body).to_params(prompt_tokens=prompt_tokens, prompt_param="messages", model=MODEL,
+                                                settings=SETTINGS)[0]
 
 
 def test_defaults_come_from_the_settings():

@@ -14,8 +14,8 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 TIME = {"type": "function", "function": {"name": "get_time"}}
 
 
-def plan(**body):
-    return tool_plan({"tools": [WEATHER, TIME], **body})
+def plan(tools=(WEATHER, TIME), tool_choice=None, parallel_tool_calls=True):
+    return tool_plan(list(tools), tool_choice, parallel_tool_calls)
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -58,12 +58,12 @@ def test_required_is_a_grammar_over_every_function():
 def test_auto_has_no_grammar_and_none_has_no_plan():
     assert plan().grammar() is None
     assert plan(tool_choice="none") is None
-    assert tool_plan({}) is None
+    assert tool_plan([]) is None
 
 
 def test_duplicate_function_names_are_refused():
     with pytest.raises(InvalidParameterError):
-        tool_plan({"tools": [WEATHER, WEATHER]})
+        tool_plan([WEATHER, WEATHER])
 
 
 @pytest.mark.parametrize("text,possible", [("", True), ("  ", True), (" {", True), ("<tool", True),

@@ -1,5 +1,15 @@
-"""The gunicorn launcher the benchmark uses, for the integration tests."""
+"""Real gunicorn processes for the integration tests (the benchmark's launcher), and a polling helper."""
 
-from phi_api.bench.server import Server, free_port, wait_until
+from __future__ import annotations
 
-__all__ = ["Server", "free_port", "wait_until"]
+from typing import Any, Callable
+
+from phi_api.bench.server import Server, ServerError, free_port, poll
+
+__all__ = ["Server", "ServerError", "free_port", "wait_until"]
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, interval: float = 0.05,
+               message: str = "condition") -> Any:
+    """Poll ``condition`` until it returns something truthy; fail the test after ``timeout`` seconds."""
+    return poll(condition, timeout, message, interval, error=AssertionError)

@@ -1,0 +1,169 @@
+"""HTTP framing, in the blueprints' layer: reading a JSON body, SSE and NDJSON responses, error responses,
+and the service's dependencies gathered from the app's resources."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any, Callable, Iterable, Iterator
+
+from flask import Blueprint, Flask, Response, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from phi_api.errors import (
+    APIError,
+    InvalidJSONError,
+    InvalidRequestError,
+    UnsupportedMediaTypeError,
+    from_foreign,
+)
+from phi_api.extensions import get_engine, get_settings
+from phi_api.limiter import get_limiter
+from phi_api.service.generation import KEEPALIVE, Services
+from phi_api.transport import read_body, streaming_response
+
+log = logging.getLogger("phi_api.errors")
+
+_JSON_TYPES = ("application/json",)
+NDJSON_TYPE = "application/x-ndjson"
+
+
+def services() -> Services:
+    """The service's dependencies, from the current app."""
+    return Services(get_engine(), get_limiter(), get_settings())
+
+
+# Bodies ---------------------------------------------------------------------------------------------
+
+
+class _NumberError(ValueError):
+    """A number the body may not hold: NaN, Infinity, or beyond a double's range."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise _NumberError(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NumberError(text)
+    return value
+
+
+def _has_nul(body: Any) -> bool:
+    """True if any key or string in ``body`` holds U+0000 (the engine reads C strings)."""
+    pending = [body]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\0" in item:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
+
+
+def read_json_object(any_media_type: bool = False) -> dict[str, Any]:
+    """The request body as a JSON object, or the matching 4xx error.
+
+    Accepts ``application/json`` (or no Content-Type at all); refuses other
+    media types with 415 unless ``any_media_type`` (Ollama's API reads any
+    body as JSON, and its clients rely on it). The body must arrive within
+    ``REQUEST_READ_TIMEOUT`` seconds (408), and must be UTF-8, free
+    of lone surrogates, NUL characters and non-finite numbers (NaN, Infinity,
+    1e309), and an object at the top.
+    """
+    mimetype = request.mimetype
+    if not any_media_type and mimetype and mimetype not in _JSON_TYPES and not mimetype.endswith("+json"):
+        raise UnsupportedMediaTypeError(f"Content-Type must be application/json, got {mimetype}.")
+    raw = read_body(get_settings().REQUEST_READ_TIMEOUT)
+    try:
+        text = raw.decode("utf-8")
+        body = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        # A lone surrogate escape (\ud800) parses, but is not text: reject it here
+        # rather than fail later when the prompt is encoded.
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeError:
+        raise InvalidJSONError("The request body is not valid UTF-8 text.") from None
+    except RecursionError:
+        raise InvalidJSONError("The request body is nested too deeply.") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidJSONError(f"The request body is not valid JSON (line {exc.lineno}, column {exc.colno}).") from None
+    except _NumberError:
+        raise InvalidJSONError("The request body holds a number that is not finite (NaN, Infinity, "
+                               "or beyond the range of a double).") from None
+    except ValueError:  # an integer literal longer than Python will convert
+        raise InvalidJSONError("The request body holds a number that is too long.") from None
+    if not isinstance(body, dict):
+        raise InvalidJSONError("The request body must be a JSON object.")
+    if _has_nul(body):
+        raise InvalidRequestError("The request body holds a NUL character (\\u0000), which text may not contain.")
+    return body
+
+
+# Streams --------------------------------------------------------------------------------------------
+
+
+def _compact(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse_response(events: Iterable[Any], on_close: Iterable[Callable[[], None]] = ()) -> Response:
+    """A ``text/event-stream`` response of ``events`` (dicts, or ``KEEPALIVE``), ended by ``data: [DONE]``.
+
+    ``on_close`` callbacks run when the server closes the response, whether
+    the stream finished, failed, or the client went away.
+    """
+
+    def body() -> Iterator[str]:
+        for event in events:
+            yield ": keepalive\n\n" if event is KEEPALIVE else "data: " + _compact(event) + "\n\n"
+        yield "data: [DONE]\n\n"
+
+    return streaming_response(body(), "text/event-stream", get_settings().STREAM_WRITE_TIMEOUT, on_close)
+
+
+def ndjson_response(objects: Iterable[dict[str, Any]], on_close: Iterable[Callable[[], None]] = ()) -> Response:
+    """Newline-delimited JSON (Ollama's streams): one compact object per line."""
+    lines = (_compact(item) + "\n" for item in objects)
+    return streaming_response(lines, NDJSON_TYPE, get_settings().STREAM_WRITE_TIMEOUT, on_close)
+
+
+# Errors ---------------------------------------------------------------------------------------------
+
+
+def error_response(error: APIError, render: Callable[[APIError], dict[str, Any]]) -> Response:
+    """``error`` as a response, its body written by ``render`` (the protocol's renderer)."""
+    response = jsonify(render(error))
+    response.status_code = error.status
+    response.headers.update(error.headers)
+    return response
+
+
+def render_errors(target: Flask | Blueprint, render: Callable[[APIError], dict[str, Any]]) -> None:
+    """Answer every exception raised while ``target`` serves a request in ``render``'s protocol: ours as they
+    are, everyone else's through :func:`phi_api.errors.from_foreign`, anything unexpected as a generic 500."""
+    @target.errorhandler(APIError)
+    def _api_error(error: APIError) -> Response:
+        return error_response(error, render)
+
+    @target.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException) -> Response:
+        response = error_response(from_foreign(exc), render)
+        if exc.code == 405 and getattr(exc, "valid_methods", None):
+            response.headers["Allow"] = ", ".join(sorted(exc.valid_methods))
+        return response
+
+    @target.errorhandler(Exception)
+    def _unexpected(exc: Exception) -> Response:
+        error = from_foreign(exc)
+        if error.status >= 500:
+            log.exception("Unhandled error while serving the request")
+        else:
+            log.info("refused: %s: %s", type(exc).__name__, exc)  # the cause, for the log only
+        return error_response(error, render)

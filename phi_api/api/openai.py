@@ -1,0 +1,22 @@
+"""Answering an OpenAI generation request: JSON, or server-sent events when it streams."""
+
+from __future__ import annotations
+
+from flask import Response, jsonify
+
+from phi_api.api.http import services, sse_response
+from phi_api.logs import current_request_id
+from phi_api.service import generation
+from phi_api.service.openai import Answer, Shape
+from phi_api.service.requests import GenerationRequest
+from phi_api.transport import disconnect_probe
+
+
+def respond(shape: type[Shape], request: GenerationRequest) -> Response:
+    """Run ``request`` and answer in ``shape`` (chat or completion): one JSON object, or its chunks as SSE."""
+    context = services()
+    run = generation.start(context, request, current_request_id())
+    answer = Answer(shape(run, context.engine.token_bytes), context.settings.MODEL_ID, context.engine.info.fingerprint)
+    if request.stream:
+        return sse_response(answer.chunks(), on_close=(run.close,))
+    return jsonify(answer.whole(generation.collect(run, disconnect_probe())))

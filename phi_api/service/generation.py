@@ -1,0 +1,199 @@
+"""The one generation path: a typed request in, the events of its choices out, for every protocol.
+
+:func:`start` checks a request, builds its prompt and engine parameters,
+takes a concurrency slot (or 429) and submits it; :func:`events` then yields
+what its choices tell (:mod:`service.choices`), with :data:`KEEPALIVE` in
+long silences; :func:`collect` waits for whole choices instead. The
+protocols (OpenAI's JSON and SSE, Ollama's JSON and NDJSON) only render these.
+The service knows no Flask: its dependencies come in as :class:`Services`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from phi_api.config import Settings
+from phi_api.engine import CapacityError, Engine, Finished, Generation, SamplingParams, TextDelta
+from phi_api.errors import (
+    APIError,
+    ClientClosedRequestError,
+    GenerationTimeoutError,
+    InternalError,
+    ModelNotFoundError,
+    RateLimitError,
+    ServiceUnavailableError,
+    from_foreign,
+)
+from phi_api.limiter import ConcurrencyLimiter
+from phi_api.service import prompts
+from phi_api.service.choices import ChoiceAssembler, ChoiceResult, Event
+from phi_api.service.grammar import json_schema_grammar
+from phi_api.service.requests import ChatRequest, CompletionRequest, GenerationRequest
+from phi_api.service.tools import ToolPlan
+
+KEEPALIVE_SECONDS = 1.0
+DISCONNECT_POLL_SECONDS = 0.25
+KEEPALIVE = object()  # yielded by events() after KEEPALIVE_SECONDS of silence: a moment to notice a gone client
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the service works with, handed to it by the web layer."""
+
+    engine: Engine
+    limiter: ConcurrencyLimiter
+    settings: Settings
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A request made concrete: its prompt's tokens, one parameter set per choice, and what shapes its answer."""
+
+    prompt: np.ndarray
+    params: list[SamplingParams]
+    tools: ToolPlan | None = None
+    echo: str = ""
+
+
+def _chat_plan(services: Services, request: ChatRequest) -> Plan:
+    engine, plan = services.engine, request.tools
+    prompt = prompts.chat_prompt(engine, list(request.messages), plan)
+    if plan and plan.forced:
+        guidance = plan.grammar()
+    elif request.output_schema is not None:
+        guidance = json_schema_grammar(request.output_schema, request.output_param)
+    else:
+        guidance = None
+    params = request.sampling.to_params(prompt_tokens=len(prompt), prompt_param=request.prompt_param,
+                                        model=engine.info, settings=services.settings, logprobs=request.logprobs,
+                                        guidance=guidance)
+    return Plan(prompt, params, tools=plan)
+
+
+def _completion_plan(services: Services, request: CompletionRequest) -> Plan:
+    engine = services.engine
+    prompt, text = prompts.completion_prompt(engine, request.prompt)
+    params = request.sampling.to_params(prompt_tokens=len(prompt), prompt_param=request.prompt_param,
+                                        model=engine.info, settings=services.settings, logprobs=request.logprobs)
+    return Plan(prompt, params, echo=text if request.echo else "")
+
+
+_PLANNERS: dict[type, Callable[[Services, Any], Plan]] = {ChatRequest: _chat_plan,
+                                                         CompletionRequest: _completion_plan}
+
+
+@dataclass
+class Run:
+    """A started generation: the request, its plan, the engine's handle, the slot."""
+
+    request: GenerationRequest
+    plan: Plan
+    generation: Generation
+    slot: Any
+
+    def close(self) -> None:
+        """Stop whatever still runs and give the slot back (idempotent)."""
+        self.generation.close()
+        self.slot.release()
+
+
+def start(services: Services, request: GenerationRequest, request_id: str = "-") -> Run:
+    """Check ``request``, take a concurrency slot (or 429) and start generating."""
+    engine, settings = services.engine, services.settings
+    if engine.draining:
+        raise ServiceUnavailableError("This server is shutting down; please retry.")
+    if request.model != settings.MODEL_ID:
+        raise ModelNotFoundError(f"The model '{request.model}' does not exist; this server serves "
+                                 f"'{settings.MODEL_ID}'.")
+    plan = _PLANNERS[type(request)](services, request)
+    try:
+        engine.check_capacity(len(plan.prompt), plan.params[0].max_tokens, len(plan.params))
+    except CapacityError as exc:
+        raise from_foreign(exc) from None
+    slot = services.limiter.try_acquire()
+    if slot is None:
+        raise RateLimitError("Too many concurrent requests. Please try again later.")
+    try:
+        generation = engine.submit(plan.prompt, plan.params, request_id=request_id)
+    except BaseException:
+        slot.release()
+        raise
+    return Run(request, plan, generation, slot)
+
+
+def events(run: Run, keepalive: float | None = KEEPALIVE_SECONDS) -> Iterator[Event | object]:
+    """What the run's choices tell, as it happens, with :data:`KEEPALIVE` after ``keepalive`` seconds of
+    silence. A choice that ends without an answer raises its error (see :func:`failure`)."""
+    assemblers = [ChoiceAssembler(index, run.plan.tools) for index in range(len(run.plan.params))]
+    for event in run.generation.events(idle_timeout=keepalive):
+        if event is None:
+            yield KEEPALIVE
+        elif isinstance(event, TextDelta):
+            yield from assemblers[event.index].add(event)
+        elif not event.ok:
+            raise failure(event)
+        else:
+            yield from assemblers[event.index].close(event)
+
+
+def collect(run: Run, gone: Callable[[], bool] = lambda: False) -> list[ChoiceResult]:
+    """Every choice, whole; closes the run. A client that goes meanwhile (``gone``) is noticed within
+    ``DISCONNECT_POLL_SECONDS``: the generation is cancelled and its slot freed at once, rather than when an
+    answer nobody reads is done."""
+    results = [ChoiceResult(index) for index in range(len(run.plan.params))]
+    next_poll = time.monotonic() + DISCONNECT_POLL_SECONDS
+    try:
+        for event in events(run, keepalive=DISCONNECT_POLL_SECONDS):
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + DISCONNECT_POLL_SECONDS
+                if gone():
+                    raise ClientClosedRequestError("The client closed the connection before the answer was ready.")
+            if event is not KEEPALIVE:
+                results[event.index].take(event)  # type: ignore[union-attr]
+    finally:
+        run.close()
+    return results
+
+
+def failure(finished: Finished) -> APIError:
+    """The error for a generation that ended without an answer."""
+    if finished.reason == "timeout":
+        return GenerationTimeoutError("The generation took longer than the server's GENERATION_TIMEOUT.")
+    return InternalError()
+
+
+def usage(finished: list[Finished]) -> dict[str, Any]:
+    """OpenAI's usage object for a request's choices (the prompt counts once)."""
+    prompt = finished[0].prompt_tokens
+    completion = sum(choice.completion_tokens for choice in finished)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": max(choice.cached_tokens for choice in finished)},
+    }
+
+
+def openarc_metrics(finished: list[Finished]) -> dict[str, Any]:
+    """Performance figures of a request, with OpenArc's names (seconds; tokens per second)."""
+    prompt = finished[0].prompt_tokens
+    new = sum(choice.completion_tokens for choice in finished)
+    ttft = min((choice.time_to_first_token for choice in finished if choice.time_to_first_token is not None),
+               default=0.0)
+    decode = max(choice.decode_seconds for choice in finished)
+    computed = prompt - max(choice.cached_tokens for choice in finished)
+    decoded = sum(max(choice.completion_tokens - 1, 0) for choice in finished)
+    return {
+        "ttft": round(ttft, 6),
+        "prefill_throughput": round(computed / ttft, 3) if ttft else 0.0,
+        "decode_throughput": round(decoded / decode, 3) if decode else 0.0,
+        "decode_duration": round(decode, 6),
+        "tpot": round(decode / decoded, 6) if decoded else 0.0,
+        "input_token": prompt,
+        "new_token": new,
+        "total_token": prompt + new,
+    }

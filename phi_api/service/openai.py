@@ -1,0 +1,221 @@
+"""OpenAI's shapes of a run: the whole response (JSON), or its chunks (for server-sent events).
+
+Chat completions and (legacy) completions share the envelope, the usage and
+the event loop; they differ only in their object names, the shape of a
+choice, the log-probability format and what the stream opens with, which a
+:class:`Shape` says for each.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from phi_api.errors import APIError, openai_body
+from phi_api.service.choices import Calls, ChoiceResult, Done, Text
+from phi_api.service.generation import KEEPALIVE, Run, events, openarc_metrics, usage
+
+
+def _token_text(token_bytes: Callable[[int], bytes], token: int) -> str:
+    raw = token_bytes(token)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:  # part of a character: OpenAI's spelling for raw bytes
+        return "bytes:" + "".join(f"\\x{byte:02x}" for byte in raw)
+
+
+@dataclass
+class Envelope:
+    """The fields every response object and chunk of one request share."""
+
+    id: str
+    created: int
+    model: str
+    system_fingerprint: str
+
+    def wrap(self, object: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        """A response object or chunk with these ``choices``."""
+        return {"id": self.id, "object": object, "created": self.created, "model": self.model,
+                "system_fingerprint": self.system_fingerprint, "choices": choices, **extra}
+
+
+class Shape:
+    """What differs between chat completions and completions (subclassed once for each)."""
+
+    object = ""
+    chunk_object = ""
+    id_prefix = ""
+
+    def __init__(self, run: Run, token_bytes: Callable[[int], bytes]) -> None:
+        self.run = run
+        self.token_bytes = token_bytes
+        self.logprobs = run.request.logprobs is not None
+
+    def opening(self, index: int) -> list[dict[str, Any]]:
+        """The chunk choices a stream opens with."""
+        return []
+
+    def chunk_text(self, event: Text) -> dict[str, Any]:
+        """A chunk choice carrying ``event``'s text."""
+        raise NotImplementedError
+
+    def chunk_calls(self, event: Calls) -> list[dict[str, Any]]:
+        """Chunk choices announcing tool calls (only chats make them)."""
+        return []
+
+    def chunk_done(self, event: Done) -> dict[str, Any]:
+        """The chunk choice with the finish reason."""
+        raise NotImplementedError
+
+    def whole(self, result: ChoiceResult) -> dict[str, Any]:
+        """A whole choice, for a non-streaming answer."""
+        raise NotImplementedError
+
+
+class ChatShape(Shape):
+    """``chat.completion``: a message (content, or tool calls) per choice."""
+
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+    id_prefix = "chatcmpl"
+
+    def opening(self, index: int) -> list[dict[str, Any]]:
+        return [self._chunk(index, {"role": "assistant", "content": ""})]
+
+    def chunk_text(self, event: Text) -> dict[str, Any]:
+        return self._chunk(event.index, {"content": event.text}, self._content(event.logprobs))
+
+    def chunk_calls(self, event: Calls) -> list[dict[str, Any]]:
+        chunks = []
+        for position, call in enumerate(event.calls):
+            chunks.append(self._chunk(event.index, {"tool_calls": [{"index": position, "id": call.id, "type": "function",
+                                                                    "function": {"name": call.name, "arguments": ""}}]}))
+            chunks.append(self._chunk(event.index, {"tool_calls": [{"index": position,
+                                                                    "function": {"arguments": call.arguments}}]}))
+        return chunks
+
+    def chunk_done(self, event: Done) -> dict[str, Any]:
+        return self._chunk(event.index, {}, finish_reason=event.reason)
+
+    def whole(self, result: ChoiceResult) -> dict[str, Any]:
+        # OpenAI's schema requires "refusal" (null: this server never refuses in a separate field).
+        message: dict[str, Any] = {"role": "assistant", "content": None if result.calls else result.text,
+                                   "refusal": None}
+        if result.calls:
+            message["tool_calls"] = [call.to_openai() for call in result.calls]
+        return {"index": result.index, "message": message, "logprobs": self._content(result.logprobs),
+                "finish_reason": result.done.reason}
+
+    def _content(self, records: Any) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        return {"content": [self._entry(text, record) for text, record in records], "refusal": None}
+
+    @staticmethod
+    def _chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish_reason: str | None = None
+               ) -> dict[str, Any]:
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def _entry(self, text: str, record: Any) -> dict[str, Any]:
+        token_bytes = self.token_bytes
+        return {
+            "token": text,
+            "logprob": record.logprob,
+            "bytes": list(token_bytes(record.token)),
+            "top_logprobs": [{"token": _token_text(token_bytes, token), "logprob": logprob,
+                              "bytes": list(token_bytes(token))} for token, logprob in record.top],
+        }
+
+
+class CompletionShape(Shape):
+    """``text_completion``: text per choice, with OpenAI's completion log-probability lists."""
+
+    object = "text_completion"
+    chunk_object = "text_completion.chunk"  # the specification's name (seed 000 wins over OpenAI's here)
+    id_prefix = "cmpl"
+
+    def __init__(self, run: Run, token_bytes: Callable[[int], bytes]) -> None:
+        super().__init__(run, token_bytes)
+        self._offsets = [len(run.plan.echo)] * len(run.plan.params)
+
+    def opening(self, index: int) -> list[dict[str, Any]]:
+        echo = self.run.plan.echo
+        return [self._choice(index, echo, None, None)] if echo else []
+
+    def chunk_text(self, event: Text) -> dict[str, Any]:
+        return self._choice(event.index, event.text, self._lists(event.index, event.logprobs), None)
+
+    def chunk_done(self, event: Done) -> dict[str, Any]:
+        return self._choice(event.index, "", None, event.reason)
+
+    def whole(self, result: ChoiceResult) -> dict[str, Any]:
+        self._offsets[result.index] = len(self.run.plan.echo)
+        lists = self._lists(result.index, result.logprobs)
+        return self._choice(result.index, self.run.plan.echo + result.text, lists, result.done.reason)
+
+    def _lists(self, index: int, records: Any) -> dict[str, list[Any]] | None:
+        if not self.logprobs:
+            return None
+        lists: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for text, record in records:
+            top = {_token_text(self.token_bytes, token): logprob for token, logprob in record.top}
+            top.setdefault(text, record.logprob)
+            for name, value in (("tokens", text), ("token_logprobs", record.logprob), ("top_logprobs", top),
+                                ("text_offset", self._offsets[index])):
+                lists[name].append(value)
+            self._offsets[index] += len(text)
+        return lists
+
+    def _choice(self, index: int, text: str, logprobs: Any, finish_reason: str | None) -> dict[str, Any]:
+        return {"text": text, "index": index, "logprobs": logprobs if self.logprobs else None,
+                "finish_reason": finish_reason}
+
+
+class Answer:
+    """A run's answer in OpenAI's shape: :meth:`whole` for JSON, :meth:`chunks` for a stream."""
+
+    def __init__(self, shape: Shape, model: str, fingerprint: str) -> None:
+        self.shape = shape
+        self.envelope = Envelope(f"{shape.id_prefix}-{uuid.uuid4().hex}", int(time.time()), model, fingerprint)
+
+    def whole(self, results: list[ChoiceResult]) -> dict[str, Any]:
+        """The response object of a finished run."""
+        finished = [result.done.finished for result in results]
+        return self.envelope.wrap(self.shape.object, [self.shape.whole(result) for result in results],
+                                  usage=usage(finished), metrics=openarc_metrics(finished))
+
+    def chunks(self) -> Iterator[Any]:
+        """The stream's chunks (and ``KEEPALIVE``); a failure ends it with the error object."""
+        shape, run = self.shape, self.shape.run
+        include_usage = run.request.include_usage
+        extra = {"usage": None} if include_usage else {}
+
+        def chunk(choice: dict[str, Any], **more: Any) -> dict[str, Any]:
+            return self.envelope.wrap(shape.chunk_object, [choice], **{**extra, **more})
+
+        for index in range(len(run.plan.params)):
+            for choice in shape.opening(index):
+                yield chunk(choice)
+        finished = []
+        try:
+            for event in events(run):
+                if event is KEEPALIVE:
+                    yield KEEPALIVE
+                elif isinstance(event, Text):
+                    yield chunk(shape.chunk_text(event))
+                elif isinstance(event, Calls):
+                    for choice in shape.chunk_calls(event):
+                        yield chunk(choice)
+                else:
+                    finished.append(event.finished)
+                    last = len(finished) == len(run.plan.params) and not include_usage
+                    # The very last chunk also carries the request's metrics (OpenArc's).
+                    yield chunk(shape.chunk_done(event), **({"metrics": openarc_metrics(finished)} if last else {}))
+        except APIError as error:
+            yield openai_body(error)
+            return
+        if include_usage:
+            ordered = sorted(finished, key=lambda done: done.index)
+            yield self.envelope.wrap(shape.chunk_object, [], usage=usage(ordered), metrics=openarc_metrics(ordered))

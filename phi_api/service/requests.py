@@ -1,0 +1,208 @@
+"""Typed requests: a body is parsed once, after its JSON Schema check, into one of these; the service reads
+attributes, never keys. :meth:`Sampling.to_params` is the one place a request becomes engine parameters
+(as vLLM's ``ChatCompletionRequest.to_sampling_params``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from phi_api.config import Settings
+from phi_api.engine import ModelInfo, SamplingParams
+from phi_api.errors import ContextLengthExceededError, InvalidParameterError, UnsupportedParameterError
+from phi_api.service import features
+from phi_api.service.tools import ToolPlan, tool_plan
+
+
+def given(body: dict[str, Any], key: str, default: Any = None) -> Any:
+    """``body[key]``, where an explicit ``null`` counts as not given (as in OpenAI's API)."""
+    value = body.get(key)
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to choose and when to stop, as a request gives it (``None``: not given; defaults come later)."""
+
+    max_tokens: int | None = None
+    limit_param: str = "max_tokens"  # the parameter max_tokens came as, for errors that name it
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: tuple[tuple[str, float], ...] = ()
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    n: int = 1
+
+    @classmethod
+    def from_openai(cls, body: dict[str, Any]) -> "Sampling":
+        """The sampling fields of a schema-valid OpenAI chat or completion body."""
+        limit_param = "max_completion_tokens" if given(body, "max_completion_tokens") is not None else "max_tokens"
+        stop = given(body, "stop", ())
+        return cls(
+            max_tokens=given(body, limit_param), limit_param=limit_param, temperature=given(body, "temperature"),
+            top_p=given(body, "top_p"), top_k=given(body, "top_k"), min_p=given(body, "min_p"),
+            seed=given(body, "seed"), stop=(stop,) if isinstance(stop, str) else tuple(stop),
+            presence_penalty=given(body, "presence_penalty"), frequency_penalty=given(body, "frequency_penalty"),
+            repetition_penalty=given(body, "repetition_penalty"),
+            logit_bias=tuple(given(body, "logit_bias", {}).items()), min_tokens=given(body, "min_tokens", 0),
+            ignore_eos=bool(given(body, "ignore_eos", False)), n=given(body, "n", 1),
+        )
+
+    def to_params(self, *, prompt_tokens: int, prompt_param: str, model: ModelInfo, settings: Settings,
+                  logprobs: int | None = None, guidance: tuple[str, str] | None = None) -> list[SamplingParams]:
+        """Engine parameters for a prompt of ``prompt_tokens`` tokens, one set per choice.
+
+        ``max_tokens``: when the request gives none, ``DEFAULT_MAX_TOKENS``
+        clamped to the room the context leaves; when it gives one that does
+        not fit, a 400 ``context_length_exceeded`` (as OpenAI does) rather
+        than a silently shorter answer. A seeded request seeds its choices
+        ``seed``, ``seed+1``, ... so they differ from each other but not from
+        run to run.
+        """
+        max_tokens = self._max_tokens(prompt_tokens, prompt_param, model, settings.DEFAULT_MAX_TOKENS)
+        if self.min_tokens > max_tokens:
+            raise InvalidParameterError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({max_tokens}).",
+                                        param="min_tokens")
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=float(settings.DEFAULT_TEMPERATURE if self.temperature is None else self.temperature),
+            top_p=float(1.0 if self.top_p is None else self.top_p),
+            top_k=_top_k(self.top_k or 0, model.vocab_size),
+            seed=self.seed,
+            stop=self.stop,
+            presence_penalty=float(self.presence_penalty or 0.0),
+            frequency_penalty=float(self.frequency_penalty or 0.0),
+            repetition_penalty=float(1.0 if self.repetition_penalty is None else self.repetition_penalty),
+            logit_bias=_logit_bias(self.logit_bias, model.vocab_size),
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            min_p=float(self.min_p or 0.0),
+            logprobs=logprobs,
+            guidance=guidance,
+        )
+        if self.n == 1 or params.seed is None:
+            return [params] * self.n
+        return [dataclasses.replace(params, seed=params.seed + index) for index in range(self.n)]
+
+    def _max_tokens(self, prompt_tokens: int, prompt_param: str, model: ModelInfo, default: int) -> int:
+        room = model.context_length - prompt_tokens
+        if room < 1:
+            raise ContextLengthExceededError(
+                f"This model's maximum context length is {model.context_length} tokens, "
+                f"and the {prompt_param} alone use {prompt_tokens} tokens.", param=prompt_param)
+        if self.max_tokens is None:
+            return min(default, room)
+        if self.max_tokens > room:
+            raise ContextLengthExceededError(
+                f"This model's maximum context length is {model.context_length} tokens. However, you requested "
+                f"{prompt_tokens + self.max_tokens} tokens ({prompt_tokens} in the {prompt_param}, "
+                f"{self.max_tokens} in the completion). Please reduce the length of the {prompt_param} or of "
+                f"{self.limit_param}.", param=self.limit_param)
+        return self.max_tokens
+
+
+def _top_k(top_k: int, vocab_size: int) -> int:
+    """vLLM's ``top_k`` (-1 or 0: off) as the engine's (0: off); k beyond the vocabulary keeps every token."""
+    if top_k <= 0 or (vocab_size and top_k >= vocab_size):
+        return 0
+    return top_k
+
+
+def _logit_bias(bias: tuple[tuple[str, float], ...], vocab_size: int) -> tuple[tuple[int, float], ...]:
+    pairs = []
+    for key, value in bias:
+        token = int(key)
+        if vocab_size and token >= vocab_size:
+            raise InvalidParameterError(
+                f"logit_bias has token id {token}, but the vocabulary has {vocab_size} tokens.", param="logit_bias")
+        pairs.append((token, float(value)))
+    return tuple(sorted(pairs))
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A chat: messages through the model's chat template, answered as content or tool calls."""
+
+    model: str
+    messages: tuple[dict[str, Any], ...]
+    sampling: Sampling = Sampling()
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: int | None = None  # alternatives per token to report; None: no log-probabilities
+    output_schema: dict[str, Any] | None = None  # JSON the answer must be (a JSON Schema); None: free text
+    output_param: str = "response_format"  # where the schema came from, for errors that name it
+    tools: ToolPlan | None = None
+
+    prompt_param: ClassVar[str] = "messages"
+
+    @classmethod
+    def from_openai(cls, body: dict[str, Any], known_fields: set[str]) -> "ChatRequest":
+        """A schema-valid ``/v1/chat/completions`` body (``known_fields``: its schema's, for the log)."""
+        features.check_supported(body, features.CHAT_GATES, known_fields)
+        return cls(
+            model=body["model"], messages=tuple(body["messages"]), sampling=Sampling.from_openai(body),
+            stream=bool(given(body, "stream", False)), include_usage=_include_usage(body),
+            logprobs=_chat_logprobs(body), **_output(given(body, "response_format")),
+            tools=tool_plan(given(body, "tools", []), given(body, "tool_choice"),
+                            bool(given(body, "parallel_tool_calls", True))),
+        )
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A (legacy) completion: the prompt as it is, text or token ids."""
+
+    model: str
+    prompt: Any  # a string, or token ids
+    sampling: Sampling = Sampling()
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: int | None = None
+    echo: bool = False
+
+    prompt_param: ClassVar[str] = "prompt"
+
+    @classmethod
+    def from_openai(cls, body: dict[str, Any], known_fields: set[str]) -> "CompletionRequest":
+        """A schema-valid ``/v1/completions`` body (``known_fields``: its schema's, for the log)."""
+        features.check_supported(body, features.COMPLETION_GATES, known_fields)
+        if given(body, "echo", False) and given(body, "logprobs") is not None:
+            raise UnsupportedParameterError("logprobs of the echoed prompt are not supported.", param="logprobs")
+        return cls(model=body["model"], prompt=body["prompt"], sampling=Sampling.from_openai(body),
+                   stream=bool(given(body, "stream", False)), include_usage=_include_usage(body),
+                   logprobs=given(body, "logprobs"), echo=bool(given(body, "echo", False)))
+
+
+GenerationRequest = ChatRequest | CompletionRequest
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    return bool(given(body, "stream_options", {}).get("include_usage"))
+
+
+def _output(response_format: dict[str, Any] | None) -> dict[str, Any]:
+    """OpenAI's ``response_format`` as the schema the answer must match (any JSON object for ``json_object``)."""
+    kind = (response_format or {"type": "text"})["type"]
+    if kind == "json_object":
+        return {"output_schema": {"type": "object"}, "output_param": "response_format"}
+    if kind == "json_schema":
+        return {"output_schema": response_format["json_schema"].get("schema") or {"type": "object"},
+                "output_param": "response_format.json_schema.schema"}
+    return {}
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    top = given(body, "top_logprobs")
+    if not given(body, "logprobs", False):
+        if top is not None:
+            raise InvalidParameterError("top_logprobs needs logprobs set to true.", param="top_logprobs")
+        return None
+    return top or 0
