@@ -9,7 +9,7 @@ from flask import Flask
 from flask_cors import CORS
 
 from phi_api import extensions, limiter, metrics, openapi, schemas
-from phi_api.api import BLUEPRINTS
+from phi_api.api import BLUEPRINTS, playground
 from phi_api.api.http import render_errors
 from phi_api.auth import register_auth
 from phi_api.config import load_settings
@@ -48,5 +48,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
     render_errors(app, openai_body)
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
+    if settings.PLAYGROUND:
+        app.register_blueprint(playground.bp)
     openapi.init_app(app)
     return app

@@ -3,8 +3,8 @@
 A key is read from ``X-API-Key``, ``Authorization: Bearer ...``, or the query
 parameter ``api_key`` / ``api-key``; a header wins over the query. Keys are
 compared in constant time and never logged (request lines are logged without
-their query string). Preflight ``OPTIONS``, ``GET /health`` and the API's
-description (``GET /openapi.json``) need no key.
+their query string). Preflight ``OPTIONS``, ``GET /health``, the API's
+description (``GET /openapi.json``) and the playground's page and files need no key.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from flask import Flask, request
 
 from phi_api.errors import AuthenticationError
 
-EXEMPT_PATHS = frozenset({"/health", "/openapi.json"})
+EXEMPT_PATHS = frozenset({"/health", "/openapi.json", "/"})  # "/": the playground's page, which holds no data
+EXEMPT_PREFIXES = ("/playground/",)  # its scripts and styles
 
 
 def supplied_key() -> str | None:
@@ -45,7 +46,7 @@ def register_auth(app: Flask, keys: tuple[str, ...]) -> None:
 
     @app.before_request
     def _authenticate() -> None:
-        if request.method == "OPTIONS" or request.path in EXEMPT_PATHS:
+        if request.method == "OPTIONS" or request.path in EXEMPT_PATHS or request.path.startswith(EXEMPT_PREFIXES):
             return
         supplied = supplied_key()
         if supplied is None:

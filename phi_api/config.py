@@ -116,6 +116,7 @@ class Settings:
     PREFILL_CHUNK_TOKENS: int = setting(64, _integer(1, 1_000_000), "Prompt tokens per engine step")
     PROMPT_CACHE_MB: float = setting(256.0, _number(0.0, 1_000_000.0),
                                      "Memory per worker kept for prompt reuse; 0 turns reuse off")
+    PLAYGROUND: bool = setting(True, _boolean, "Serve the chat playground at /; false: / is a 404")
 
     @property
     def cors_origins(self) -> list[str] | str:
