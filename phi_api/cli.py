@@ -35,6 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--out", default="bench/results", help="folder for bench.json and bench.png")
     bench.set_defaults(run=_bench)
 
+    replicas = commands.add_parser("bench-replicas",
+                                   help="two replicas behind nginx (the shipped site) against one, and cache affinity")
+    replicas.add_argument("--model-path", required=True, help="model folder the replicas serve")
+    replicas.add_argument("--runs", type=int, default=3, help="repetitions (medians are reported)")
+    replicas.add_argument("--streams", type=int, default=8, help="concurrent streams for the throughput figure")
+    replicas.add_argument("--max-tokens", type=int, default=128, help="tokens per streamed completion")
+    replicas.set_defaults(run=_bench_replicas)
+
     load = commands.add_parser("load", help="bursts far beyond the concurrency limit, or a soak (--minutes)")
     load.add_argument("--url", help="a running server (default: start one on --model-path)")
     load.add_argument("--model-path", help="model folder for the server it starts")
@@ -60,6 +68,13 @@ def _bench(args: argparse.Namespace) -> int:
         print("bench needs --url or --model-path", file=sys.stderr)
         return 2
     run(args)
+    return 0
+
+
+def _bench_replicas(args: argparse.Namespace) -> int:
+    from phi_api.bench import replicas
+
+    replicas.run(args)
     return 0
 
 

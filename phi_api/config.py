@@ -163,15 +163,21 @@ class Settings:
 
 
 def _memory_bytes() -> int:
-    """The machine's memory (MemTotal), or 8 GiB when it cannot be read."""
+    """The memory this server may use: the machine's (MemTotal), or its container's limit when lower (cgroup
+    v2 ``memory.max``, v1 ``memory.limit_in_bytes``); 8 GiB when neither can be read."""
+    found = []
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
+            found += [int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemTotal:")]
     except (OSError, ValueError):
         pass
-    return 8 * 2**30
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit, encoding="ascii") as text:
+                found.append(int(text.read().strip()))  # "max" (no limit) does not parse: skipped
+        except (OSError, ValueError):
+            pass
+    return min(found) if found else 8 * 2**30
 
 
 SETTING_NAMES = tuple(field.name for field in dataclasses.fields(Settings))

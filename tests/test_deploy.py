@@ -1,0 +1,75 @@
+"""The deployment files in deploy/: Kubernetes manifests valid against Kubernetes' own schemas, a sound
+systemd unit, and an nginx site that keeps what phi-api's streams need (it runs for real in
+tests/integration/test_nginx.py)."""
+
+from __future__ import annotations
+
+import configparser
+import copy
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+KUBERNETES_VERSION = "1.30"
+
+
+def manifests() -> list[dict]:
+    return list(yaml.safe_load_all((DEPLOY / "kubernetes" / "phi-api.yaml").read_text()))
+
+
+def test_the_manifests_are_valid_kubernetes_objects():
+    documents = manifests()
+    assert [document["kind"] for document in documents] == ["Deployment", "Service", "Ingress",
+                                                            "HorizontalPodAutoscaler"]
+    for document in documents:
+        kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_validator_catches_a_broken_manifest():
+    deployment = copy.deepcopy(manifests()[0])
+    deployment["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+    deployment = copy.deepcopy(manifests()[0])
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbes"] = []  # a typo
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_deployment_probes_health_drains_and_reads_the_model_read_only():
+    spec = manifests()[0]["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/health"
+    assert container["lifecycle"]["preStop"]
+    environment = {item["name"]: item["value"] for item in container["env"]}
+    graceful = int(environment["GUNICORN_CMD_ARGS"].split("--graceful-timeout ")[1])
+    assert spec["terminationGracePeriodSeconds"] > graceful + 5  # streams finish before the kill
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in container["volumeMounts"]
+    assert container["resources"]["requests"]["memory"]
+    metric = manifests()[3]["spec"]["metrics"][0]["pods"]["metric"]["name"]
+    assert metric == "phi_api_requests_in_flight"  # a series phi-api's /metrics serves
+
+
+def test_the_systemd_unit_restarts_on_failure_reads_its_environment_and_stops_gracefully():
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read_string((DEPLOY / "systemd" / "phi-api.service").read_text())
+    service = unit["Service"]
+    assert service["Restart"] == "on-failure" and service["EnvironmentFile"] == "/etc/phi-api/phi-api.env"
+    assert service["KillSignal"] == "SIGTERM" and int(service["TimeoutStopSec"]) > 30  # gunicorn's graceful timeout
+    assert service["ExecStart"].endswith("gunicorn -c gunicorn.conf.py wsgi:app")
+    assert "3" in service["RestartPreventExitStatus"].split()  # a model that cannot load does not loop
+    environment = (DEPLOY / "systemd" / "phi-api.env").read_text()
+    assert "MODEL_PATH=" in environment
+
+
+def test_the_nginx_site_passes_streams_through_and_keeps_conversations_together():
+    site = (DEPLOY / "nginx" / "phi-api.conf").read_text()
+    for directive in ("proxy_buffering off;", "gzip off;", "proxy_read_timeout 3600s;", "client_max_body_size 10m;",
+                      "hash $phi_api_affinity consistent;", "max_fails=1 fail_timeout=10s",
+                      "proxy_next_upstream error timeout http_502 http_503 http_429 non_idempotent;",
+                      "proxy_set_header X-Request-Id $phi_api_request_id;"):
+        assert directive in site, directive
