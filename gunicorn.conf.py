@@ -14,6 +14,7 @@ from phi_api import serving  # noqa: E402
 
 _settings = serving.settings_or_exit()
 serving.prepare_metrics_dir()  # before the app (and prometheus_client) is imported
+serving.prepare_state_dir()  # the model registry and the slots, shared by the workers
 
 bind = serving.bind_address(_settings)
 workers = _settings.workers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Mapping
 
 from flask import Flask
@@ -16,14 +17,17 @@ from phi_api.config import load_settings
 from phi_api.engine import Engine
 from phi_api.errors import openai_body
 from phi_api.logs import configure_logging, register_request_logging
+from phi_api.registry import STATE_DIR_VARIABLE, Loader, ModelSpec
 
 
-def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None = None) -> Flask:
-    """Build the app: settings (defaults, environment, then ``config``), engine, routes, error handlers.
+def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None = None,
+               loader: Loader | None = None) -> Flask:
+    """Build the app: settings (defaults, environment, then ``config``), models, routes, error handlers.
 
-    ``engine`` replaces the model load (tests pass a small fake). Loading
-    failures raise :class:`phi_api.errors.ModelLoadingError`; bad settings
-    raise :class:`phi_api.config.ConfigError`.
+    ``engine`` stands for every declared model, and ``loader`` turns a
+    model spec into an engine, instead of loading models (tests pass small
+    fakes). Loading failures raise :class:`phi_api.errors.ModelLoadingError`;
+    bad settings raise :class:`phi_api.config.ConfigError`.
     """
     settings = load_settings(overrides=config)
     configure_logging(settings.LOG_LEVEL)
@@ -36,9 +40,17 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
 
     extensions.init_settings(app, settings)
     schemas.init_app(app)
-    limiter.init_app(app, settings.MAX_CONCURRENT_REQUESTS)
-    served = extensions.init_engine(app, settings, engine)
-    served.observers.append(metrics.init_app(app).observe_generation)
+    limiter.init_app(app, settings.MAX_CONCURRENT_REQUESTS, os.environ.get(STATE_DIR_VARIABLE))
+    observe = metrics.init_app(app).observe_generation
+    make = loader or ((lambda spec: engine) if engine is not None else
+                      (lambda spec: extensions.load_engine(settings, spec)))
+
+    def load(spec: ModelSpec) -> Engine:
+        loaded = make(spec)
+        loaded.observers.append(observe)
+        return loaded
+
+    extensions.init_models(app, settings, load)
 
     CORS(app, origins=settings.cors_origins, methods=["GET", "POST", "OPTIONS"],
          allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-Id"],

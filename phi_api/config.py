@@ -117,6 +117,9 @@ class Settings:
     PROMPT_CACHE_MB: float = setting(256.0, _number(0.0, 1_000_000.0),
                                      "Memory per worker kept for prompt reuse; 0 turns reuse off")
     PLAYGROUND: bool = setting(True, _boolean, "Serve the chat playground at /; false: / is a 404")
+    MODELS_FILE: str = setting("", lambda name, raw: str(raw).strip(),
+                               "A JSON file declaring several models (ids, folders, options); else MODEL_PATH")
+    MAX_MODELS: int = setting(4, _integer(1, 64), "Most models the server holds at once; more loads get 400")
 
     @property
     def cors_origins(self) -> list[str] | str:
@@ -183,6 +186,17 @@ def _memory_bytes() -> int:
 SETTING_NAMES = tuple(field.name for field in dataclasses.fields(Settings))
 _PARSERS: dict[str, Callable[[str, Any], Any]] = {field.name: field.metadata["parse"]
                                                   for field in dataclasses.fields(Settings)}
+
+
+# Settings a model may set for itself (models.json options, a load's options): its engine's.
+ENGINE_OPTIONS = ("INTRA_OP_THREADS", "KV_CACHE_MB", "MAX_BATCH_ROWS", "PREFILL_CHUNK_TOKENS", "PROMPT_CACHE_MB")
+
+
+def parse_option(name: str, raw: Any) -> Any:
+    """One model's engine option, checked like the setting of that name."""
+    if name not in ENGINE_OPTIONS:
+        raise ConfigError(f"{name} is not a model option; these are: {', '.join(ENGINE_OPTIONS)}")
+    return _PARSERS[name](name, raw)
 
 
 def describe() -> dict[str, str]:

@@ -50,7 +50,7 @@ from werkzeug.exceptions import HTTPException
 
 from phi_api.engine.guidance import GuidanceError
 from phi_api.engine.model import ChatTemplateError
-from phi_api.engine.scheduler import CapacityError
+from phi_api.engine.scheduler import CapacityError, RetiredError
 
 GENERIC_SERVER_ERROR = "The server had an error while processing your request."
 
@@ -226,12 +226,14 @@ class ServiceUnavailableError(APIError):
 
 
 class ModelLoadingError(APIError):
-    """The model could not be loaded at start-up: logged as one JSON line, then the server exits."""
+    """A model could not be loaded: at start-up, logged as one JSON line, then the server exits; at run time,
+    the load's answer (500)."""
 
     code = "model_loading_failed"
 
-    def __init__(self, path: str, cause: str) -> None:
-        super().__init__(f"Failed to load model from {path}: {cause}")
+    def __init__(self, path: str, cause: str, model_id: str | None = None) -> None:
+        named = f"model '{model_id}'" if model_id is not None else "model"
+        super().__init__(f"Failed to load {named} from {path}: {cause}")
 
 
 def openai_body(error: APIError) -> dict[str, Any]:
@@ -286,6 +288,7 @@ FOREIGN: tuple[tuple[type[BaseException], Callable[[Any], APIError]], ...] = (
     (http.UnsupportedTransferCoding, _gunicorn(501)),
     (http.ConfigurationProblem, _gunicorn(500)),
     (http.ParseException, _gunicorn(400)),
+    (RetiredError, lambda exc: ModelNotFoundError("The model was unloaded.")),
     (CapacityError, lambda exc: ContextLengthExceededError(f"This request is too large for this server: it {exc}.",
                                                            param="max_tokens")),
     # The template's own words name library internals: they go to the log, not to the client.

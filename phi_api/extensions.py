@@ -1,10 +1,12 @@
-"""The engine and the settings as app resources: their ``init_app`` and accessors (see :mod:`phi_api.resources`).
+"""The settings and the models as app resources (``init_*`` and accessors), and how a model becomes an engine.
 
-The engine package knows nothing of Flask; this module is where the app meets it.
+The registry (:mod:`phi_api.registry`) and the engine package know nothing of Flask; this module is where
+the app meets them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from flask import Flask
@@ -12,14 +14,16 @@ from flask import Flask
 from phi_api.config import Settings
 from phi_api.engine import Engine
 from phi_api.errors import ModelLoadingError
+from phi_api.registry import Loader, Models, ModelSpec, declared, state_dir
 from phi_api.resources import keep, kept
 
-_ENGINE = "phi_api.engine"
 _SETTINGS = "phi_api.settings"
+_MODELS = "phi_api.models"
 
 
-def load_engine(settings: Settings) -> Engine:
-    """Load ``settings.MODEL_PATH``; raises :class:`ModelLoadingError` with the path and the cause."""
+def load_engine(settings: Settings, spec: ModelSpec) -> Engine:
+    """Load the model ``spec`` names, with its own engine options over ``settings``; raises
+    :class:`ModelLoadingError` with the model, its path and the cause."""
     from google.protobuf.message import DecodeError
 
     from phi_api.engine import oga
@@ -29,17 +33,19 @@ def load_engine(settings: Settings) -> Engine:
     from phi_api.engine.runtime import ORT_ERRORS
     from phi_api.prepare import cache_root
 
-    path = settings.MODEL_PATH
+    path = spec.path
+    settings = dataclasses.replace(settings, **spec.options)
     if not os.path.isdir(path):
-        raise ModelLoadingError(path, "no such directory")
+        raise ModelLoadingError(path, "no such directory", spec.id)
     if not os.path.isfile(os.path.join(path, "genai_config.json")):
-        raise ModelLoadingError(path, "genai_config.json not found (not an ONNX Runtime GenAI model folder)")
+        raise ModelLoadingError(path, "genai_config.json not found (not an ONNX Runtime GenAI model folder)",
+                                spec.id)
     try:
         model = LanguageModel(path, cache_dir=cache_root() / "runtime")
     except (oga.OgaError, PrepackError, GuidanceError) as exc:
-        raise ModelLoadingError(path, str(exc)) from exc
+        raise ModelLoadingError(path, str(exc), spec.id) from exc
     except ORT_ERRORS + (DecodeError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadingError(path, f"unreadable model ({type(exc).__name__}: {exc})") from exc
+        raise ModelLoadingError(path, f"unreadable model ({type(exc).__name__}: {exc})", spec.id) from exc
     return Engine(model, prefill_chunk=settings.PREFILL_CHUNK_TOKENS, timeout=settings.GENERATION_TIMEOUT,
                   threads=settings.intra_op_threads, kv_budget_bytes=settings.kv_budget_bytes,
                   max_rows=settings.MAX_BATCH_ROWS, cache_bytes=int(settings.PROMPT_CACHE_MB * 2**20))
@@ -55,11 +61,13 @@ def get_settings(app: Flask | None = None) -> Settings:
     return kept(_SETTINGS, app)
 
 
-def init_engine(app: Flask, settings: Settings, engine: Engine | None = None) -> Engine:
-    """Keep the app's engine: ``engine`` (tests pass a fake), else the model ``settings`` name, loaded now."""
-    return keep(app, _ENGINE, engine if engine is not None else load_engine(settings))
+def init_models(app: Flask, settings: Settings, loader: Loader) -> Models:
+    """Keep the app's models: the declared ones, loaded now (or those the server already serves)."""
+    models = keep(app, _MODELS, Models(settings, state_dir(), loader))
+    models.declare(declared(settings))
+    return models
 
 
-def get_engine(app: Flask | None = None) -> Engine:
-    """The app's engine."""
-    return kept(_ENGINE, app)
+def get_models(app: Flask | None = None) -> Models:
+    """The app's models."""
+    return kept(_MODELS, app)

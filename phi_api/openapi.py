@@ -38,7 +38,7 @@ class Operation:
     summary: str
     request: str | None = None  # request schema name (see REQUEST_SCHEMAS)
     media: tuple[str, ...] = (JSON,)  # success media types
-    errors: str = "openai"  # "openai" (the error object) or "ollama" ({"error": "..."})
+    errors: str = "openai"  # "openai" (the error object), "ollama" ({"error": "..."}) or "health" ({"status": ...})
     statuses: tuple[int, ...] = (400, 401, 404, 405, 413, 415)
 
 
@@ -64,7 +64,9 @@ _ERROR_SCHEMAS = {
         }},
     },
     "ollama": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+    "health": {"type": "object", "required": ["status"], "properties": {"status": {"enum": ["starting", "draining"]}}},
 }
+_ERROR_COMPONENTS = {"openai": "OpenAIError", "ollama": "OllamaError", "health": "HealthUnavailable"}
 
 
 _SUCCESS_SCHEMAS: dict[str, Any] = {
@@ -112,7 +114,7 @@ def _rewrite(node: Any, current: str) -> Any:
 def build(app: Flask) -> dict[str, Any]:
     """The OpenAPI document for ``app``; raises if a route's view has no :func:`operation`."""
     schemas = bundle()
-    schemas.update({"OpenAIError": _ERROR_SCHEMAS["openai"], "OllamaError": _ERROR_SCHEMAS["ollama"]})
+    schemas.update({_ERROR_COMPONENTS[kind]: schema for kind, schema in _ERROR_SCHEMAS.items()})
     paths: dict[str, dict[str, Any]] = {}
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
         if rule.endpoint == "static":
@@ -144,7 +146,7 @@ def build(app: Flask) -> dict[str, Any]:
 
 
 def _operation(operation: Operation, endpoint: str, method: str) -> dict[str, Any]:
-    error = {"$ref": "#/components/schemas/" + ("OllamaError" if operation.errors == "ollama" else "OpenAIError")}
+    error = {"$ref": "#/components/schemas/" + _ERROR_COMPONENTS[operation.errors]}
     responses: dict[str, Any] = {"200": {"description": "Success", "content": {
         media: {"schema": _SUCCESS_SCHEMAS.get(media, {"type": "string"})} for media in operation.media}}}
     for status in operation.statuses:

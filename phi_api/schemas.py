@@ -37,6 +37,11 @@ REQUEST_SCHEMAS = {
     "bench": "bench.json",
     "tokenize": "tokenize.json",
     "detokenize": "detokenize.json",
+    "model_load": "model_load.json",
+    "model_unload": "model_unload.json",
+    "openarc_load": "openarc_load.json",
+    "openarc_unload": "openarc_unload.json",
+    "ollama_delete": "ollama_delete.json",
 }
 
 _JSON_TYPES = {

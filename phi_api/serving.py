@@ -18,6 +18,7 @@ import sys
 import tempfile
 from typing import Any
 
+import gevent
 from flask import Flask
 
 from phi_api import extensions
@@ -27,6 +28,7 @@ from phi_api.limiter import get_limiter
 log = logging.getLogger(__name__)
 
 EXIT_CONFIG_ERROR = 2
+RECONCILE_SECONDS = 1.0
 # gunicorn's WORKER_BOOT_ERROR: when workers load the model themselves
 # (PRELOAD_MODEL=false), the arbiter then halts instead of respawning them.
 EXIT_MODEL_LOADING_FAILED = 3
@@ -73,17 +75,28 @@ def post_worker_init(worker: Any) -> None:
     app = _flask_app(getattr(worker, "wsgi", None))
     if app is None:
         return
-    engine = extensions.get_engine(app)
-    engine.start()
+    models = extensions.get_models(app)
+    models.start()
+    gevent.spawn(_keep_in_step, models)
     for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
         previous = signal.getsignal(signum)
         if callable(previous):
-            signal.signal(signum, _draining_then(engine, previous))
+            signal.signal(signum, _draining_then(models, previous))
 
 
-def _draining_then(engine: Any, handler: Any) -> Any:
+def _keep_in_step(models: Any) -> None:
+    """Load and unload what other workers did, within a second, even when no request asks."""
+    while True:
+        gevent.sleep(RECONCILE_SECONDS)
+        try:
+            models.sync()
+        except Exception:  # noqa: BLE001  # a model that will not load is logged; the loop must go on
+            log.exception("could not catch up with the server's models")
+
+
+def _draining_then(models: Any, handler: Any) -> Any:
     def on_signal(signum: int, frame: Any) -> None:
-        engine.draining = True  # /health answers 503; new generations get 503 while in-flight ones finish
+        models.drain()  # /health answers 503; new generations get 503 while in-flight ones finish
         handler(signum, frame)
 
     return on_signal
@@ -93,7 +106,7 @@ def worker_exit(server: Any, worker: Any) -> None:
     """gunicorn hook, in the exiting worker: stop the engine and leave without the hanging interpreter exit."""
     app = _flask_app(getattr(worker, "wsgi", None))
     if app is not None:
-        extensions.get_engine(app).stop()
+        extensions.get_models(app).stop()
     exc = sys.exc_info()[1]
     if isinstance(exc, SystemExit):
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -114,6 +127,10 @@ def on_exit(server: Any) -> None:
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
     if os.environ.get(_OWN_METRICS_DIR) == folder and os.path.isdir(folder):
         shutil.rmtree(folder, ignore_errors=True)
+    from phi_api.registry import STATE_DIR_VARIABLE
+
+    if os.environ.get(STATE_DIR_VARIABLE):
+        shutil.rmtree(os.environ[STATE_DIR_VARIABLE], ignore_errors=True)
 
 
 def child_exit(server: Any, worker: Any) -> None:
@@ -124,6 +141,14 @@ def child_exit(server: Any, worker: Any) -> None:
 
 
 _OWN_METRICS_DIR = "PHI_API_OWN_METRICS_DIR"
+
+
+def prepare_state_dir() -> None:
+    """A fresh folder for the state the server's processes share (the model registry, the slots' lock file),
+    named to the workers by ``PHI_API_STATE_DIR`` and removed at shutdown."""
+    from phi_api.registry import STATE_DIR_VARIABLE
+
+    os.environ[STATE_DIR_VARIABLE] = tempfile.mkdtemp(prefix="phi-api-state-")
 
 
 def prepare_metrics_dir() -> None:

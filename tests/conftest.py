@@ -10,7 +10,7 @@ import pytest
 from flask import Flask
 
 from phi_api.app import create_app
-from phi_api.extensions import get_engine
+from phi_api.extensions import get_models
 from phi_api.limiter import get_limiter
 from phi_api.engine import Engine
 from tests.support.fakes import fake_engine, text_pieces
@@ -34,16 +34,17 @@ def make_app(tmp_path: Path) -> Callable[..., Flask]:
     """Build an app from the factory around a given engine (default: a fake saying "Hello, world!")."""
     built: list[Flask] = []
 
-    def build(engine: Engine | None = None, **config: Any) -> Flask:
+    def build(engine: Engine | None = None, loader: Any = None, **config: Any) -> Flask:
         settings = {"MODEL_ID": "test-model", "MODEL_PATH": str(tmp_path), **config}
-        app = create_app({"TESTING": True, **settings},
-                         engine=engine or fake_engine([1, 2, 3, 4, 0], HELLO_PIECES))
+        if loader is None and engine is None:
+            engine = fake_engine([1, 2, 3, 4, 0], HELLO_PIECES)
+        app = create_app({"TESTING": True, **settings}, engine=engine, loader=loader)
         built.append(app)
         return app
 
     yield build
     for app in built:
-        get_engine(app).stop()
+        get_models(app).stop()
         get_limiter(app).remove_file()
 
 

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from phi_api.extensions import get_engine
+from phi_api.extensions import get_models
 from tests.support.server import wait_until
 
 KEYS = "key-one,key-two"
@@ -16,9 +16,9 @@ CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
 @pytest.fixture
 def keyed(make_app):
     app = make_app(API_KEYS=KEYS)
-    engine = get_engine(app)
-    engine.start()
-    wait_until(lambda: engine.ready, timeout=10, message="the engine thread")
+    models = get_models(app)
+    models.start()
+    wait_until(lambda: models.ready, timeout=10, message="the engine thread")
     return app.test_client()
 
 

@@ -34,9 +34,11 @@ def test_error_fields_are_in_openai_s_order():
                                                                                       "code"]
 
 
-def test_model_loading_message_names_the_path_and_the_cause():
+def test_model_loading_message_names_the_model_the_path_and_the_cause():
     assert errors.ModelLoadingError("/models/phi", "no such directory").message == (
         "Failed to load model from /models/phi: no such directory")
+    assert errors.ModelLoadingError("/models/phi", "no such directory", "phi").message == (
+        "Failed to load model 'phi' from /models/phi: no such directory")
 
 
 def test_internal_errors_carry_a_generic_message_only():

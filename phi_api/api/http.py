@@ -18,7 +18,7 @@ from phi_api.errors import (
     UnsupportedMediaTypeError,
     from_foreign,
 )
-from phi_api.extensions import get_engine, get_settings
+from phi_api.extensions import get_models, get_settings
 from phi_api.limiter import get_limiter
 from phi_api.service.generation import KEEPALIVE, Services
 from phi_api.transport import read_body, streaming_response
@@ -31,7 +31,7 @@ NDJSON_TYPE = "application/x-ndjson"
 
 def services() -> Services:
     """The service's dependencies, from the current app."""
-    return Services(get_engine(), get_limiter(), get_settings())
+    return Services(get_models(), get_limiter(), get_settings())
 
 
 # Bodies ---------------------------------------------------------------------------------------------

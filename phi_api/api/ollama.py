@@ -13,7 +13,7 @@ from flask import Blueprint, Response, jsonify
 
 from phi_api.api.http import ndjson_response, read_json_object, render_errors, services
 from phi_api.errors import ollama_body
-from phi_api.extensions import get_engine, get_settings
+from phi_api.extensions import get_models
 from phi_api.logs import current_request_id
 from phi_api.openapi import GENERATION_STATUSES, JSON, NDJSON, operation
 from phi_api.schemas import get_validator
@@ -29,21 +29,43 @@ render_errors(bp, ollama_body)
 @bp.get("/api/tags")
 @operation("The model list, as OpenAI and Ollama list it", errors="ollama")
 def list_tags() -> Response:
-    """The model, as OpenAI (``data``) and Ollama (``models``) list it."""
-    return jsonify(catalog.tags(get_settings(), get_engine()))
+    """The models, as OpenAI (``data``) and Ollama (``models``) list them."""
+    return jsonify(catalog.tags(get_models().all()))
 
 
-def _generation(schema: str, parse: Callable[[dict[str, Any], str], Any], *, chat: bool) -> Response:
+@bp.get("/api/ps")
+@operation("The models loaded now (Ollama's ps)", errors="ollama")
+def running() -> Response:
+    """The models loaded now: every served model, kept until it is unloaded."""
+    return jsonify(catalog.running(get_models().all()))
+
+
+@bp.delete("/api/delete")
+@operation("Unload a model (Ollama's delete; nothing is deleted from disk)", request="ollama_delete",
+           errors="ollama", statuses=(400, 401, 404, 405, 413, 415))
+def delete() -> Response:
+    """Ollama's delete, as this server can do it: the model is unloaded on every worker."""
+    body = read_json_object(any_media_type=True)
+    get_validator().validate("ollama_delete", body)
+    get_models().unload(ollama.model_id(body.get("model") or body["name"]))
+    return jsonify({})
+
+
+def _generation(schema: str, parse: Callable[[dict[str, Any]], Any], *, chat: bool) -> Response:
     started = time.monotonic()
     body = read_json_object(any_media_type=True)
     get_validator().validate(schema, body)
-    context = services()
-    request = parse(body, context.settings.MODEL_ID)
-    run = generation.start(context, request, current_request_id())
+    request = parse(body)
+    run = generation.start(services(), request, current_request_id())
     reply = ollama.Reply(run, started, chat=chat)
+    models = get_models()
+    after = () if ollama.keeps_alive(body) else (lambda: models.unload(request.model),)
     if request.stream:
-        return ndjson_response(reply.lines(), on_close=(run.close,))
-    return jsonify(reply.whole(generation.collect(run, disconnect_probe())[0]))
+        return ndjson_response(reply.lines(), on_close=(run.close, *after))
+    answer = jsonify(reply.whole(generation.collect(run, disconnect_probe())[0]))
+    for callback in after:
+        callback()
+    return answer
 
 
 @bp.post("/v1/generate")
@@ -69,9 +91,9 @@ def show() -> Response:
     """Details of the model."""
     body = read_json_object(any_media_type=True)
     get_validator().validate("ollama_show", body)
-    settings = get_settings()
-    ollama.served_model(body.get("model") or body["name"], settings.MODEL_ID)
-    return jsonify(catalog.ollama_show(settings, get_engine()))
+    models, name = get_models(), ollama.model_id(body.get("model") or body["name"])
+    models.engine(name)  # 404 unless served
+    return jsonify(catalog.ollama_show(models.get(name)))
 
 
 @bp.get("/api/version")

@@ -16,7 +16,7 @@ def respond(shape: type[Shape], request: GenerationRequest) -> Response:
     """Run ``request`` and answer in ``shape`` (chat or completion): one JSON object, or its chunks as SSE."""
     context = services()
     run = generation.start(context, request, current_request_id())
-    answer = Answer(shape(run, context.engine.token_bytes), context.settings.MODEL_ID, context.engine.info.fingerprint)
+    answer = Answer(shape(run, run.engine.token_bytes), request.model, run.engine.info.fingerprint)
     if request.stream:
         return sse_response(answer.chunks(), on_close=(run.close,))
     return jsonify(answer.whole(generation.collect(run, disconnect_probe())))

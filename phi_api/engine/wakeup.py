@@ -10,6 +10,7 @@ started watcher also keeps the hub's loop alive while the greenlet waits.
 from __future__ import annotations
 
 import collections
+from typing import Any, Callable
 
 import gevent
 from gevent.event import Event
@@ -58,6 +59,16 @@ class HubRelay:
         """Queue ``item`` for delivery (thread-safe)."""
         self._items.append(item)
         self._watcher.send()
+
+    def close(self, then: Callable[[], Any] | None = None) -> None:
+        """Hub side: stop watching, then call ``then`` on the hub once the running callback has returned.
+
+        The loop holds a started watcher, and with it ``deliver`` and everything ``deliver`` reaches:
+        an engine that has ended must close its relay to be freed; ``then`` runs when it can be.
+        """
+        self._watcher.stop()
+        if then is not None:
+            gevent.get_hub().loop.run_callback(then)
 
     def _drain(self) -> None:
         while self._items:

@@ -17,18 +17,18 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from phi_api.config import Settings
-from phi_api.engine import CapacityError, Engine, Finished, Generation, SamplingParams, TextDelta
+from phi_api.engine import CapacityError, Engine, Finished, Generation, RetiredError, SamplingParams, TextDelta
 from phi_api.errors import (
     APIError,
     ClientClosedRequestError,
     GenerationTimeoutError,
     InternalError,
-    ModelNotFoundError,
     RateLimitError,
     ServiceUnavailableError,
     from_foreign,
 )
 from phi_api.limiter import ConcurrencyLimiter
+from phi_api.registry import Models
 from phi_api.service import prompts
 from phi_api.service.choices import ChoiceAssembler, ChoiceResult, Event
 from phi_api.service.grammar import json_schema_grammar
@@ -44,7 +44,7 @@ KEEPALIVE = object()  # yielded by events() after KEEPALIVE_SECONDS of silence: 
 class Services:
     """What the service works with, handed to it by the web layer."""
 
-    engine: Engine
+    models: Models
     limiter: ConcurrencyLimiter
     settings: Settings
 
@@ -59,8 +59,8 @@ class Plan:
     echo: str = ""
 
 
-def _chat_plan(services: Services, request: ChatRequest) -> Plan:
-    engine, plan = services.engine, request.tools
+def _chat_plan(engine: Engine, settings: Settings, request: ChatRequest) -> Plan:
+    plan = request.tools
     prompt = prompts.chat_prompt(engine, list(request.messages), plan)
     if plan and plan.forced:
         guidance = plan.grammar()
@@ -69,28 +69,28 @@ def _chat_plan(services: Services, request: ChatRequest) -> Plan:
     else:
         guidance = None
     params = request.sampling.to_params(prompt_tokens=len(prompt), prompt_param=request.prompt_param,
-                                        model=engine.info, settings=services.settings, logprobs=request.logprobs,
+                                        model=engine.info, settings=settings, logprobs=request.logprobs,
                                         guidance=guidance)
     return Plan(prompt, params, tools=plan)
 
 
-def _completion_plan(services: Services, request: CompletionRequest) -> Plan:
-    engine = services.engine
+def _completion_plan(engine: Engine, settings: Settings, request: CompletionRequest) -> Plan:
     prompt, text = prompts.completion_prompt(engine, request.prompt)
     params = request.sampling.to_params(prompt_tokens=len(prompt), prompt_param=request.prompt_param,
-                                        model=engine.info, settings=services.settings, logprobs=request.logprobs)
+                                        model=engine.info, settings=settings, logprobs=request.logprobs)
     return Plan(prompt, params, echo=text if request.echo else "")
 
 
-_PLANNERS: dict[type, Callable[[Services, Any], Plan]] = {ChatRequest: _chat_plan,
-                                                         CompletionRequest: _completion_plan}
+_PLANNERS: dict[type, Callable[[Engine, Settings, Any], Plan]] = {ChatRequest: _chat_plan,
+                                                                  CompletionRequest: _completion_plan}
 
 
 @dataclass
 class Run:
-    """A started generation: the request, its plan, the engine's handle, the slot."""
+    """A started generation: the request, the engine of its model, its plan, the engine's handle, the slot."""
 
     request: GenerationRequest
+    engine: Engine
     plan: Plan
     generation: Generation
     slot: Any
@@ -103,13 +103,10 @@ class Run:
 
 def start(services: Services, request: GenerationRequest, request_id: str = "-") -> Run:
     """Check ``request``, take a concurrency slot (or 429) and start generating."""
-    engine, settings = services.engine, services.settings
+    engine, settings = services.models.engine(request.model), services.settings
     if engine.draining:
         raise ServiceUnavailableError("This server is shutting down; please retry.")
-    if request.model != settings.MODEL_ID:
-        raise ModelNotFoundError(f"The model '{request.model}' does not exist; this server serves "
-                                 f"'{settings.MODEL_ID}'.")
-    plan = _PLANNERS[type(request)](services, request)
+    plan = _PLANNERS[type(request)](engine, settings, request)
     try:
         engine.check_capacity(len(plan.prompt), plan.params[0].max_tokens, len(plan.params))
     except CapacityError as exc:
@@ -119,10 +116,13 @@ def start(services: Services, request: GenerationRequest, request_id: str = "-")
         raise RateLimitError("Too many concurrent requests. Please try again later.")
     try:
         generation = engine.submit(plan.prompt, plan.params, request_id=request_id)
+    except RetiredError as exc:  # unloaded a moment ago
+        slot.release()
+        raise from_foreign(exc) from None
     except BaseException:
         slot.release()
         raise
-    return Run(request, plan, generation, slot)
+    return Run(request, engine, plan, generation, slot)
 
 
 def events(run: Run, keepalive: float | None = KEEPALIVE_SECONDS) -> Iterator[Event | object]:

@@ -12,7 +12,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
-from phi_api.errors import APIError, ModelNotFoundError, UnsupportedParameterError, ollama_body
+from phi_api.errors import APIError, UnsupportedParameterError, ollama_body
 from phi_api.service.choices import Calls, ChoiceResult, Text
 from phi_api.service.generation import KEEPALIVE, Run, events
 from phi_api.service.requests import ChatRequest, CompletionRequest, Sampling, given
@@ -24,11 +24,15 @@ def created_at() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def served_model(name: str, model_id: str) -> str:
-    """The served model's id, if ``name`` names it (``name:latest`` too); else 404."""
-    if name not in (model_id, f"{model_id}:latest"):
-        raise ModelNotFoundError(f"model '{name}' not found")
-    return model_id
+def model_id(name: str) -> str:
+    """The model id an Ollama name means (``name:latest`` is ``name``)."""
+    return name.removesuffix(":latest")
+
+
+def keeps_alive(body: dict[str, Any]) -> bool:
+    """False when ``keep_alive`` asks for the model to be unloaded after this request (``0``, as ``ollama
+    stop`` sends); phi-api keeps models until they are unloaded, so any other value keeps it."""
+    return given(body, "keep_alive", -1) not in (0, "0", "0s", "0m", "0h")
 
 
 def _sampling(body: dict[str, Any]) -> Sampling:
@@ -57,19 +61,18 @@ def _output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
     return output_format if isinstance(output_format, dict) else None
 
 
-def _common(body: dict[str, Any], model_id: str) -> dict[str, Any]:
+def _common(body: dict[str, Any]) -> dict[str, Any]:
     if given(body, "think", False):
         raise UnsupportedParameterError("thinking is not supported by this model.", param="think")
-    return {"model": served_model(body["model"], model_id), "sampling": _sampling(body),
-            "stream": bool(given(body, "stream", True))}
+    return {"model": model_id(body["model"]), "sampling": _sampling(body), "stream": bool(given(body, "stream", True))}
 
 
-def generate_request(body: dict[str, Any], model_id: str) -> ChatRequest | CompletionRequest:
+def generate_request(body: dict[str, Any]) -> ChatRequest | CompletionRequest:
     """An Ollama generate body: a chat turn, or the raw prompt for ``raw``."""
     for unsupported in ("suffix", "images", "template", "context"):
         if given(body, unsupported):
             raise UnsupportedParameterError(f"'{unsupported}' is not supported.", param=unsupported)
-    common = _common(body, model_id)
+    common = _common(body)
     prompt = given(body, "prompt", "")
     if given(body, "raw", False):
         if _output_schema(body) is not None:
@@ -80,7 +83,7 @@ def generate_request(body: dict[str, Any], model_id: str) -> ChatRequest | Compl
     return ChatRequest(messages=tuple(messages), output_schema=_output_schema(body), output_param="format", **common)
 
 
-def chat_request(body: dict[str, Any], model_id: str) -> ChatRequest:
+def chat_request(body: dict[str, Any]) -> ChatRequest:
     """An Ollama chat body."""
     from phi_api.service.tools import tool_plan
 
@@ -98,7 +101,7 @@ def chat_request(body: dict[str, Any], model_id: str) -> ChatRequest:
                 for call in message["tool_calls"]]
         messages.append(converted)
     return ChatRequest(messages=tuple(messages), output_schema=_output_schema(body), output_param="format",
-                       tools=tool_plan(given(body, "tools", [])), **_common(body, model_id))
+                       tools=tool_plan(given(body, "tools", [])), **_common(body))
 
 
 class Reply:

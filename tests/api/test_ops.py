@@ -7,7 +7,7 @@ import time
 import gevent
 from prometheus_client.parser import text_string_to_metric_families
 
-from phi_api.extensions import get_engine
+from phi_api.extensions import get_models
 from tests.support.server import wait_until
 
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "Say hello"}]}
@@ -22,19 +22,32 @@ def samples(client) -> dict:
 def test_health_follows_the_engine(make_app):
     app = make_app()
     client = app.test_client()
-    engine = get_engine(app)
+    models = get_models(app)
     assert client.get("/health").status_code == 503
     assert client.get("/health").get_json() == {"status": "starting"}
-    engine.start()  # the engine thread loads its decoder session, then the worker is ready
+    models.start()  # each engine thread loads its decoder session, then the worker is ready
     wait_until(lambda: client.get("/health").status_code == 200, timeout=10, message="a ready engine")
     assert client.get("/health").get_json() == {"status": "ok"}
-    engine.draining = True
+    models.drain()
     assert client.get("/health").status_code == 503 and client.get("/health").get_json()["status"] == "draining"
+
+
+def test_a_worker_whose_models_are_all_unloaded_stays_healthy_until_it_drains(make_app):
+    app = make_app()
+    client, models = app.test_client(), get_models(app)
+    models.start()
+    wait_until(lambda: client.get("/health").status_code == 200, timeout=10, message="a ready engine")
+    for model in models.ids():
+        assert client.post("/v1/models/unload", json={"model": model}).status_code == 200
+    assert models.ids() == []
+    assert client.get("/health").status_code == 200  # it can still load a model
+    models.drain()
+    assert client.get("/health").get_json() == {"status": "draining"}
 
 
 def test_a_draining_worker_refuses_new_generations(make_app):
     app = make_app()
-    get_engine(app).draining = True
+    get_models(app).drain()
     response = app.test_client().post("/v1/chat/completions", json=CHAT)
     assert response.status_code == 503 and response.get_json()["error"]["code"] == "unavailable"
 

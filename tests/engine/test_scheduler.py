@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 
+import gevent
 import numpy as np
 import pytest
 
 from phi_api.engine import CapacityError, Engine, Finished, SamplingParams, TextDelta
+from phi_api.engine.scheduler import RetiredError
 from tests.support.fakes import EOS, FakeModel, RecordingEngine, Script, text_pieces
 from tests.support.generations import collect, generate
 from tests.support.server import wait_until
@@ -224,6 +228,28 @@ def test_idle_engines_give_their_buffers_back(engine_for):
     kv = engine.scheduler._kv
     wait_until(lambda: kv.rows == 0, timeout=5, message="the buffers freed")
     assert kv.keys == [] and kv.nbytes == 0
+
+
+def test_a_retired_engine_finishes_what_runs_takes_nothing_new_then_is_freed():
+    gate = threading.Semaphore(0)
+    engine = Engine(FakeModel(Script([1, 2, 3], gate=gate), PIECES), prefill_chunk=4, timeout=60.0)
+    running = engine.submit(prompt(3), SamplingParams(max_tokens=4))
+    engine.retire()
+    with pytest.raises(RetiredError):
+        engine.submit(prompt(3), SamplingParams(max_tokens=4))
+    for _ in range(8):
+        gate.release()
+    text, finished = collect(running)
+    assert (text, finished.reason) == ("abca", "length")
+    freed = weakref.ref(engine)
+    del engine, running
+
+    def engine_freed() -> bool:
+        gevent.sleep(0.01)  # the hub delivers the thread's last message, which closes its relay
+        gc.collect()
+        return freed() is None
+
+    wait_until(engine_freed, timeout=5, message="the retired engine freed")
 
 
 def test_a_sequence_reaching_the_rope_switch_is_prefilled_again_whole(engine_for):

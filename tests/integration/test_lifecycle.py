@@ -11,14 +11,8 @@ import pytest
 import requests
 
 from tests.integration.conftest import MODEL_ID
-from tests.support.server import Server, wait_until
+from tests.support.server import Server, failed_start, wait_until
 from tests.support.sse import data_lines
-
-
-def failed_start(logs_dir, **env) -> tuple[int, str]:
-    server = Server(logs_dir, **env).start(wait=False)
-    code = server.process.wait(timeout=60)
-    return code, server.log()
 
 
 @pytest.mark.parametrize("model_path", ["/nonexistent/phi-3.5", "corrupt"])
@@ -34,7 +28,7 @@ def test_model_loading_failure_logs_the_error_object_and_exits_without_workers(l
     assert len(json_lines) == 1
     error = json.loads(json_lines[0])["error"]
     assert (error["type"], error["code"]) == ("server_error", "model_loading_failed")
-    assert error["message"].startswith(f"Failed to load model from {model_path}: ")
+    assert error["message"].startswith(f"Failed to load model 'phi-3.5-mini' from {model_path}: ")  # the default id
     assert "Booting worker" not in output
 
 

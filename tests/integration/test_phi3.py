@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import requests
@@ -11,13 +10,7 @@ import requests
 from phi_api.engine.model import PHI3_CHAT_TEMPLATE
 from tests.support.server import Server
 from tests.support.sse import parse_sse
-from tests.support.tiny_phi3 import PHI3_EOS_TOKENS, ROPE_CONTEXT, ROPE_SWITCH, build_tiny_phi3
-
-
-@pytest.fixture(scope="module")
-def tiny_phi3(model_path, tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("tiny-phi3")
-    return build_tiny_phi3(Path(model_path), work / "model", work)
+from tests.support.tiny_phi3 import PHI3_EOS_TOKENS, ROPE_CONTEXT, ROPE_SWITCH
 
 
 @pytest.fixture(scope="module")

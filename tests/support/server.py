@@ -6,10 +6,17 @@ from typing import Any, Callable
 
 from phi_api.bench.server import Server, ServerError, free_port, poll
 
-__all__ = ["Server", "ServerError", "free_port", "wait_until"]
+__all__ = ["Server", "ServerError", "failed_start", "free_port", "wait_until"]
 
 
 def wait_until(condition: Callable[[], Any], timeout: float, interval: float = 0.05,
                message: str = "condition") -> Any:
     """Poll ``condition`` until it returns something truthy; fail the test after ``timeout`` seconds."""
     return poll(condition, timeout, message, interval, error=AssertionError)
+
+
+def failed_start(logs_dir: Any, **env: Any) -> tuple[int, str]:
+    """Start a server that is expected to stop by itself; its exit status and its log."""
+    server = Server(logs_dir, **env).start(wait=False)
+    code = server.process.wait(timeout=60)
+    return code, server.log()

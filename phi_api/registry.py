@@ -1,0 +1,356 @@
+"""The models a server serves: declared at start-up, loaded and unloaded while it runs, the same in every worker.
+
+The source of truth is one small JSON file in the server's state folder
+(``PHI_API_STATE_DIR``, made by the gunicorn master, shared by its workers):
+the models, each with its id, folder and options, and a version that every
+change bumps. Each worker keeps the engines of its own process and
+reconciles them with the file: before it serves any request that names or
+lists models, and every second in the background. A change is made under a
+file lock: the worker that takes a load validates the folder and loads the
+model itself first (so a failed load answers with its cause and changes
+nothing), then writes the file; the other workers load it on their next look
+(a request there waits for it). An unloaded model is removed from the file
+first, so no worker starts anything new on it; its running generations
+finish, then its engine stops and its memory is given back.
+
+Declared models (``MODELS_FILE``, or ``MODEL_PATH`` and ``MODEL_ID`` for
+one) are loaded in the master before the workers fork, so their tokenizers
+are shared; every model's weights are shared through the host's prepacked
+file, which each worker's session maps, whenever it was loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from phi_api.config import ENGINE_OPTIONS, ConfigError, Settings, parse_option
+from phi_api.engine import Engine
+from phi_api.errors import InvalidParameterError, InvalidRequestError, ModelLoadingError, ModelNotFoundError
+
+log = logging.getLogger(__name__)
+
+STATE_DIR_VARIABLE = "PHI_API_STATE_DIR"
+MODEL_FILES = ("genai_config.json", "tokenizer.json")
+
+
+class ModelExistsError(InvalidRequestError):
+    """A load names a model id that is already loaded (400, as OpenArc answers)."""
+
+    code = "model_exists"
+    default_param = "model"
+
+
+class ModelLimitError(InvalidRequestError):
+    """A load beyond ``MAX_MODELS`` (400): nothing is loaded."""
+
+    code = "model_limit_reached"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model to serve: the id clients name, its folder on the server's disk, and engine options (settings
+    such as ``KV_CACHE_MB`` for this model alone)."""
+
+    id: str
+    path: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "path": self.path, "options": self.options}
+
+    @classmethod
+    def checked(cls, model_id: Any, path: Any, options: Any = None, *, param: str = "options") -> "ModelSpec":
+        """A spec from untrusted values; 400 naming what is wrong."""
+        if not isinstance(model_id, str) or not model_id.strip() or len(model_id) > 256:
+            raise InvalidParameterError("A model needs an id: a non-empty string.", param="model")
+        if not isinstance(path, str) or not path:
+            raise InvalidParameterError("A model needs the path of its folder on the server.", param="path")
+        if not isinstance(options or {}, dict):
+            raise InvalidParameterError(f"{param} must be an object of engine settings.", param=param)
+        checked = {}
+        for name, value in (options or {}).items():
+            try:
+                checked[name] = parse_option(name, value)
+            except ConfigError as exc:
+                raise InvalidParameterError(f"{param}: {exc}", param=param) from None
+        return cls(model_id.strip(), path, checked)
+
+
+def check_folder(path: str) -> None:
+    """400 unless ``path`` is an ONNX Runtime GenAI model folder (its config, its graph and its files)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise InvalidParameterError(f"No folder {path} on the server.", param="path")
+    missing = [name for name in MODEL_FILES if not (folder / name).is_file()]
+    try:
+        config = json.loads((folder / "genai_config.json").read_text(encoding="utf-8")) if not missing else {}
+        graph = config["model"]["decoder"].get("filename", "model.onnx") if config else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise InvalidParameterError(f"{path} has no readable genai_config.json: not a model folder.",
+                                    param="path") from None
+    if graph and not (folder / graph).is_file():
+        missing.append(graph)
+    if missing:
+        raise InvalidParameterError(f"{path} is not an ONNX Runtime GenAI model folder: {', '.join(missing)} "
+                                    "missing.", param="path")
+
+
+def declared(settings: Settings) -> list[ModelSpec]:
+    """The models the settings declare: ``MODELS_FILE``'s list, or ``MODEL_PATH`` as ``MODEL_ID``."""
+    if not settings.MODELS_FILE:
+        return [ModelSpec(settings.MODEL_ID, settings.MODEL_PATH)]
+    try:
+        document = json.loads(Path(settings.MODELS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"MODELS_FILE {settings.MODELS_FILE}: {exc}") from None
+    entries = document.get("models") if isinstance(document, dict) else document
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"MODELS_FILE {settings.MODELS_FILE}: a list of models, or {{\"models\": [...]}}")
+    specs = []
+    for entry in entries:
+        try:
+            specs.append(ModelSpec.checked(entry.get("id"), entry.get("path"), entry.get("options")))
+        except (AttributeError, InvalidParameterError) as exc:
+            raise ConfigError(f"MODELS_FILE {settings.MODELS_FILE}: {getattr(exc, 'message', exc)}") from None
+    ids = [spec.id for spec in specs]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"MODELS_FILE {settings.MODELS_FILE}: model ids must differ")
+    return specs
+
+
+def state_dir() -> Path:
+    """The folder the server's processes share state in: the gunicorn master's (``PHI_API_STATE_DIR``), or
+    a fresh one for an app of its own (Flask's test client, a script)."""
+    folder = os.environ.get(STATE_DIR_VARIABLE)
+    return Path(folder) if folder else Path(tempfile.mkdtemp(prefix="phi-api-state-"))
+
+
+@dataclass
+class Served:
+    """A model this process serves: its spec, its engine, and when the server loaded it."""
+
+    spec: ModelSpec
+    engine: Engine
+    loaded_at: int
+
+
+Loader = Callable[[ModelSpec], Engine]
+
+
+class Models:
+    """This process's models, kept in step with the server's registry file (see the module's docstring)."""
+
+    def __init__(self, settings: Settings, folder: Path, loader: Loader) -> None:
+        self._settings = settings
+        self._file = folder / "models.json"
+        self._lock_path = folder / "models.lock"
+        self._load = loader
+        self._served: dict[str, Served] = {}
+        self._stamp: tuple[int, int, int] | None = None
+        self._in_step: Any = contextlib.nullcontext()  # one thread until start(); then a greenlet lock
+        self._started = False
+        self._draining = False
+
+    # Reading --------------------------------------------------------------------------------------
+
+    def engine(self, model_id: str) -> Engine:
+        """The engine serving ``model_id``; 404 ``model_not_found`` when the server serves no such model."""
+        served = self.get(model_id)
+        if served is None:
+            raise ModelNotFoundError(f"The model '{model_id}' does not exist; this server serves: "
+                                     f"{', '.join(self.ids()) or 'no model'}.")
+        return served.engine
+
+    def get(self, model_id: str) -> Served | None:
+        """The model ``model_id``, if the server serves it."""
+        self.sync()
+        return self._served.get(model_id)
+
+    def ids(self) -> list[str]:
+        """The ids of the models the server serves, in the order they were loaded."""
+        self.sync()
+        return list(self._served)
+
+    def all(self) -> list[Served]:
+        """Every model the server serves."""
+        self.sync()
+        return list(self._served.values())
+
+    @property
+    def ready(self) -> bool:
+        """Whether every model of this process can generate (true with none: the server can load one)."""
+        return not self._draining and all(served.engine.ready for served in self._served.values())
+
+    @property
+    def draining(self) -> bool:
+        """Whether this process is shutting down (see :meth:`drain`)."""
+        return self._draining
+
+    def drain(self) -> None:
+        """This process is shutting down: every engine takes no new generation (503); running ones finish."""
+        self._draining = True
+        for served in self._served.values():
+            served.engine.draining = True
+
+    # Changing -------------------------------------------------------------------------------------
+
+    def declare(self, specs: list[ModelSpec]) -> None:
+        """Load the declared models here (the master, before the fork) and start the registry with them,
+        unless another process of this server already did (workers that load for themselves)."""
+        with self._locked():
+            registry = self._read()
+            if registry is None:
+                loaded_at = int(time.time())
+                for spec in specs:
+                    self._served[spec.id] = Served(spec, self._loading(spec), loaded_at)
+                self._write([served for served in self._served.values()], version=1)
+        self.sync()
+
+    def load(self, spec: ModelSpec) -> Served:
+        """Load ``spec`` on this server: 400 for an id already served, past ``MAX_MODELS`` or for a folder that
+        is not a model; 500 (with the cause) for a model that fails to load. Nothing changes on failure."""
+        check_folder(spec.path)
+        with self._in_step, self._locked():
+            self._sync_now()
+            if spec.id in self._served:
+                raise ModelExistsError(f"The model '{spec.id}' is already loaded.")
+            if len(self._served) >= self._settings.MAX_MODELS:
+                raise ModelLimitError(f"This server holds at most {self._settings.MAX_MODELS} models (MAX_MODELS); "
+                                      "unload one first.")
+            served = Served(spec, self._loading(spec), int(time.time()))
+            if self._started:
+                served.engine.start()
+            self._served[spec.id] = served
+            self._write(list(self._served.values()))
+        log.info("model %s loaded from %s", spec.id, spec.path)
+        return served
+
+    def unload(self, model_id: str) -> Served:
+        """Stop serving ``model_id`` (404 if it is not served): new requests get 404 at once, running
+        generations finish, then its engine stops and its memory is given back."""
+        with self._in_step, self._locked():
+            self._sync_now()
+            served = self._served.pop(model_id, None)
+            if served is None:
+                raise ModelNotFoundError(f"The model '{model_id}' is not loaded.")
+            self._write(list(self._served.values()))
+        served.engine.retire()
+        log.info("model %s unloaded", model_id)
+        return served
+
+    # This process ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every engine of this process (call after the fork, on the worker's hub)."""
+        from gevent.lock import Semaphore
+
+        self._in_step = Semaphore()
+        self._started = True
+        for served in self._served.values():
+            served.engine.start()
+
+    def stop(self) -> None:
+        """Stop every engine of this process."""
+        for served in self._served.values():
+            served.engine.stop()
+
+    def sync(self) -> None:
+        """Catch up with the registry file if another process changed it (cheap when it did not).
+
+        One greenlet catches up; the others wait for it, so that no request is answered from a set of
+        models older than the file: a request that follows a load's answer never gets 404 anywhere.
+        """
+        if self._file_stamp() in (None, self._stamp):
+            return
+        with self._in_step:
+            if self._file_stamp() != self._stamp:
+                self._sync_now()
+
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        try:
+            stat = self._file.stat()
+        except FileNotFoundError:
+            return None
+        return stat.st_mtime_ns, stat.st_size, stat.st_ino
+
+    def _sync_now(self) -> None:
+        registry = self._read()
+        if registry is None:
+            return
+        wanted = {entry["id"]: entry for entry in registry["models"]}
+        for model_id in [model_id for model_id in self._served if model_id not in wanted]:
+            self._served.pop(model_id).engine.retire()
+        for model_id, entry in wanted.items():
+            if model_id not in self._served:
+                spec = ModelSpec(entry["id"], entry["path"], entry.get("options", {}))
+                try:
+                    served = Served(spec, self._loading(spec), int(entry.get("loaded_at", time.time())))
+                except ModelLoadingError:
+                    log.exception("model %s could not be loaded in this worker", model_id)
+                    continue
+                if self._started:
+                    served.engine.start()
+                self._served[model_id] = served
+        self._served = {model_id: self._served[model_id] for model_id in wanted if model_id in self._served}
+        self._stamp = registry["stamp"]  # in step with the file (a model that failed here is logged, not retried)
+
+    def _loading(self, spec: ModelSpec) -> Engine:
+        from phi_api.engine.native import off_hub
+
+        engine = off_hub(self._load, spec) if self._started else self._load(spec)
+        engine.draining = self._draining  # a worker that is shutting down starts nothing new on it either
+        return engine
+
+    # The file -------------------------------------------------------------------------------------
+
+    def _read(self) -> dict[str, Any] | None:
+        """The registry, and the stamp of the file it was read from; None when there is none yet."""
+        stamp = self._file_stamp()
+        try:
+            registry = json.loads(self._file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        registry["stamp"] = stamp
+        return registry
+
+    def _write(self, served: list[Served], version: int | None = None) -> None:
+        current = self._read()
+        registry = {"version": version or (current or {"version": 0})["version"] + 1,
+                    "models": [{**entry.spec.to_json(), "loaded_at": entry.loaded_at} for entry in served]}
+        staging = self._file.with_name(f".models.{os.getpid()}.json")
+        staging.write_text(json.dumps(registry, indent=1), encoding="utf-8")
+        os.replace(staging, self._file)
+        self._stamp = self._read()["stamp"]  # this process made the change: it is in step
+
+    def _locked(self) -> "_FileLock":
+        return _FileLock(self._lock_path)
+
+
+class _FileLock:
+    """An exclusive lock on a file, shared by the server's processes (taken off the hub: it may wait)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._handle: Any = None
+
+    def __enter__(self) -> None:
+        from phi_api.engine.native import off_hub
+
+        self._handle = open(self._path, "a+")
+        try:
+            off_hub(fcntl.flock, self._handle, fcntl.LOCK_EX)
+        except RuntimeError:  # no gevent hub in this process (a plain script): take it here
+            fcntl.flock(self._handle, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        fcntl.flock(self._handle, fcntl.LOCK_UN)
+        self._handle.close()
