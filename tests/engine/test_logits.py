@@ -106,6 +106,38 @@ def test_top_k_and_top_p_keep_only_the_most_likely():
     assert abs(counts[0] / counts[:2].sum() - 0.5 / 0.8) < 0.05  # renormalized among those kept
 
 
+def plain_sample(logits, temperature, top_k, top_p, rng):
+    """The definition, written plainly: what the engine's faster sample() must draw, token for token."""
+    scaled = logits.astype(np.float64) / temperature
+    pool = np.flatnonzero(np.isfinite(scaled))
+    if 0 < top_k < pool.size:
+        pool = pool[np.argpartition(-scaled[pool], top_k - 1)[:top_k]]
+    weights = np.exp(scaled[pool] - scaled[pool].max())
+    if top_p < 1.0:
+        order = np.argsort(-weights, kind="stable")
+        cumulative = np.cumsum(weights[order]) / weights.sum()
+        keep = order[:min(int(np.searchsorted(cumulative, top_p)) + 1, order.size)]
+        pool, weights = pool[keep], weights[keep]
+    choice = int(np.searchsorted(np.cumsum(weights), rng.random() * weights.sum(), side="right"))
+    return int(pool[min(choice, pool.size - 1)])
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"temperature": 0.7}, {"top_k": 40}, {"top_p": 0.9}, {"top_k": 50, "top_p": 0.8, "temperature": 1.3},
+    {"masked": True}, {"masked": True, "top_k": 20, "top_p": 0.95},
+])
+def test_sampling_draws_exactly_what_the_plain_definition_draws(options):
+    vocabulary = np.random.default_rng(3)
+    scratch = np.empty(5000)
+    ours, theirs = np.random.default_rng(11), np.random.default_rng(11)
+    for _ in range(200):
+        logits = (vocabulary.standard_normal(5000) * 4).astype(np.float32)
+        if options.get("masked"):
+            logits[vocabulary.random(5000) < 0.5] = -np.inf
+        args = (options.get("temperature", 1.0), options.get("top_k", 0), options.get("top_p", 1.0))
+        assert sample(logits.copy(), *args, ours, scratch) == plain_sample(logits.copy(), *args, theirs)
+
+
 def test_a_low_temperature_sharpens_and_a_high_one_flattens():
     assert draws([0.5, 0.3, 0.2], temperature=0.05)[0] == 4000
     flat = draws([0.5, 0.3, 0.2], temperature=100.0)
