@@ -43,6 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     replicas.add_argument("--max-tokens", type=int, default=128, help="tokens per streamed completion")
     replicas.set_defaults(run=_bench_replicas)
 
+    cpu = commands.add_parser("bench-cpu", help="where the CPU goes while concurrent streams run (Linux)")
+    cpu.add_argument("--model-path", required=True, help="model folder the server serves")
+    cpu.add_argument("--runs", type=int, default=3, help="measured runs (medians are reported)")
+    cpu.add_argument("--streams", type=int, default=8, help="concurrent streams")
+    cpu.add_argument("--max-tokens", type=int, default=128, help="tokens per streamed completion")
+    cpu.set_defaults(run=_bench_cpu)
+
     load = commands.add_parser("load", help="bursts far beyond the concurrency limit, or a soak (--minutes)")
     load.add_argument("--url", help="a running server (default: start one on --model-path)")
     load.add_argument("--model-path", help="model folder for the server it starts")
@@ -68,6 +75,13 @@ def _bench(args: argparse.Namespace) -> int:
         print("bench needs --url or --model-path", file=sys.stderr)
         return 2
     run(args)
+    return 0
+
+
+def _bench_cpu(args: argparse.Namespace) -> int:
+    from phi_api.bench import cpu
+
+    cpu.run(args)
     return 0
 
 
