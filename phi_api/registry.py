@@ -65,6 +65,7 @@ class ModelSpec:
     options: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        """The spec as the registry file and ``MODELS_FILE`` write it."""
         return {"id": self.id, "path": self.path, "options": self.options}
 
     @classmethod
