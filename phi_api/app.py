@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import os
+import functools
 from typing import Any, Mapping
 
 from flask import Flask
@@ -17,7 +17,7 @@ from phi_api.config import load_settings
 from phi_api.engine import Engine
 from phi_api.errors import openai_body
 from phi_api.logs import configure_logging, register_request_logging
-from phi_api.registry import STATE_DIR_VARIABLE, Loader, ModelSpec
+from phi_api.registry import Loader, ModelSpec, state_dir
 
 
 def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None = None,
@@ -40,17 +40,18 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
 
     extensions.init_settings(app, settings)
     schemas.init_app(app)
-    limiter.init_app(app, settings.MAX_CONCURRENT_REQUESTS, os.environ.get(STATE_DIR_VARIABLE))
+    folder = state_dir()  # shared by the server's processes: the slots' lock file and the model registry
+    limiter.init_app(app, settings.MAX_CONCURRENT_REQUESTS, folder)
     observe = metrics.init_app(app).observe_generation
-    make = loader or ((lambda spec: engine) if engine is not None else
-                      (lambda spec: extensions.load_engine(settings, spec)))
+    if loader is None:
+        loader = (lambda spec: engine) if engine is not None else functools.partial(extensions.load_engine, settings)
 
     def load(spec: ModelSpec) -> Engine:
-        loaded = make(spec)
+        loaded = loader(spec)
         loaded.observers.append(observe)
         return loaded
 
-    extensions.init_models(app, settings, load)
+    extensions.init_models(app, settings, load, folder)
 
     CORS(app, origins=settings.cors_origins, methods=["GET", "POST", "OPTIONS"],
          allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-Id"],

@@ -35,20 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--out", default="bench/results", help="folder for bench.json and bench.png")
     bench.set_defaults(run=_bench)
 
-    replicas = commands.add_parser("bench-replicas",
-                                   help="two replicas behind nginx (the shipped site) against one, and cache affinity")
-    replicas.add_argument("--model-path", required=True, help="model folder the replicas serve")
-    replicas.add_argument("--runs", type=int, default=3, help="repetitions (medians are reported)")
-    replicas.add_argument("--streams", type=int, default=8, help="concurrent streams for the throughput figure")
-    replicas.add_argument("--max-tokens", type=int, default=128, help="tokens per streamed completion")
-    replicas.set_defaults(run=_bench_replicas)
-
-    cpu = commands.add_parser("bench-cpu", help="where the CPU goes while concurrent streams run (Linux)")
-    cpu.add_argument("--model-path", required=True, help="model folder the server serves")
-    cpu.add_argument("--runs", type=int, default=3, help="measured runs (medians are reported)")
-    cpu.add_argument("--streams", type=int, default=8, help="concurrent streams")
-    cpu.add_argument("--max-tokens", type=int, default=128, help="tokens per streamed completion")
-    cpu.set_defaults(run=_bench_cpu)
+    streams = argparse.ArgumentParser(add_help=False)  # what bench-replicas and bench-cpu both take
+    streams.add_argument("--model-path", required=True, help="model folder the servers serve")
+    streams.add_argument("--runs", type=int, default=3, help="measured runs (medians are reported)")
+    streams.add_argument("--streams", type=int, default=8, help="concurrent streams")
+    streams.add_argument("--max-tokens", type=int, default=128, help="tokens per streamed completion")
+    commands.add_parser("bench-replicas", parents=[streams],
+                        help="two replicas behind nginx (the shipped site) against one, and cache affinity",
+                        ).set_defaults(run=_bench_replicas)
+    commands.add_parser("bench-cpu", parents=[streams],
+                        help="where the CPU goes while concurrent streams run (Linux)").set_defaults(run=_bench_cpu)
 
     load = commands.add_parser("load", help="bursts far beyond the concurrency limit, or a soak (--minutes)")
     load.add_argument("--url", help="a running server (default: start one on --model-path)")

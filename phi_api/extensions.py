@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 from flask import Flask
 
 from phi_api.config import Settings
 from phi_api.engine import Engine
 from phi_api.errors import ModelLoadingError
-from phi_api.registry import Loader, Models, ModelSpec, declared, state_dir
+from phi_api.registry import Loader, Models, ModelSpec, declared
 from phi_api.resources import keep, kept
 
 _SETTINGS = "phi_api.settings"
@@ -61,9 +62,10 @@ def get_settings(app: Flask | None = None) -> Settings:
     return kept(_SETTINGS, app)
 
 
-def init_models(app: Flask, settings: Settings, loader: Loader) -> Models:
-    """Keep the app's models: the declared ones, loaded now (or those the server already serves)."""
-    models = keep(app, _MODELS, Models(settings, state_dir(), loader))
+def init_models(app: Flask, settings: Settings, loader: Loader, folder: Path) -> Models:
+    """Keep the app's models: the declared ones, loaded now (or those the server already serves); their
+    registry in the server's state ``folder``."""
+    models = keep(app, _MODELS, Models(settings, folder, loader))
     models.declare(declared(settings))
     return models
 

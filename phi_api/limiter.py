@@ -111,7 +111,7 @@ class ConcurrencyLimiter:
         self._local.release()
 
 
-def init_app(app: Flask, limit: int, folder: str | None = None) -> ConcurrencyLimiter:
+def init_app(app: Flask, limit: int, folder: str | os.PathLike | None = None) -> ConcurrencyLimiter:
     """Keep the app's server-wide limiter of ``limit`` slots; its lock file in ``folder`` (the server's state
     folder, shared by workers that build their own app) or a private temporary file."""
     return keep(app, _KEY, ConcurrencyLimiter(limit, os.path.join(folder, "slots.lock") if folder else None))

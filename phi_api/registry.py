@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from phi_api.config import ENGINE_OPTIONS, ConfigError, Settings, parse_option
+from phi_api.config import ConfigError, Settings, parse_option
 from phi_api.engine import Engine
 from phi_api.errors import InvalidParameterError, InvalidRequestError, ModelLoadingError, ModelNotFoundError
 
@@ -165,11 +165,15 @@ class Models:
 
     def engine(self, model_id: str) -> Engine:
         """The engine serving ``model_id``; 404 ``model_not_found`` when the server serves no such model."""
+        return self.served(model_id).engine
+
+    def served(self, model_id: str) -> Served:
+        """The model ``model_id``; 404 ``model_not_found`` when the server serves no such model."""
         served = self.get(model_id)
         if served is None:
             raise ModelNotFoundError(f"The model '{model_id}' does not exist; this server serves: "
                                      f"{', '.join(self.ids()) or 'no model'}.")
-        return served.engine
+        return served
 
     def get(self, model_id: str) -> Served | None:
         """The model ``model_id``, if the server serves it."""
@@ -235,13 +239,15 @@ class Models:
         log.info("model %s loaded from %s", spec.id, spec.path)
         return served
 
-    def unload(self, model_id: str) -> Served:
-        """Stop serving ``model_id`` (404 if it is not served): new requests get 404 at once, running
-        generations finish, then its engine stops and its memory is given back."""
+    def unload(self, model_id: str, *, missing_ok: bool = False) -> Served | None:
+        """Stop serving ``model_id`` (404 if it is not served, unless ``missing_ok``): new requests get 404 at
+        once, running generations finish, then its engine stops and its memory is given back."""
         with self._in_step, self._locked():
             self._sync_now()
             served = self._served.pop(model_id, None)
             if served is None:
+                if missing_ok:
+                    return None
                 raise ModelNotFoundError(f"The model '{model_id}' is not loaded.")
             self._write(list(self._served.values()))
         served.engine.retire()

@@ -92,6 +92,14 @@ def test_requests_wait_while_their_worker_loads_what_another_loaded(workers):
     assert b.ids() == ["first", "second"]
 
 
+def test_an_unload_of_a_model_already_gone_is_a_404_unless_that_is_fine(workers):
+    (a, _), _, _ = workers
+    with pytest.raises(ModelNotFoundError):
+        a.unload("nobody")
+    assert a.unload("nobody", missing_ok=True) is None  # keep_alive 0 after somebody else's unload
+    assert a.ids() == ["first"]
+
+
 def test_an_unload_in_one_worker_is_refused_by_every_worker(workers):
     (a, b), loaders, root = workers
     a.load(ModelSpec("second", str(model_folder(root, "second"))))

@@ -20,6 +20,7 @@ from phi_api.errors import (
 )
 from phi_api.extensions import get_models, get_settings
 from phi_api.limiter import get_limiter
+from phi_api.schemas import get_validator
 from phi_api.service.generation import KEEPALIVE, Services
 from phi_api.transport import read_body, streaming_response
 
@@ -107,6 +108,13 @@ def read_json_object(any_media_type: bool = False) -> dict[str, Any]:
 
 
 # Streams --------------------------------------------------------------------------------------------
+
+
+def read_request(schema: str, any_media_type: bool = False) -> dict[str, Any]:
+    """The request's JSON object, checked against the JSON Schema ``schema`` (a 400 naming what is wrong)."""
+    body = read_json_object(any_media_type)
+    get_validator().validate(schema, body)
+    return body
 
 
 def _compact(data: Any) -> str:

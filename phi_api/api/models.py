@@ -12,11 +12,10 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from phi_api.api.http import read_json_object
+from phi_api.api.http import read_request
 from phi_api.extensions import get_models
 from phi_api.openapi import operation
 from phi_api.registry import ModelSpec
-from phi_api.schemas import get_validator
 from phi_api.service import catalog
 
 bp = Blueprint("models", __name__)
@@ -34,9 +33,7 @@ def list_models() -> Response:
 @operation("A served model's object (404 model_not_found for any other id)")
 def retrieve_model(model: str) -> Response:
     """One model object (the SDK's ``models.retrieve``); 404 ``model_not_found`` for any other id."""
-    models = get_models()
-    models.engine(model)  # 404 unless served
-    return jsonify(catalog.openai_model(models.get(model)))
+    return jsonify(catalog.openai_model(get_models().served(model)))
 
 
 def load_checked(model: Any, path: Any, options: Any, param: str = "options") -> dict[str, Any]:
@@ -51,8 +48,7 @@ def load_checked(model: Any, path: Any, options: Any, param: str = "options") ->
 def load_model() -> Response:
     """Serve another model: 400 for an id already served, past MAX_MODELS or for a folder that is not a
     model; 500 with the cause when it fails to load."""
-    body = read_json_object()
-    get_validator().validate("model_load", body)
+    body = read_request("model_load")
     return jsonify({**load_checked(body["model"], body["path"], body.get("options")), "status": "loaded"})
 
 
@@ -61,7 +57,6 @@ def load_model() -> Response:
            statuses=ADMIN_STATUSES)
 def unload_model() -> Response:
     """Unload a model: 404 for one that is not served."""
-    body = read_json_object()
-    get_validator().validate("model_unload", body)
+    body = read_request("model_unload")
     get_models().unload(body["model"])
     return jsonify({"id": body["model"], "object": "model", "status": "unloaded"})

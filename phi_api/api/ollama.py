@@ -11,12 +11,11 @@ from typing import Any, Callable
 
 from flask import Blueprint, Response, jsonify
 
-from phi_api.api.http import ndjson_response, read_json_object, render_errors, services
+from phi_api.api.http import ndjson_response, read_request, render_errors, services
 from phi_api.errors import ollama_body
 from phi_api.extensions import get_models
 from phi_api.logs import current_request_id
 from phi_api.openapi import GENERATION_STATUSES, JSON, NDJSON, operation
-from phi_api.schemas import get_validator
 from phi_api.service import catalog, generation, ollama
 from phi_api.transport import disconnect_probe
 from phi_api.version import __version__
@@ -45,26 +44,27 @@ def running() -> Response:
            errors="ollama", statuses=(400, 401, 404, 405, 413, 415))
 def delete() -> Response:
     """Ollama's delete, as this server can do it: the model is unloaded on every worker."""
-    body = read_json_object(any_media_type=True)
-    get_validator().validate("ollama_delete", body)
+    body = read_request("ollama_delete", any_media_type=True)
     get_models().unload(ollama.model_id(body.get("model") or body["name"]))
     return jsonify({})
 
 
 def _generation(schema: str, parse: Callable[[dict[str, Any]], Any], *, chat: bool) -> Response:
     started = time.monotonic()
-    body = read_json_object(any_media_type=True)
-    get_validator().validate(schema, body)
+    body = read_request(schema, any_media_type=True)
     request = parse(body)
     run = generation.start(services(), request, current_request_id())
     reply = ollama.Reply(run, started, chat=chat)
-    models = get_models()
-    after = () if ollama.keeps_alive(body) else (lambda: models.unload(request.model),)
+    models, keep = get_models(), ollama.keeps_alive(body)
+
+    def unload() -> None:  # keep_alive 0: unload once answered (if nobody did meanwhile)
+        models.unload(request.model, missing_ok=True)
+
     if request.stream:
-        return ndjson_response(reply.lines(), on_close=(run.close, *after))
+        return ndjson_response(reply.lines(), on_close=(run.close,) if keep else (run.close, unload))
     answer = jsonify(reply.whole(generation.collect(run, disconnect_probe())[0]))
-    for callback in after:
-        callback()
+    if not keep:
+        unload()
     return answer
 
 
@@ -89,11 +89,8 @@ def chat() -> Response:
 @operation("Ollama's model details", request="ollama_show", errors="ollama")
 def show() -> Response:
     """Details of the model."""
-    body = read_json_object(any_media_type=True)
-    get_validator().validate("ollama_show", body)
-    models, name = get_models(), ollama.model_id(body.get("model") or body["name"])
-    models.engine(name)  # 404 unless served
-    return jsonify(catalog.ollama_show(models.get(name)))
+    body = read_request("ollama_show", any_media_type=True)
+    return jsonify(catalog.ollama_show(get_models().served(ollama.model_id(body.get("model") or body["name"]))))
 
 
 @bp.get("/api/version")

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
-from phi_api.api.http import read_json_object, services
+from phi_api.api.http import read_request, services
 from phi_api.api.models import ADMIN_STATUSES, load_checked
 from phi_api.engine import Engine
 from phi_api.extensions import get_models, get_settings
 from phi_api.logs import current_request_id
 from phi_api.metrics import get_metrics
 from phi_api.openapi import GENERATION_STATUSES, get_document, operation
-from phi_api.schemas import get_validator
 from phi_api.service import catalog, generation, prompts
 from phi_api.service.requests import CompletionRequest, Sampling
 from phi_api.transport import disconnect_probe
@@ -59,8 +58,7 @@ def status() -> Response:
            request="openarc_load", statuses=ADMIN_STATUSES)
 def openarc_load() -> Response:
     """OpenArc's load: ``model_path`` as ``model_name``, its ``runtime_config`` as the engine's options."""
-    body = read_json_object()
-    get_validator().validate("openarc_load", body)
+    body = read_request("openarc_load")
     model = load_checked(body["model_name"], body["model_path"], body.get("runtime_config"), param="runtime_config")
     return jsonify({"model_id": model["id"], "model_name": model["id"], "status": "loaded"})
 
@@ -70,8 +68,7 @@ def openarc_load() -> Response:
            statuses=ADMIN_STATUSES)
 def openarc_unload() -> Response:
     """OpenArc's unload: new requests get 404 at once; running generations finish."""
-    body = read_json_object()
-    get_validator().validate("openarc_unload", body)
+    body = read_request("openarc_unload")
     get_models().unload(body["model_name"])
     return jsonify({"model_name": body["model_name"], "status": "unloading"})
 
@@ -82,8 +79,7 @@ def openarc_unload() -> Response:
            statuses=GENERATION_STATUSES)
 def bench() -> Response:
     """Generate from token ids, end-of-sequence ignored, and report the metrics (OpenArc's bench)."""
-    body = read_json_object()
-    get_validator().validate("bench", body)
+    body = read_request("bench")
     sampling = Sampling(max_tokens=body.get("max_tokens"), temperature=body.get("temperature"),
                         top_p=body.get("top_p"), top_k=body.get("top_k"),
                         repetition_penalty=body.get("repetition_penalty"), ignore_eos=True)
@@ -97,8 +93,7 @@ def bench() -> Response:
 @operation("Text or chat messages to token ids", request="tokenize")
 def tokenize() -> Response:
     """Text, or chat messages (through the chat template), to token ids."""
-    body = read_json_object()
-    get_validator().validate("tokenize", body)
+    body = read_request("tokenize")
     engine = _engine_for(body)
     if "messages" in body:
         tokens = prompts.chat_prompt(engine, body["messages"],
@@ -115,8 +110,7 @@ def tokenize() -> Response:
 @operation("Token ids to text", request="detokenize")
 def detokenize() -> Response:
     """Token ids to text (answered as vLLM's ``prompt`` and llama.cpp's ``content``)."""
-    body = read_json_object()
-    get_validator().validate("detokenize", body)
+    body = read_request("detokenize")
     engine = _engine_for(body)
     prompts.check_token_ids(engine, body["tokens"], "tokens")
     text = engine.decode(body["tokens"]) if body["tokens"] else ""
@@ -126,4 +120,4 @@ def detokenize() -> Response:
 def _engine_for(body: dict) -> Engine:
     """The engine of the model ``body`` names, or of the first one served when it names none."""
     models = get_models()
-    return models.engine(body.get("model") or (models.ids() or [""])[0])
+    return models.engine(body.get("model") or next(iter(models.ids()), ""))

@@ -8,7 +8,6 @@ completions, reads every thread's CPU time from ``/proc`` before and after: the 
 
 from __future__ import annotations
 
-import os
 import resource
 import statistics
 import tempfile
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from phi_api.bench.client import concurrent_streams
-from phi_api.bench.server import Server
+from phi_api.bench.server import Server, threads
 
 MODEL_ID = "bench-model"
 PROMPT = "Write a long story about a robot who learns to paint, with many characters and places."
@@ -25,15 +24,9 @@ PROMPT = "Write a long story about a robot who learns to paint, with many charac
 
 def thread_seconds(pid: int) -> dict[str, float]:
     """CPU seconds (user and system) of ``pid``'s threads, summed per thread name."""
-    tick = os.sysconf("SC_CLK_TCK")
     totals: dict[str, float] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        totals[name] = totals.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    for name, seconds in threads(pid):
+        totals[name] = totals.get(name, 0.0) + seconds
     return totals
 
 

@@ -93,12 +93,12 @@ class Server:
         return [int(pid) for pid in children]
 
     def engine_threads(self) -> list[int]:
-        """How many engine threads (one per model being served or finishing) each worker runs."""
+        """How many threads each worker runs under the engine's name: an engine thread per model being
+        served or finishing, and the ONNX Runtime pool threads it started (they inherit its name)."""
         from phi_api.engine.native import ENGINE_THREAD_NAME
 
         name = ENGINE_THREAD_NAME.decode()
-        return [sum(1 for task in Path(f"/proc/{pid}/task").iterdir() if _comm(task) == name)
-                for pid in self.worker_pids()]
+        return [sum(1 for thread, _ in threads(pid) if thread == name) for pid in self.worker_pids()]
 
     def pss_bytes(self) -> int:
         """Proportional set size of the master and its workers together (shared pages split fairly)."""
@@ -130,9 +130,15 @@ class Server:
         self.stop()
 
 
-def _comm(task: Path) -> str:
-    """A thread's name, or "" for one that just ended."""
-    try:
-        return (task / "comm").read_text().strip()
-    except OSError:
-        return ""
+def threads(pid: int) -> list[tuple[str, float]]:
+    """``pid``'s threads, from ``/proc``: each one's name and CPU seconds (user and system) so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        found.append((name, (int(fields[11]) + int(fields[12])) / tick))
+    return found

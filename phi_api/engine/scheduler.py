@@ -82,6 +82,10 @@ class RetiredError(RuntimeError):
     """The engine's model was unloaded: it takes nothing new."""
 
 
+def _discard(job: Job, finished: Finished) -> None:
+    """The report of an engine that has ended (it reports nothing more)."""
+
+
 def _ended() -> None:
     """On the hub, once an engine thread has ended and its relay is closed."""
     give_back_memory()
@@ -225,7 +229,11 @@ class Scheduler:
 
     def _deliver(self, item: Any) -> None:
         if item is _THREAD_ENDED:
+            # Break the cycles (relay -> this scheduler -> relay; engine -> this scheduler -> engine) so that
+            # reference counting frees the engine now: a full gc.collect() here stalled the hub 70-85 ms.
             self._relay.close(then=_ended)
+            self._relay = None
+            self._report = _discard
             return
         if isinstance(item, str):
             self.failure = item

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from phi_api.config import Settings
-from phi_api.engine import CapacityError, Engine, Finished, Generation, RetiredError, SamplingParams, TextDelta
+from phi_api.engine import CapacityError, Engine, Finished, Generation, SamplingParams, TextDelta
 from phi_api.errors import (
     APIError,
     ClientClosedRequestError,
@@ -116,10 +116,7 @@ def start(services: Services, request: GenerationRequest, request_id: str = "-")
         raise RateLimitError("Too many concurrent requests. Please try again later.")
     try:
         generation = engine.submit(plan.prompt, plan.params, request_id=request_id)
-    except RetiredError as exc:  # unloaded a moment ago
-        slot.release()
-        raise from_foreign(exc) from None
-    except BaseException:
+    except BaseException:  # RetiredError (unloaded a moment ago) becomes a 404 through errors.FOREIGN
         slot.release()
         raise
     return Run(request, engine, plan, generation, slot)
