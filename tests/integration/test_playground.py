@@ -63,11 +63,14 @@ class Visit:
         if folded:
             self.page.click("#toggle-settings")
 
-    def ask(self, text: str, max_tokens: int | None = None) -> None:
+    def ask(self, text: str, max_tokens: int | None = None, temperature: float | None = None) -> None:
         page = self.page
         page.locator("#model option").first.wait_for(state="attached")
         if max_tokens is not None:
             self.set("#max-tokens", str(max_tokens))
+        if temperature is not None:  # 0: greedy, for tests that need an answer that does not end early
+            self.set("#temperature", f"{temperature:g}")
+            assert page.locator("#temperature-value").inner_text() == f"{temperature:g}"
         page.fill("#prompt", text)
         page.click("#send")
 
@@ -98,7 +101,7 @@ def visit(browser):
 
 def test_a_message_streams_token_by_token_then_shows_its_figures(visit, server):
     page = visit(server.url)
-    page.ask("Tell me a long story about a lighthouse keeper.", max_tokens=300)
+    page.ask("Tell me a long story about a lighthouse keeper.", max_tokens=300, temperature=0)
     body = page.last_answer().locator(".body")
     page.page.wait_for_function("document.querySelector('.message.assistant .body').innerText.length > 5")
     first = len(body.inner_text())
@@ -124,7 +127,7 @@ def test_the_page_keeps_the_conversation_and_starts_anew(visit, server):
 
 def test_an_answer_cut_by_max_tokens_says_so(visit, server):
     page = visit(server.url)
-    page.ask("Count from one to one hundred, in words.", max_tokens=5)
+    page.ask("Count from one to one hundred, in words.", max_tokens=5, temperature=0)
     assert "finish: length" in page.wait_for_meta()
     assert "max_tokens" in page.last_answer().locator(".note").inner_text()
 
@@ -139,7 +142,7 @@ def one_slot(model_path, logs_dir):
 def test_stop_aborts_and_the_server_frees_the_slot(visit, one_slot):
     page = visit(one_slot.url)
     page.set("#system", "You write very long answers.")
-    page.ask("Write an essay about the sea.", max_tokens=2000)
+    page.ask("Write an essay about the sea.", max_tokens=2000, temperature=0)
     page.page.wait_for_function("document.querySelector('.message.assistant .body').innerText.length > 20")
     page.page.click("#stop")
     assert "Stopped" in page.last_answer().locator(".note").inner_text()
