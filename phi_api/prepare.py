@@ -53,9 +53,9 @@ def cache_root() -> Path:
     return Path(xdg) / "phi-api"
 
 
-def default_model_dir() -> Path:
-    """The folder the default model is prepared into unless told otherwise."""
-    return cache_root() / "models" / f"{DEFAULT_MODEL_ID}-cpu-int4-block-128-acc-level-4"
+def default_model_dir(root: Path | None = None) -> Path:
+    """The folder the default model is prepared into unless told otherwise (under ``root``, else the cache)."""
+    return (root or cache_root()) / "models" / f"{DEFAULT_MODEL_ID}-cpu-int4-block-128-acc-level-4"
 
 
 def is_ready(folder: Path) -> bool:

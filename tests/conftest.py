@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 from flask import Flask
@@ -18,15 +18,33 @@ from tests.support.fakes import fake_engine, text_pieces
 HELLO_PIECES = text_pieces(b"Hello", b",", b" world", b"!", b" How", b" are", b" you", b"?")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The user's phi-api cache, where `make model` prepares the default model.
+
+    For the run, ``PHI_API_CACHE_DIR`` (and with it the host's files that the
+    tests' servers and engines make, such as prepacked models) is a temporary
+    folder: the tests build models of their own in temporary folders, and
+    every run left their prepacked copies in the user's cache (66 MB each
+    for the tiny Phi-3).
+    """
+    from phi_api.prepare import cache_root
+
+    real = cache_root()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PHI_API_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield real
+
+
 @pytest.fixture(scope="session")
-def model_path() -> str:
+def model_path(user_cache: Path) -> str:
     """The prepared default model (SmolLM2-135M-Instruct, int4); prepared here if `make` did not."""
     explicit = os.environ.get("PHI_API_TEST_MODEL_PATH")
     if explicit:
         return explicit
-    from phi_api.prepare import prepare_default_model
+    from phi_api.prepare import default_model_dir, prepare_default_model
 
-    return str(prepare_default_model())
+    return str(prepare_default_model(default_model_dir(user_cache)))
 
 
 @pytest.fixture
