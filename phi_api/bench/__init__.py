@@ -170,7 +170,7 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
     models_latencies: list[float] = []
     models_failures = 0
     for level in levels:
-        batches, to_raw, to_ceiling = [], [], []
+        batches, to_raw, to_ceiling, steady_to_raw, steady_to_ceiling = [], [], [], [], []
         for _ in range(runs):
             reference = raw.sample(PROMPT, max_tokens)[max(raw.engines)].decode_rate if raw else None
             if level == max(levels):
@@ -182,12 +182,17 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
                 batch = concurrent_streams(target.url, body, level)
             batches.append(batch)
             if raw is not None:
+                ceiling = raw.engine_batch(level, max_tokens)
                 to_raw.append(batch.decode_rate / reference)
-                to_ceiling.append(batch.decode_rate / raw.engine_batch(level, max_tokens))
+                to_ceiling.append(batch.decode_rate / ceiling)
+                if batch.steady_rate:
+                    steady_to_raw.append(batch.steady_rate / reference)
+                    steady_to_ceiling.append(batch.steady_rate / ceiling)
         ttfts = [stream.ttft for batch in batches for stream in batch.streams]
         sweep[level] = {
             "aggregate_tokens_per_s": median([batch.aggregate_rate for batch in batches]),
             "aggregate_decode_tokens_per_s": median([batch.decode_rate for batch in batches]),
+            "steady_decode_tokens_per_s": median([batch.steady_rate for batch in batches if batch.steady_rate]),
             "per_stream_decode_tokens_per_s": median([s.decode_rate for b in batches for s in b.streams
                                                       if s.decode_rate]),
             "ttft_p50_s": percentile(ttfts, 0.5),
@@ -195,7 +200,9 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
         }
         if raw is not None:
             sweep[level].update({"decode_to_raw_single_paired": median(to_raw),
-                                 "decode_to_engine_ceiling_paired": median(to_ceiling)})
+                                 "decode_to_engine_ceiling_paired": median(to_ceiling),
+                                 "steady_to_raw_single_paired": median(steady_to_raw),
+                                 "steady_to_engine_ceiling_paired": median(steady_to_ceiling)})
     return {
         "levels": sweep,
         "models_latency_under_load_p50_s": percentile(models_latencies, 0.5),

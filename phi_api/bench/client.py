@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 import threading
 import time
@@ -22,6 +23,7 @@ class StreamResult:
     text: str = ""
     cached_tokens: int | None = None
     prompt_tokens: int | None = None
+    arrivals: tuple[float, ...] = ()  # when each piece of text arrived (``time.perf_counter()``)
 
     @property
     def decode_rate(self) -> float | None:
@@ -35,7 +37,7 @@ def stream_completion(base_url: str, body: dict[str, Any], session: requests.Ses
     http = session or requests
     payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
     started = time.perf_counter()
-    first = last = None
+    arrivals: list[float] = []
     pieces: list[str] = []
     usage: dict[str, Any] = {}
     with http.post(base_url + path, json=payload, stream=True, timeout=600) as response:
@@ -48,16 +50,14 @@ def stream_completion(base_url: str, body: dict[str, Any], session: requests.Ses
             for choice in event.get("choices") or []:
                 text = choice.get("text") or (choice.get("delta") or {}).get("content")
                 if text:
-                    now = time.perf_counter()
-                    first = first or now
-                    last = now
+                    arrivals.append(time.perf_counter())
                     pieces.append(text)
-    if first is None:
+    if not arrivals:
         raise RuntimeError(f"{base_url} streamed no text")
-    return StreamResult(ttft=first - started, tokens=usage.get("completion_tokens") or len(pieces),
-                        decode_seconds=last - first, text="".join(pieces),
+    return StreamResult(ttft=arrivals[0] - started, tokens=usage.get("completion_tokens") or len(pieces),
+                        decode_seconds=arrivals[-1] - arrivals[0], text="".join(pieces),
                         cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-                        prompt_tokens=usage.get("prompt_tokens"))
+                        prompt_tokens=usage.get("prompt_tokens"), arrivals=tuple(arrivals))
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,25 @@ class LoadResult:
         """The streams' decode rates summed: what the server decodes per second while they all run, to set
         against a single stream's decode rate."""
         return sum(stream.decode_rate or 0.0 for stream in self.streams)
+
+    @property
+    def steady_rate(self) -> float | None:
+        """Tokens per second while every stream decodes: from the last stream's first text to the first
+        stream's last text (``None`` when the streams never all decode at once).
+
+        A stream's decode rate counts the time the server spends on the prompts of the streams that started
+        after it; in this window every prompt is done, so it is the rate to set against an engine's static
+        batch of as many rows. Each stream's pieces in the window count as its tokens per piece.
+        """
+        if not self.streams or not all(stream.arrivals for stream in self.streams):
+            return None
+        start = max(stream.arrivals[0] for stream in self.streams)
+        end = min(stream.arrivals[-1] for stream in self.streams)
+        if end <= start:
+            return None
+        tokens = sum((bisect.bisect_right(stream.arrivals, end) - bisect.bisect_right(stream.arrivals, start))
+                     * stream.tokens / len(stream.arrivals) for stream in self.streams)
+        return tokens / (end - start)
 
 
 def unique(body: dict[str, Any]) -> dict[str, Any]:
