@@ -170,7 +170,7 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
     models_latencies: list[float] = []
     models_failures = 0
     for level in levels:
-        batches, to_raw, to_ceiling, steady_to_raw, steady_to_ceiling = [], [], [], [], []
+        batches, to_raw, to_ceiling, steady_to_raw, steady_to_ceiling, ceilings = [], [], [], [], [], []
         for _ in range(runs):
             reference = raw.sample(PROMPT, max_tokens)[max(raw.engines)].decode_rate if raw else None
             if level == max(levels):
@@ -183,6 +183,7 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
             batches.append(batch)
             if raw is not None:
                 ceiling = raw.engine_batch(level, max_tokens)
+                ceilings.append(ceiling / reference)
                 to_raw.append(batch.decode_rate / reference)
                 to_ceiling.append(batch.decode_rate / ceiling)
                 if batch.steady_rate:
@@ -202,7 +203,8 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
             sweep[level].update({"decode_to_raw_single_paired": median(to_raw),
                                  "decode_to_engine_ceiling_paired": median(to_ceiling),
                                  "steady_to_raw_single_paired": median(steady_to_raw),
-                                 "steady_to_engine_ceiling_paired": median(steady_to_ceiling)})
+                                 "steady_to_engine_ceiling_paired": median(steady_to_ceiling),
+                                 "engine_ceiling_to_raw_single_paired": median(ceilings)})
     return {
         "levels": sweep,
         "models_latency_under_load_p50_s": percentile(models_latencies, 0.5),
