@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from phi_api.engine import SamplingParams
-from phi_api.engine.logits import LogitsEditor, Sampler, sample
+from phi_api.engine.logits import LogitsEditor, Sampler, _draw, sample
 
 
 def edited(params: SamplingParams, seen: list[int], size: int = 8) -> np.ndarray:
@@ -107,7 +107,8 @@ def test_top_k_and_top_p_keep_only_the_most_likely():
 
 
 def plain_sample(logits, temperature, top_k, top_p, rng):
-    """The definition, written plainly: what the engine's faster sample() must draw, token for token."""
+    """The definition, written plainly (float64, one running sum): what the engine's faster sample() must
+    draw, token for token (they may differ only where a draw lands within float rounding of a boundary)."""
     scaled = logits.astype(np.float64) / temperature
     pool = np.flatnonzero(np.isfinite(scaled))
     if 0 < top_k < pool.size:
@@ -128,7 +129,7 @@ def plain_sample(logits, temperature, top_k, top_p, rng):
 ])
 def test_sampling_draws_exactly_what_the_plain_definition_draws(options):
     vocabulary = np.random.default_rng(3)
-    scratch = np.empty(5000)
+    scratch = np.empty(5000, dtype=np.float32)
     ours, theirs = np.random.default_rng(11), np.random.default_rng(11)
     for _ in range(200):
         logits = (vocabulary.standard_normal(5000) * 4).astype(np.float32)
@@ -136,6 +137,18 @@ def test_sampling_draws_exactly_what_the_plain_definition_draws(options):
             logits[vocabulary.random(5000) < 0.5] = -np.inf
         args = (options.get("temperature", 1.0), options.get("top_k", 0), options.get("top_p", 1.0))
         assert sample(logits.copy(), *args, ours, scratch) == plain_sample(logits.copy(), *args, theirs)
+
+
+@pytest.mark.parametrize("size", [1, 255, 256, 257, 5000, 49152])
+def test_the_block_by_block_draw_finds_where_the_running_sum_passes_the_point(size):
+    weights = np.random.default_rng(size).integers(0, 4, size).astype(np.float32)  # whole numbers: exact sums
+    weights[-1] += 1  # never all zero
+    total = float(weights.sum())
+    running = np.cumsum(weights.astype(np.float64))
+    for fraction in [0.0, 0.3, 0.5, 0.999999, *((running[:40] - 0.5) / total), *(running[-3:] / total)]:
+        fraction = min(float(fraction), np.nextafter(1.0, 0.0))
+        expected = min(int(np.searchsorted(running, fraction * total, side="right")), size - 1)
+        assert _draw(weights, fraction) == expected
 
 
 def test_a_low_temperature_sharpens_and_a_high_one_flattens():
