@@ -336,7 +336,7 @@ class Models:
         staging = self._file.with_name(f".models.{os.getpid()}.json")
         staging.write_text(json.dumps(registry, indent=1), encoding="utf-8")
         os.replace(staging, self._file)
-        self._stamp = self._read()["stamp"]  # this process made the change: it is in step
+        self._stamp = self._file_stamp()  # this process made the change: it is in step
 
     def _locked(self) -> "_FileLock":
         return _FileLock(self._lock_path)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import requests
 
-from phi_api.bench.client import LatencyProbe, StreamResult, concurrent_streams, stream_completion, unique
+from phi_api.bench.client import LatencyProbe, LoadResult, StreamResult, concurrent_streams, stream_completion, unique
 from phi_api.bench.raw import EngineBatch, RawEngine
 from phi_api.bench.server import Server
 
@@ -157,6 +157,22 @@ def paired_ratios(results: list[StreamResult], raw_samples: list[dict[int, Any]]
             "ttft_delta_s": median([result.ttft - reference.prefill_seconds for result, reference in pairs])}
 
 
+_RATIOS = ("decode_to_raw_single_paired", "decode_to_engine_ceiling_paired", "steady_to_raw_single_paired",
+           "steady_to_engine_ceiling_paired", "engine_ceiling_to_raw_single_paired")
+
+
+def _ratios(batch: LoadResult, reference: float, ceiling: float) -> dict[str, float]:
+    """One run's ratios (see :data:`_RATIOS`): the batch's summed and steady rates against the raw single stream
+    run before it and the engine's static batch run after it, and that ceiling against the raw stream."""
+    ratios = {"decode_to_raw_single_paired": batch.decode_rate / reference,
+              "decode_to_engine_ceiling_paired": batch.decode_rate / ceiling,
+              "engine_ceiling_to_raw_single_paired": ceiling / reference}
+    if batch.steady_rate:
+        ratios.update({"steady_to_raw_single_paired": batch.steady_rate / reference,
+                       "steady_to_engine_ceiling_paired": batch.steady_rate / ceiling})
+    return ratios
+
+
 def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs: int,
                         raw: RawReference | None) -> dict[str, Any]:
     """Aggregate throughput and first-token times at each concurrency level; /v1/models latency at the top level.
@@ -170,7 +186,7 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
     models_latencies: list[float] = []
     models_failures = 0
     for level in levels:
-        batches, to_raw, to_ceiling, steady_to_raw, steady_to_ceiling, ceilings = [], [], [], [], [], []
+        batches, paired = [], []
         for _ in range(runs):
             reference = raw.sample(PROMPT, max_tokens)[max(raw.engines)].decode_rate if raw else None
             if level == max(levels):
@@ -182,13 +198,7 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
                 batch = concurrent_streams(target.url, body, level)
             batches.append(batch)
             if raw is not None:
-                ceiling = raw.engine_batch(level, max_tokens)
-                ceilings.append(ceiling / reference)
-                to_raw.append(batch.decode_rate / reference)
-                to_ceiling.append(batch.decode_rate / ceiling)
-                if batch.steady_rate:
-                    steady_to_raw.append(batch.steady_rate / reference)
-                    steady_to_ceiling.append(batch.steady_rate / ceiling)
+                paired.append(_ratios(batch, reference, raw.engine_batch(level, max_tokens)))
         ttfts = [stream.ttft for batch in batches for stream in batch.streams]
         sweep[level] = {
             "aggregate_tokens_per_s": median([batch.aggregate_rate for batch in batches]),
@@ -200,11 +210,8 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
             "ttft_p95_s": percentile(ttfts, 0.95),
         }
         if raw is not None:
-            sweep[level].update({"decode_to_raw_single_paired": median(to_raw),
-                                 "decode_to_engine_ceiling_paired": median(to_ceiling),
-                                 "steady_to_raw_single_paired": median(steady_to_raw),
-                                 "steady_to_engine_ceiling_paired": median(steady_to_ceiling),
-                                 "engine_ceiling_to_raw_single_paired": median(ceilings)})
+            sweep[level].update({key: median([ratios[key] for ratios in paired if key in ratios])
+                                 for key in _RATIOS})
     return {
         "levels": sweep,
         "models_latency_under_load_p50_s": percentile(models_latencies, 0.5),

@@ -17,6 +17,7 @@ from typing import Any
 
 from phi_api.bench.client import concurrent_streams
 from phi_api.bench.server import Server, threads
+from phi_api.engine.native import ENGINE_THREAD_NAME
 
 MODEL_ID = "bench-model"
 PROMPT = "Write a long story about a robot who learns to paint, with many characters and places."
@@ -44,7 +45,7 @@ def measure(server: Server, streams: int, max_tokens: int) -> dict[str, Any]:
     after = (thread_seconds(worker), thread_seconds(master), _client_seconds(), time.monotonic())
     wall = after[3] - before[3]
     engine = sum(seconds - before[0].get(name, 0.0) for name, seconds in after[0].items()
-                 if name == "phi-api engine")
+                 if name == ENGINE_THREAD_NAME.decode())
     worker_total = sum(after[0].values()) - sum(before[0].values())
     return {"decode_tokens_per_s": result.decode_rate, "engine_threads": engine / wall,
             "worker_other_threads": (worker_total - engine) / wall,

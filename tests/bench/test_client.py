@@ -38,3 +38,16 @@ def test_streams_that_never_decode_together_have_no_steady_rate():
     early, late = _stream(first=0.0, rate=100, count=50), _stream(first=1.0, rate=100, count=50)
     assert LoadResult(2, [early, late], wall_seconds=2.0).steady_rate is None
     assert LoadResult(1, [StreamResult(ttft=0.1, tokens=5, decode_seconds=1.0)], wall_seconds=1.0).steady_rate is None
+
+
+def test_a_run_s_ratios_pair_its_rates_with_the_raw_stream_and_the_ceiling():
+    from phi_api.bench import _ratios
+
+    both = LoadResult(2, [_stream(first=0.0, rate=50, count=51), _stream(first=0.0, rate=50, count=51)], 1.0)
+    ratios = _ratios(both, reference=50.0, ceiling=125.0)
+    assert ratios["decode_to_raw_single_paired"] == pytest.approx(2.0)
+    assert ratios["decode_to_engine_ceiling_paired"] == pytest.approx(0.8)
+    assert ratios["steady_to_raw_single_paired"] == pytest.approx(2.0, rel=0.03)
+    assert ratios["engine_ceiling_to_raw_single_paired"] == pytest.approx(2.5)
+    apart = LoadResult(2, [_stream(first=0.0, rate=100, count=50), _stream(first=1.0, rate=100, count=50)], 2.0)
+    assert "steady_to_raw_single_paired" not in _ratios(apart, reference=50.0, ceiling=125.0)
