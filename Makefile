@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 REQUIREMENTS := requirements.txt requirements-model.txt requirements-model-nodeps.txt requirements-dev.txt
 
-.PHONY: install model serve test bench clean
+.PHONY: install model serve test bench clean system-packages
 
 install: $(STAMP)
 
@@ -34,7 +34,12 @@ serve: install
 			exec $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app; \
 	fi
 
-test: install
+# The Debian packages the tests need first: installed as root, otherwise a stop within a second that names
+# the command to run (before the minutes of set-up).
+system-packages:
+	tests/system_packages.sh
+
+test: system-packages install
 	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
 	PHI_API_TEST_MODEL_PATH="$$model_path" $(PY) -m pytest $(PYTEST_ARGS)
 

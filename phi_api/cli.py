@@ -14,9 +14,13 @@ def main(argv: list[str] | None = None) -> int:
 
     prepare = commands.add_parser(
         "prepare-model",
-        help="convert the default model (SmolLM2-135M-Instruct) and print its folder as the last line",
+        help="convert the default model (SmolLM2-135M-Instruct), or build a random-weight benchmark model of a "
+             "production shape, and print its folder as the last line",
     )
     prepare.add_argument("--output", type=Path, help="model folder to create (default: the phi-api cache)")
+    prepare.add_argument("--shape", choices=["phi-3.5-mini"],
+                         help="build a random-weight model of this architecture instead (a benchmark model: its "
+                              "answers are noise; ~8 GB of memory and a few minutes)")
     prepare.set_defaults(run=_prepare_model)
 
     bench = commands.add_parser("bench", help="measure a server against the raw engine (and other servers)")
@@ -102,7 +106,13 @@ def _prepare_model(args: argparse.Namespace) -> int:
     from phi_api.prepare import PreparationError, prepare_default_model
 
     try:
-        folder = prepare_default_model(args.output)
+        if args.shape:
+            from phi_api.shapes import SHAPES, prepare_shape_model
+
+            # The tokenizer is the default model's (plus Phi-3's special tokens): prepare that first.
+            folder = prepare_shape_model(SHAPES[args.shape], prepare_default_model(), args.output)
+        else:
+            folder = prepare_default_model(args.output)
     except PreparationError as exc:
         print(f"prepare-model failed: {exc}", file=sys.stderr)
         return 1

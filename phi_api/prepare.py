@@ -58,8 +58,9 @@ def default_model_dir(root: Path | None = None) -> Path:
     return (root or cache_root()) / "models" / f"{DEFAULT_MODEL_ID}-cpu-int4-block-128-acc-level-4"
 
 
-def is_ready(folder: Path) -> bool:
-    """True when ``folder`` holds a finished conversion made with this recipe."""
+def is_ready(folder: Path, expected: dict | None = None) -> bool:
+    """True when ``folder`` holds a finished conversion whose marker records ``expected`` (default: this
+    module's recipe)."""
     marker = folder / READY_MARKER
     if not marker.is_file() or not all((folder / name).is_file() for name in MODEL_FILES):
         return False
@@ -67,42 +68,50 @@ def is_ready(folder: Path) -> bool:
         recorded = json.loads(marker.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return recorded.get("recipe_version") == RECIPE_VERSION and recorded.get("builder") == BUILDER_RECIPE
+    wanted = expected or {"recipe_version": RECIPE_VERSION, "builder": BUILDER_RECIPE}
+    return all(recorded.get(key) == value for key, value in wanted.items())
 
 
 def prepare_default_model(output: Path | None = None, progress: Progress | None = None) -> Path:
-    """Convert the default model into ``output`` (or the cache) and return the folder.
-
-    A folder that is already ready is returned at once. Work happens in a
-    staging folder next to the target, renamed into place only when complete,
-    so an interrupted run never leaves a half-written model behind.
-    """
+    """Convert the default model into ``output`` (or the cache) and return the folder (at once when it is ready)."""
     say = progress or _stderr
     target = Path(output).expanduser().resolve() if output else default_model_dir()
     if is_ready(target):
         say(f"Model already prepared in {target}")
         return target
     gguf = _find_gguf()
+
+    def build(staging: Path, onnx_dir: Path) -> dict:
+        hf_dir = staging / "hf"
+        _timed(say, "1/3 Reading the GGUF weights and tokenizer (transformers)", lambda: export_hf_folder(gguf, hf_dir))
+        _timed(say, BUILDER_STEP.format(step="2/3"),
+               lambda: run_builder(hf_dir, onnx_dir, staging / "builder-cache", staging / "builder.log"))
+        _timed(say, "3/3 Checking the converted model files", lambda: _check_output(onnx_dir))
+        return {"recipe_version": RECIPE_VERSION, "builder": BUILDER_RECIPE, "source": f"{GGUF_PACKAGE}/{gguf.name}"}
+
+    build_into(target, build)
+    say(f"Model prepared in {target}")
+    return target
+
+
+BUILDER_STEP = "{step} Building the int4 ONNX model (onnxruntime-genai builder: block size 128, accuracy level 4)"
+
+
+def build_into(target: Path, build: Callable[[Path, Path], dict]) -> None:
+    """Make a model folder at ``target``: ``build(staging, out_dir)`` writes it into ``out_dir`` and returns its
+    ready marker's facts. The work happens in a staging folder next to the target, renamed into place only when
+    complete, so an interrupted run never leaves a half-written model behind."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        hf_dir = staging / "hf"
-        onnx_dir = staging / "onnx"
-        _timed(say, "1/3 Reading the GGUF weights and tokenizer (transformers)", lambda: export_hf_folder(gguf, hf_dir))
-        _timed(
-            say,
-            "2/3 Building the int4 ONNX model (onnxruntime-genai builder: block size 128, accuracy level 4)",
-            lambda: run_builder(hf_dir, onnx_dir, staging / "builder-cache", staging / "builder.log"),
-        )
-        _timed(say, "3/3 Checking the converted model files", lambda: _check_output(onnx_dir))
-        _write_marker(onnx_dir, gguf)
+        out_dir = staging / "onnx"
+        marker = {**build(staging, out_dir), "prepared_at": int(time.time())}
+        (out_dir / READY_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         if target.exists():
             shutil.rmtree(target)
-        onnx_dir.rename(target)
+        out_dir.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    say(f"Model prepared in {target}")
-    return target
 
 
 def export_hf_folder(gguf: Path, out_dir: Path) -> None:
@@ -177,16 +186,6 @@ def _check_output(folder: Path) -> None:
     missing = [name for name in MODEL_FILES if not (folder / name).is_file()]
     if missing:
         raise PreparationError(f"the builder did not write {', '.join(missing)} in {folder}")
-
-
-def _write_marker(folder: Path, gguf: Path) -> None:
-    marker = {
-        "recipe_version": RECIPE_VERSION,
-        "builder": BUILDER_RECIPE,
-        "source": f"{GGUF_PACKAGE}/{gguf.name}",
-        "prepared_at": int(time.time()),
-    }
-    (folder / READY_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
 
 
 def _timed(say: Progress, label: str, work: Callable[[], None]) -> None:

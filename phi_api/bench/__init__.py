@@ -307,8 +307,8 @@ def measure_memory(model_path: str, model_id: str, log_dir: Path) -> dict[str, A
         with Server(log_dir, MODEL_PATH=model_path, MODEL_ID=model_id, WEB_CONCURRENCY=workers,
                     MAX_CONCURRENT_REQUESTS=8) as server:
             body = {"model": model_id, "prompt": SHORT_PROMPT, "max_tokens": 8}
-            for _ in range(4 * workers):  # let every worker run the model once
-                requests.post(server.url + "/v1/completions", json=body, timeout=60).raise_for_status()
+            for session in server.sessions().values():  # every worker runs the model once
+                session.post(server.url + "/v1/completions", json=body, timeout=600).raise_for_status()
             time.sleep(0.5)
             sizes[workers] = server.pss_bytes()
     return {"pss_1_worker_mb": sizes[1] / 2**20, "pss_2_workers_mb": sizes[2] / 2**20,

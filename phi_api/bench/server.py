@@ -92,6 +92,30 @@ class Server:
         children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
         return [int(pid) for pid in children]
 
+    def session_to(self, pid: int, timeout: float = 10) -> requests.Session:
+        """A keep-alive connection that worker ``pid`` accepted, whichever way the kernel would spread connections.
+
+        The other workers are stopped (SIGSTOP) until the connection is made and ``pid`` has answered a ``GET
+        /health`` on it: a stopped process cannot accept, so only ``pid`` can. gunicorn closes a connection after
+        ``keepalive`` seconds (5) without a request: use it at once. Its ``/health`` counts toward gunicorn's
+        ``--max-requests``.
+        """
+        others = [other for other in self.worker_pids() if other != pid]
+        for other in others:
+            os.kill(other, signal.SIGSTOP)
+        try:
+            poll(lambda: all(_state(other) in "Tt" for other in others), timeout, "the other workers to stop")
+            session = requests.Session()
+            session.get(self.url + "/health", timeout=timeout)  # any answer (503 while it loads a model) will do
+        finally:
+            for other in others:
+                os.kill(other, signal.SIGCONT)
+        return session
+
+    def sessions(self) -> dict[int, requests.Session]:
+        """A connection to each worker (see :meth:`session_to`), by pid."""
+        return {pid: self.session_to(pid) for pid in self.worker_pids()}
+
     def engine_threads(self) -> list[int]:
         """How many threads each worker runs under the engine's name: an engine thread per model being
         served or finishing, and the ONNX Runtime pool threads it started (they inherit its name)."""
@@ -142,3 +166,11 @@ def threads(pid: int) -> list[tuple[str, float]]:
             continue
         found.append((name, (int(fields[11]) + int(fields[12])) / tick))
     return found
+
+
+def _state(pid: int) -> str:
+    """``pid``'s scheduling state, from ``/proc`` (``T``: stopped); ``X`` when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "X"

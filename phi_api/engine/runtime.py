@@ -38,7 +38,7 @@ def _ort_errors() -> tuple[type[BaseException], ...]:
 
 ORT_ERRORS = _ort_errors()  # what onnxruntime raises (its classes derive from Exception directly)
 
-_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(int64)": np.int64,
                 "tensor(int32)": np.int32}
 
 

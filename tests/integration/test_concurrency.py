@@ -18,10 +18,12 @@ LONG = {"model": MODEL_ID, "prompt": "Count to ten thousand:", "max_tokens": 400
         "temperature": 0, "stream": True}
 
 
-def open_stream(server, body=LONG, request_id: str | None = None) -> requests.Response | None:
-    """A running stream (its first event read), or None if the server said 429."""
+def open_stream(server, body=LONG, request_id: str | None = None, worker: int | None = None
+                ) -> requests.Response | None:
+    """A running stream (its first event read), or None if the server said 429; on ``worker`` when given."""
     headers = {"X-Request-Id": request_id} if request_id else {}
-    response = requests.post(server.url + "/v1/completions", json=body, stream=True, timeout=60, headers=headers)
+    client = server.session_to(worker) if worker is not None else requests
+    response = client.post(server.url + "/v1/completions", json=body, stream=True, timeout=60, headers=headers)
     if response.status_code == 429:
         response.close()
         return None
@@ -44,8 +46,9 @@ def closing_on_error(response: requests.Response):
 
 
 @contextlib.contextmanager
-def hold_streams(server, count: int):
-    """Keep ``count`` generations running (each holds a slot) for the duration of the block.
+def hold_streams(server, count: int, worker: int | None = None):
+    """Keep ``count`` generations running (each holds a slot) for the duration of the block, on ``worker`` when
+    given.
 
     Slots freed by an earlier test's closed streams come back within moments;
     each one is waited for, up to a few seconds.
@@ -53,7 +56,8 @@ def hold_streams(server, count: int):
     held = []
     try:
         for _ in range(count):
-            held.append(wait_until(lambda: open_stream(server), timeout=10, interval=0.1, message="a free slot"))
+            held.append(wait_until(lambda: open_stream(server, worker=worker), timeout=10, interval=0.1,
+                                   message="a free slot"))
         yield held
     finally:
         for response in held:
@@ -69,10 +73,12 @@ def can_hold(server, count: int) -> bool:
 
 
 def test_limit_holds_across_workers_and_gets_are_never_limited(limited_server):
-    with hold_streams(limited_server, 2):
-        refused = [requests.post(limited_server.url + "/v1/completions", json={**LONG, "stream": False,
-                                                                              "max_tokens": 5})
-                   for _ in range(4)]  # some of these reach the worker that holds no slot
+    holder, other = limited_server.worker_pids()
+    with hold_streams(limited_server, 2, worker=holder):
+        # Both slots are on one worker; the other worker, which holds none, refuses too: the limit is server-wide.
+        refused = [limited_server.session_to(worker).post(limited_server.url + "/v1/completions",
+                                                          json={**LONG, "stream": False, "max_tokens": 5})
+                   for worker in (other, other, holder, holder)]
         assert [response.status_code for response in refused] == [429] * 4
         assert all(r.json()["error"]["type"] == "rate_limit_error" for r in refused)
         assert all(r.headers["Retry-After"] == "1" for r in refused)

@@ -14,8 +14,12 @@ from tests.support.server import Server, wait_until
 
 
 def mapped_bytes(pid: int, marker: str) -> dict[str, int]:
-    """Rss and Shared_Clean bytes of ``pid``'s mappings whose path contains ``marker``."""
-    totals = {"Rss": 0, "Shared_Clean": 0}
+    """Rss and Pss bytes of ``pid``'s mappings whose path contains ``marker``.
+
+    Pss, not Shared_Clean, tells sharing: a freshly written file may be mapped as large folios, which smaps
+    counts in neither Shared_Clean nor Private_Clean (seen on Linux 6.18), while Pss splits them fairly.
+    """
+    totals = {"Rss": 0, "Pss": 0}
     inside = False
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         fields = line.split()
@@ -28,12 +32,12 @@ def mapped_bytes(pid: int, marker: str) -> dict[str, int]:
 
 def test_every_worker_maps_the_one_prepacked_file_and_shares_its_pages(server):
     body = {"model": MODEL_ID, "prompt": "Hello", "max_tokens": 4}
-    for _ in range(6):  # reach both workers
-        assert requests.post(server.url + "/v1/completions", json=body).status_code == 200
+    for session in server.sessions().values():  # one request on each worker
+        assert session.post(server.url + "/v1/completions", json=body).status_code == 200
     for pid in server.worker_pids():
         pages = mapped_bytes(pid, "/prepacked/")
-        assert pages["Rss"] > 20 * 2**20, pages  # the weights are read from the mapped file ...
-        assert pages["Shared_Clean"] > 20 * 2**20, pages  # ... whose pages the other worker maps too
+        assert pages["Rss"] > 10 * 2**20, pages  # the weights are read from the mapped file ...
+        assert pages["Pss"] < 0.75 * pages["Rss"], pages  # ... whose pages the other worker maps too
 
 
 def test_each_worker_computes_with_its_share_of_the_cores(server):

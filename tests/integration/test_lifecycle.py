@@ -82,7 +82,13 @@ def test_recycling_under_concurrent_load_loses_no_request(logs_dir, model_path):
         first_workers = set(server.worker_pids())
         outcomes = sum((burst(server.url, MODEL_ID, 8, max_tokens=8).outcomes for _ in range(3)), start=Counter())
         assert outcomes == {"200": 24}  # streams and not, every one complete, while workers were replaced
-        assert not first_workers & set(server.worker_pids())  # both original workers were recycled
+        # However the kernel spreads connections: had neither original worker taken a fourth request, the two
+        # would have served at most 6 of the 24, and nobody else could have served the rest. So at least one
+        # was recycled under load (which one, and whether both were, is the kernel's choice); it may still be
+        # finishing its last requests.
+        wait_until(lambda: first_workers - set(server.worker_pids()), timeout=30,
+                   message="a recycled original worker to exit")
+        wait_until(lambda: len(server.worker_pids()) == 2, timeout=30, message="two workers again")
     finally:
         assert server.stop() == 0
 

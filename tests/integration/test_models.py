@@ -29,12 +29,6 @@ def two_models(model_path, logs_dir, tmp_path_factory):
         yield running
 
 
-def workers_that_served(server: Server, request_ids: list[str]) -> set[str]:
-    """The pids of the workers whose log has these requests."""
-    log = server.log()
-    return {pid for request_id in request_ids for pid in re.findall(rf"INFO \[(\d+)\] \[{request_id}\]", log)}
-
-
 def engines_ended(server: Server) -> dict[str, int]:
     """How many engines each worker (by pid) has stopped and given the memory of back, from its log."""
     return collections.Counter(re.findall(r"INFO \[(\d+)\] \[[^]]*\] [\w.]+: engine stopped", server.log()))
@@ -66,27 +60,20 @@ def test_a_model_loaded_at_run_time_is_served_by_every_worker(two_models, tiny_p
     loaded = post(two_models, "/v1/models/load", {"model": "tiny", "path": str(tiny_phi3)})
     print(f"load of the tiny model answered in {time.monotonic() - started:.2f} s")
     assert loaded.status_code == 200, loaded.text
-    ids = [f"tiny-{index}" for index in range(16)]
-    for request_id in ids:
-        answer = post(two_models, "/v1/chat/completions", {"model": "tiny", "messages": HELLO, "max_tokens": 4},
-                      request_id)
+    assert len(two_models.worker_pids()) == 2
+    for session in two_models.sessions().values():  # each worker answers for it and lists it
+        answer = session.post(two_models.url + "/v1/chat/completions",
+                              json={"model": "tiny", "messages": HELLO, "max_tokens": 4})
         assert answer.status_code == 200 and answer.json()["model"] == "tiny"
-    served_by = wait_until(lambda: (found := workers_that_served(two_models, ids)) and len(found) == 2 and found,
-                           timeout=10, message="both workers' log lines")
-    assert len(served_by) == 2 == len(two_models.worker_pids())  # both workers answered for it
-    for _ in range(8):  # every worker lists the same models
-        assert [m["id"] for m in requests.get(two_models.url + "/v1/models").json()["data"]] == [
+        assert [m["id"] for m in session.get(two_models.url + "/v1/models").json()["data"]] == [
             "alpha", "beta", "tiny"]
     assert [entry.model for entry in ollama.Client(host=two_models.url).ps().models] == ["alpha", "beta", "tiny"]
 
     unloaded = post(two_models, "/v1/models/unload", {"model": "tiny"})
     assert unloaded.status_code == 200
-    refused = [post(two_models, "/v1/chat/completions", {"model": "tiny", "messages": HELLO}, f"gone-{index}")
-               for index in range(12)]
-    assert {response.status_code for response in refused} == {404}
-    assert {response.json()["error"]["code"] for response in refused} == {"model_not_found"}
-    assert len(wait_until(lambda: (found := workers_that_served(two_models, [f"gone-{i}" for i in range(12)]))
-                          and len(found) == 2 and found, timeout=10, message="404s from both workers")) == 2
+    for session in two_models.sessions().values():  # each worker refuses it
+        refused = session.post(two_models.url + "/v1/chat/completions", json={"model": "tiny", "messages": HELLO})
+        assert (refused.status_code, refused.json()["error"]["code"]) == (404, "model_not_found")
 
 
 def test_load_errors(two_models, tmp_path, model_path):
@@ -108,10 +95,12 @@ def test_the_ollama_client_deletes_a_model_and_every_worker_refuses_it(two_model
     local = ollama.Client(host=two_models.url)
     assert "gamma" in [entry.model for entry in local.ps().models]
     assert local.delete("gamma").status == "success"
-    for _ in range(6):
-        with pytest.raises(ollama.ResponseError) as missing:
-            local.chat(model="gamma", messages=HELLO)
-        assert missing.value.status_code == 404
+    for session in two_models.sessions().values():  # every worker refuses it
+        refused = session.post(two_models.url + "/api/chat", json={"model": "gamma", "messages": HELLO})
+        assert refused.status_code == 404 and "error" in refused.json()
+    with pytest.raises(ollama.ResponseError) as missing:
+        local.chat(model="gamma", messages=HELLO)
+    assert missing.value.status_code == 404
     with pytest.raises(ollama.ResponseError) as gone:  # as Ollama does for a model it does not have
         local.delete("gamma")
     assert gone.value.status_code == 404
@@ -120,12 +109,10 @@ def test_the_ollama_client_deletes_a_model_and_every_worker_refuses_it(two_model
 def test_memory_is_shared_when_loaded_and_given_back_when_unloaded(two_models, model_path):
     """PSS of the whole server (master and two workers) before a load, after it, and after the unload."""
     def run_on_both_workers(model: str) -> None:
-        ids = [f"{model}-warm-{index}" for index in range(8)]
-        for request_id in ids:
-            answer = post(two_models, "/v1/completions", {"model": model, "prompt": "Hello", "max_tokens": 8},
-                          request_id)
+        for session in two_models.sessions().values():
+            answer = session.post(two_models.url + "/v1/completions",
+                                  json={"model": model, "prompt": "Hello", "max_tokens": 8})
             assert answer.status_code == 200, answer.text
-        wait_until(lambda: len(workers_that_served(two_models, ids)) == 2, timeout=10, message="both workers")
 
     for model in ("alpha", "beta"):
         run_on_both_workers(model)

@@ -24,8 +24,8 @@ def cluster(model_path, logs_dir, tmp_path):
     settings = dict(MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1, INTRA_OP_THREADS=1,
                     MAX_CONCURRENT_REQUESTS=4)
     if nginx_binary() is None:
-        pytest.fail("The deployment tests need nginx: install Debian's package (apt-get install nginx; "
-                    ".ci/run does it).")
+        pytest.fail("The deployment tests need nginx: install Debian's package (make test installs it as root: "
+                    "tests/system_packages.sh).")
     with Server(logs_dir, **settings) as first, Server(logs_dir, **settings) as second:
         proxy = Nginx(tmp_path / "nginx", [first, second])
         try:

@@ -30,7 +30,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 def browser():
     if not shutil.which(CHROMIUM):
         pytest.fail(f"The playground tests need Chromium at {CHROMIUM}: install Debian's package "
-                    "(apt-get install chromium; .ci/run does it) or set PHI_API_CHROMIUM to another Chromium.")
+                    "(make test installs it as root: tests/system_packages.sh) or set PHI_API_CHROMIUM to another Chromium.")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

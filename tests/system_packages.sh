@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The Debian packages the test suite needs (`make test` runs this before anything else): Chromium for the
+# playground's browser tests, nginx for the deployment tests. As root they are installed when missing;
+# otherwise this stops at once, naming the one command to run.
+set -euo pipefail
+
+# command:package pairs (PHI_API_SYSTEM_PACKAGES replaces them, for this script's own tests)
+needed="${PHI_API_SYSTEM_PACKAGES:-chromium:chromium nginx:nginx}"
+
+missing_packages() {
+  local pair command
+  for pair in $needed; do
+    command="${pair%%:*}"
+    if ! command -v "$command" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$command" ]; then
+      printf '%s\n' "${pair#*:}"
+    fi
+  done
+}
+
+mapfile -t missing < <(missing_packages)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "Installing the Debian packages the tests need: ${missing[*]}"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  mapfile -t missing < <(missing_packages)
+  [ ${#missing[@]} -eq 0 ] && exit 0
+  echo "apt-get ran, but these are still missing: ${missing[*]}" >&2
+  exit 2
+fi
+
+echo "make test needs Debian packages that are not installed: ${missing[*]}" >&2
+echo "Install them, then run make test again:" >&2
+echo "    sudo apt-get install -y --no-install-recommends ${missing[*]}" >&2
+exit 2
