@@ -50,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("bench-cpu", parents=[streams],
                         help="where the CPU goes while concurrent streams run (Linux)").set_defaults(run=_bench_cpu)
 
+    kv = commands.add_parser("bench-kv", help="int8 keys and values against float32: accuracy and memory")
+    kv.add_argument("--model-path", required=True, help="model folder")
+    kv.add_argument("--tokens", type=int, default=1024, help="held-out tokens to teacher-force (at most)")
+    kv.add_argument("--threads", type=int, default=0, help="intra-op threads (0: every core)")
+    kv.add_argument("--out", help="also write the report to this JSON file")
+    kv.set_defaults(run=_bench_kv)
+
     load = commands.add_parser("load", help="bursts far beyond the concurrency limit, or a soak (--minutes)")
     load.add_argument("--url", help="a running server (default: start one on --model-path)")
     load.add_argument("--model-path", help="model folder for the server it starts")
@@ -82,6 +89,16 @@ def _bench_cpu(args: argparse.Namespace) -> int:
     from phi_api.bench import cpu
 
     cpu.run(args)
+    return 0
+
+
+def _bench_kv(args: argparse.Namespace) -> int:
+    import os
+
+    from phi_api.bench import kv
+
+    args.threads = args.threads or os.cpu_count() or 1
+    kv.run(args)
     return 0
 
 

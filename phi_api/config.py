@@ -114,8 +114,15 @@ class Settings:
                                  "Key/value memory per worker for running generations; 0: a quarter of memory")
     MAX_BATCH_ROWS: int = setting(32, _integer(1, 1024), "Sequences one worker advances together at most")
     PREFILL_CHUNK_TOKENS: int = setting(64, _integer(1, 1_000_000), "Prompt tokens per engine step")
-    PROMPT_CACHE_MB: float = setting(256.0, _number(0.0, 1_000_000.0),
-                                     "Memory per worker kept for prompt reuse; 0 turns reuse off")
+    PREFIX_CACHE: str = setting("on", _text(choices=("on", "exact", "off")),
+                                "Reuse of earlier requests' keys and values: on (prompts and answers), exact (prompts "
+                                "only, answering bit for bit as cold), off")
+    PREFILL_SLICE_SECONDS: float = setting(0.2, _number(0.0, 60.0, exclusive_low=True),
+                                           "Most time one engine iteration spends on a prompt while others wait or "
+                                           "run (PREFIX_CACHE on or off)")
+    KV_CACHE_DTYPE: str = setting("auto", _text(choices=("auto", "float32", "int8")),
+                                  "Keys and values in memory: float32, int8 (a quarter of the memory), or auto (int8 "
+                                  "where float32 would take 256 KB a token or more)")
     PLAYGROUND: bool = setting(True, _boolean, "Serve the chat playground at /; false: / is a 404")
     MODELS_FILE: str = setting("", lambda name, raw: str(raw).strip(),
                                "A JSON file declaring several models (ids, folders, options); else MODEL_PATH")
@@ -189,11 +196,16 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {field.name: field.metadata["pa
 
 
 # Settings a model may set for itself (models.json options, a load's options): its engine's.
-ENGINE_OPTIONS = ("INTRA_OP_THREADS", "KV_CACHE_MB", "MAX_BATCH_ROWS", "PREFILL_CHUNK_TOKENS", "PROMPT_CACHE_MB")
+ENGINE_OPTIONS = ("INTRA_OP_THREADS", "KV_CACHE_MB", "MAX_BATCH_ROWS", "PREFILL_CHUNK_TOKENS", "PREFIX_CACHE",
+                  "PREFILL_SLICE_SECONDS", "KV_CACHE_DTYPE")
+# Settings that are gone, and what replaced them: a deployment that still sets one is told, not ignored.
+REPLACED = {"PROMPT_CACHE_MB": "kept prompts now share the KV_CACHE_MB budget; PREFIX_CACHE=off turns reuse off"}
 
 
 def parse_option(name: str, raw: Any) -> Any:
     """One model's engine option, checked like the setting of that name."""
+    if name in REPLACED:
+        raise ConfigError(f"{name} is no longer a setting: {REPLACED[name]}")
     if name not in ENGINE_OPTIONS:
         raise ConfigError(f"{name} is not a model option; these are: {', '.join(ENGINE_OPTIONS)}")
     return _PARSERS[name](name, raw)
@@ -211,6 +223,9 @@ def load_settings(environ: Mapping[str, str] | None = None, overrides: Mapping[s
     them in ``app.config``). Raises :class:`ConfigError` on the first bad value.
     """
     environ = os.environ if environ is None else environ
+    for name, replacement in REPLACED.items():
+        if environ.get(name, "").strip() or (overrides is not None and name in overrides):
+            raise ConfigError(f"{name} is no longer a setting: {replacement}")
     values: dict[str, Any] = {}
     for name in SETTING_NAMES:
         if overrides is not None and name in overrides:

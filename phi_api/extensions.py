@@ -42,14 +42,15 @@ def load_engine(settings: Settings, spec: ModelSpec) -> Engine:
         raise ModelLoadingError(path, "genai_config.json not found (not an ONNX Runtime GenAI model folder)",
                                 spec.id)
     try:
-        model = LanguageModel(path, cache_dir=cache_root() / "runtime")
+        model = LanguageModel(path, cache_dir=cache_root() / "runtime", kv_dtype=settings.KV_CACHE_DTYPE)
     except (oga.OgaError, PrepackError, GuidanceError) as exc:
         raise ModelLoadingError(path, str(exc), spec.id) from exc
     except ORT_ERRORS + (DecodeError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadingError(path, f"unreadable model ({type(exc).__name__}: {exc})", spec.id) from exc
     return Engine(model, prefill_chunk=settings.PREFILL_CHUNK_TOKENS, timeout=settings.GENERATION_TIMEOUT,
                   threads=settings.intra_op_threads, kv_budget_bytes=settings.kv_budget_bytes,
-                  max_rows=settings.MAX_BATCH_ROWS, cache_bytes=int(settings.PROMPT_CACHE_MB * 2**20))
+                  max_rows=settings.MAX_BATCH_ROWS, prefix_cache=settings.PREFIX_CACHE,
+                  prefill_slice=settings.PREFILL_SLICE_SECONDS)
 
 
 def init_settings(app: Flask, settings: Settings) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from phi_api.config import DEFAULT_MODEL_PATH, ConfigError, load_settings
+from phi_api.config import DEFAULT_MODEL_PATH, ConfigError, load_settings, parse_option
 
 
 def test_defaults_are_the_specification_s():
@@ -89,3 +89,18 @@ def test_every_setting_is_declared_once_and_documented_in_the_readme():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     assert set(describe()) == set(SETTING_NAMES) and all(describe().values())
     assert [name for name in SETTING_NAMES if f"| `{name}` |" not in readme] == []
+
+
+def test_a_setting_that_was_replaced_stops_start_up_saying_what_replaced_it():
+    with pytest.raises(ConfigError, match="PROMPT_CACHE_MB is no longer a setting: .*PREFIX_CACHE=off"):
+        load_settings(environ={"PROMPT_CACHE_MB": "0"})
+    with pytest.raises(ConfigError, match="PROMPT_CACHE_MB is no longer a setting"):
+        parse_option("PROMPT_CACHE_MB", 64)
+
+
+def test_prefix_reuse_and_key_value_settings():
+    settings = load_settings(environ={"PREFIX_CACHE": "exact", "KV_CACHE_DTYPE": "int8", "PREFILL_SLICE_SECONDS": "0.5"})
+    assert (settings.PREFIX_CACHE, settings.KV_CACHE_DTYPE, settings.PREFILL_SLICE_SECONDS) == ("exact", "int8", 0.5)
+    for name, value in (("PREFIX_CACHE", "sometimes"), ("KV_CACHE_DTYPE", "float16"), ("PREFILL_SLICE_SECONDS", "0")):
+        with pytest.raises(ConfigError, match=name):
+            load_settings(environ={name: value})

@@ -95,10 +95,9 @@ class EngineBatch:
 
     def aggregate_rate(self, prompt: np.ndarray, max_tokens: int, rows: int) -> float:
         """Aggregate decode tokens/s of ``rows`` copies of ``prompt`` advanced together for ``max_tokens``."""
-        from phi_api.engine.runtime import KVCache
+        from phi_api.engine.kvpool import KVPool
 
-        kv = KVCache(self._decoder.spec)
-        kv.ensure(rows, len(prompt) + max_tokens)
+        kv = KVPool(self._decoder.spec, rows, len(prompt) + max_tokens)
         tokens = np.zeros((rows, 1), dtype=np.int64)
         for row in range(rows):
             logits = self._decoder.step(kv, row, np.asarray(prompt, dtype=np.int64)[None, :], np.array([0]), True)
@@ -109,4 +108,7 @@ class EngineBatch:
             logits = self._decoder.step(kv, 0, tokens, past, False)
             tokens[:, 0] = np.argmax(logits, axis=1)
             past += 1
-        return rows * (max_tokens - 1) / (time.perf_counter() - started)
+        rate = rows * (max_tokens - 1) / (time.perf_counter() - started)
+        self._decoder.unbind()
+        kv.close()
+        return rate

@@ -17,13 +17,13 @@ from phi_api.engine.job import Event, Finished, Job, TextDelta
 from phi_api.engine.model import ChatTemplateError, LanguageModel, ModelInfo
 from phi_api.engine.native import off_hub
 from phi_api.engine.params import SamplingParams
-from phi_api.engine.scheduler import CapacityError, RetiredError, Scheduler
+from phi_api.engine.scheduler import CapacityError, EngineLoad, RetiredError, Scheduler
 from phi_api.engine.wakeup import HubWaker
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "CapacityError", "ChatTemplateError", "RetiredError", "Engine", "Event", "Finished", "Generation", "ModelInfo", "SamplingParams",
+    "CapacityError", "ChatTemplateError", "EngineLoad", "RetiredError", "Engine", "Event", "Finished", "Generation", "ModelInfo", "SamplingParams",
     "TextDelta",
 ]
 
@@ -68,11 +68,13 @@ class Engine:
     """The model, its tokenizer and this process's scheduler."""
 
     def __init__(self, model: Any, *, prefill_chunk: int, timeout: float, threads: int = 1,
-                 kv_budget_bytes: int = 1 << 30, max_rows: int = 64, cache_bytes: int = 0) -> None:
+                 kv_budget_bytes: int = 1 << 30, max_rows: int = 64, prefix_cache: str = "on",
+                 prefill_slice: float = 0.2, **scheduler_options: Any) -> None:
         self.model = model
         self.observers: list[Callable[[Job, Finished], None]] = [log_generation]
         self.scheduler = Scheduler(model, prefill_chunk=prefill_chunk, report=self._report, threads=threads,
-                                   kv_budget_bytes=kv_budget_bytes, max_rows=max_rows, cache_bytes=cache_bytes)
+                                   kv_budget_bytes=kv_budget_bytes, max_rows=max_rows, prefix_cache=prefix_cache,
+                                   prefill_slice=prefill_slice, **scheduler_options)
         self.draining = False  # set when this worker starts shutting down
         self.loaded_at = int(time.time())
         self._timeout = timeout

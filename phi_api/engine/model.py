@@ -169,7 +169,7 @@ class LanguageModel:
     (:meth:`new_decoder`), after the fork.
     """
 
-    def __init__(self, folder: str, *, cache_dir: Path) -> None:
+    def __init__(self, folder: str, *, cache_dir: Path, kv_dtype: str = "float32") -> None:
         from phi_api.engine.guidance import GuideFactory
         from phi_api.engine.prepack import prepacked_model
         from phi_api.engine.runtime import Decoder, DecoderSpec
@@ -188,7 +188,37 @@ class LanguageModel:
         self.longest_token_bytes = _longest_token_bytes(root / "tokenizer.json")
         self.decoder_file = prepacked_model(root, self.info.decoder_file, cache_dir / "prepacked")
         self.spec = Decoder(self.decoder_file, DecoderSpec.read(root, self.info.rope_switch), threads=1).spec
+        if self._int8_wanted(kv_dtype, root):
+            from phi_api.engine.kvquant import int8_model
+
+            self.decoder_file = int8_model(self.decoder_file, self.spec, self._calibration_ids(),
+                                           threads=os.cpu_count() or 1)
+            self.spec = Decoder(self.decoder_file, self.spec, threads=1).spec
         self.guides = GuideFactory(root / "tokenizer.json", self.info.vocab_size, self.info.eos_token_ids)
+
+    def _int8_wanted(self, kv_dtype: str, root: Path) -> bool:
+        from phi_api.engine.kvquant import wants_int8
+
+        if not wants_int8(kv_dtype, self.spec.kv_bytes_per_token):
+            return False
+        if self.decoder_file.parent == root:  # the host's prepacked copy proved unusable: no folder of ours
+            import logging
+
+            logging.getLogger(__name__).warning("int8 keys and values need the host's prepacked copy of %s, "
+                                                "which is unusable: serving float32 keys and values", root)
+            return False
+        return True
+
+    def _calibration_ids(self) -> np.ndarray:
+        """Token ids that show the model the kinds of text it meets: prose, code, tables, languages, a chat."""
+        from phi_api.engine.kvquant import CALIBRATION_TEXT
+
+        chat = self.render_chat([{"role": "system", "content": "You are a helpful assistant."},
+                                 {"role": "user", "content": "What is the capital of France?"},
+                                 {"role": "assistant", "content": "Paris is the capital of France."},
+                                 {"role": "user", "content": "Thanks! Anything else worth knowing?"}])
+        text = CALIBRATION_TEXT.read_text(encoding="utf-8")
+        return np.concatenate([self.encode(chat), self.encode(text)]).astype(np.int64)
 
     def new_decoder(self, threads: int) -> Any:
         """A session of the decoder graph computing with ``threads`` threads (make it where it will run)."""

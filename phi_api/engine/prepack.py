@@ -122,16 +122,18 @@ def _differs(source: Path, decoder_file: str, prepacked: Path) -> str | None:
     """Why ``prepacked`` cannot stand for the original graph (its logits of a prompt chunk differ), or None."""
     import numpy as np
 
-    from phi_api.engine.runtime import Decoder, DecoderSpec, KVCache
+    from phi_api.engine.kvpool import KVPool
+    from phi_api.engine.runtime import Decoder, DecoderSpec
 
     spec = DecoderSpec.read(source)
     prompt = (np.arange(16, dtype=np.int64) * 7919 + 11) % max(2, spec.vocab_size)
     logits = []
     for path in (source / decoder_file, prepacked):
         decoder = Decoder(path, spec, threads=1)
-        kv = KVCache(decoder.spec)
-        kv.ensure(1, len(prompt))
-        logits.append(decoder.step(kv, 0, prompt[None, :], np.array([0]), True).copy())
+        pool = KVPool(decoder.spec, 1, len(prompt))
+        logits.append(decoder.step(pool, 0, prompt[None, :], np.array([0]), True).copy())
+        decoder.unbind()
+        pool.close()
         del decoder
     if np.array_equal(logits[0], logits[1]):
         return None

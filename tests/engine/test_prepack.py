@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from phi_api.engine import prepack
-from phi_api.engine.runtime import Decoder, DecoderSpec, KVCache
+from phi_api.engine.kvpool import KVPool
+from phi_api.engine.runtime import Decoder, DecoderSpec
 
 
 def logits_of(model_file: Path, folder: Path) -> np.ndarray:
     decoder = Decoder(model_file, DecoderSpec.read(folder), threads=1)
-    kv = KVCache(decoder.spec)
-    kv.ensure(1, 32)
+    kv = KVPool(decoder.spec, 1, 32)
     return decoder.step(kv, 0, np.arange(3, 19, dtype=np.int64)[None, :], np.array([0]), True).copy()
 
 

@@ -12,11 +12,13 @@ import pytest
 
 from phi_api.engine import CapacityError, Engine, Finished, SamplingParams, TextDelta
 from phi_api.engine.scheduler import RetiredError
-from tests.support.fakes import EOS, FakeModel, RecordingEngine, Script, text_pieces
+from phi_api.engine.ledger import row_bytes
+from tests.support.fakes import EOS, FakeDecoder, FakeModel, RecordingEngine, Script, text_pieces
 from tests.support.generations import collect, generate
 from tests.support.server import wait_until
 
 PIECES = text_pieces(b"a", b"b", b"c", b"<", b"/", b">")
+SPEC = FakeDecoder(Script([])).spec
 
 
 def prompt(length: int, first: int = 1) -> np.ndarray:
@@ -156,8 +158,9 @@ def test_n_choices_share_one_prefill_and_run_as_rows(engine_for):
 
 def test_requests_beyond_the_budget_wait_for_room_then_run(engine_for):
     gate = threading.Semaphore(0)
-    # 8 bytes a token: room for one row (and the spare) of 512 tokens, not two
-    engine, script = engine_for([1, 2, 3], gate=gate, kv_budget_bytes=2 * 512 * 8, prefill_chunk=100)
+    # Room for one request's 303 tokens, not two.
+    engine, script = engine_for([1, 2, 3], gate=gate, kv_budget_bytes=int(1.5 * row_bytes(SPEC, 303)),
+                                prefill_chunk=100)
     first = engine.submit(prompt(3), SamplingParams(max_tokens=300))
     second = engine.submit(prompt(3, 20), SamplingParams(max_tokens=300))
     for _ in range(1000):
@@ -169,12 +172,13 @@ def test_requests_beyond_the_budget_wait_for_room_then_run(engine_for):
 
 
 def test_a_request_that_can_never_fit_is_refused_before_it_starts(engine_for):
-    engine, script = engine_for([1], kv_budget_bytes=2 * 256 * 8)  # 8 bytes a token: 2 rows of 256 tokens
-    engine.check_capacity(10, 200, 1)
+    engine, script = engine_for([1], kv_budget_bytes=row_bytes(SPEC, 384))  # 384 tokens in all (the context: 512)
+    engine.check_capacity(10, 374, 1)
     with pytest.raises(CapacityError, match="KV_CACHE_MB"):
-        engine.check_capacity(10, 300, 1)
+        engine.check_capacity(10, 375, 1)
+    engine.check_capacity(10, 182, 2)
     with pytest.raises(CapacityError):
-        engine.check_capacity(1, 1, 3)  # 4 rows (with the spare) need 4 x 256 tokens: more than the budget
+        engine.check_capacity(1, 128, 3)  # 3 rows of 129 tokens: 387, in whole pages (64 tokens) 576
 
 
 def test_close_cancels_the_generation(engine_for):
@@ -222,12 +226,12 @@ def test_the_engine_thread_makes_its_session_with_the_worker_s_threads(engine_fo
     assert len(script.threads) == 1 and threading.get_ident() not in script.threads  # its own OS thread
 
 
-def test_idle_engines_give_their_buffers_back(engine_for):
+def test_finished_rows_give_their_pages_back(engine_for):
     engine, _ = engine_for([1, EOS])
     run(engine, max_tokens=3)
-    kv = engine.scheduler._kv
-    wait_until(lambda: kv.rows == 0, timeout=5, message="the buffers freed")
-    assert kv.keys == [] and kv.nbytes == 0
+    batch = engine.scheduler.batch
+    wait_until(lambda: batch.idle, timeout=5, message="the engine idle")
+    assert list(batch.rows.occupants()) == [] and batch.ledger.reserved == 0
 
 
 def test_a_retired_engine_finishes_what_runs_takes_nothing_new_then_is_freed():

@@ -50,8 +50,9 @@ def test_each_worker_computes_with_its_share_of_the_cores(server):
 
 @pytest.fixture(scope="module")
 def small_budget(model_path, logs_dir):
-    """30 MB of keys and values per worker: one row of 256 tokens (SmolLM2 needs 45 KB a token), not two."""
-    with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1, KV_CACHE_MB=30) as running:
+    """10 MB of keys and values per worker: room for one request of 155 tokens, not two (SmolLM2 needs 45 KB a token,
+    held in pages of 16 tokens a head: 7.4 MB for 155 tokens)."""
+    with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1, KV_CACHE_MB=10) as running:
         yield running
 
 

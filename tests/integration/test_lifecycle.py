@@ -90,7 +90,8 @@ def test_recycling_under_concurrent_load_loses_no_request(logs_dir, model_path):
                    message="a recycled original worker to exit")
         wait_until(lambda: len(server.worker_pids()) == 2, timeout=30, message="two workers again")
     finally:
-        assert server.stop() == 0
+        code = server.stop()
+        assert code == 0, server.log()[-6000:]
 
 
 def test_workers_can_load_the_model_themselves(logs_dir, model_path):

@@ -1,12 +1,13 @@
-"""Prompt reuse on the real model: the next turn of a conversation skips the shared prefill, and answers
-exactly as a cold request, whatever the chunk size and wherever the prompts end against the chunk grid."""
+"""Prefix reuse on the real model: the next turn of a conversation skips the shared prefill; with
+PREFIX_CACHE=exact it answers exactly as a cold request, whatever the chunk size and wherever the prompts end
+against the chunk grid; with PREFIX_CACHE=on (the default) the previous answer is reused too."""
 
 from __future__ import annotations
 
 import pytest
 from openai import OpenAI
 
-from phi_api.engine.cache import MIN_REUSED_TOKENS
+from phi_api.engine.reuse import MIN_REUSED_TOKENS
 from tests.integration.conftest import MODEL_ID
 from tests.support.server import Server
 
@@ -16,11 +17,12 @@ TEXT = " ".join(f"Line {i}: the {i}th bird sang {i % 7} songs before the storm o
 
 @pytest.fixture(scope="module", params=[64, 7], ids=["chunk-64", "chunk-7"])
 def servers(request, model_path, logs_dir):
-    """One worker with the prompt cache (so every turn meets it), and one without; same prefill chunk."""
+    """One worker reusing prefixes exactly (one worker: every turn meets its kept rows), and one reusing nothing;
+    same prefill chunk."""
     chunk = request.param
-    with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1, PROMPT_CACHE_MB=64,
+    with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1, PREFIX_CACHE="exact",
                 PREFILL_CHUNK_TOKENS=chunk) as cached, \
-            Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1, PROMPT_CACHE_MB=0,
+            Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1, PREFIX_CACHE="off",
                    PREFILL_CHUNK_TOKENS=chunk) as cold:
         yield (OpenAI(base_url=cached.url + "/v1", api_key="x", max_retries=0),
                OpenAI(base_url=cold.url + "/v1", api_key="x", max_retries=0), chunk)
@@ -38,7 +40,7 @@ def test_the_next_turn_reuses_the_conversation_and_answers_the_same(servers):
     conversation += [{"role": "assistant", "content": first.choices[0].message.content},
                      {"role": "user", "content": "And fact 9?"}]
     second = chat(cached, conversation)
-    # The first turn's prompt comes from the cache, up to the chunk grid; the rest is prefilled.
+    # The first turn's prompt is reused, up to the chunk grid; the rest (the answer included) is prefilled.
     assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens // chunk * chunk
     reference = chat(cold, conversation)
     assert reference.usage.prompt_tokens_details.cached_tokens == 0
@@ -72,6 +74,20 @@ def test_streams_report_cached_tokens_too(servers):
         {"role": "assistant", "content": "x"}, {"role": "user", "content": "Fact 4?"}], max_tokens=8,
         temperature=0, stream=True, stream_options={"include_usage": True}))
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_by_default_the_next_turn_reuses_the_previous_answer_too(model_path, logs_dir):
+    with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        conversation = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Tell me about fact 7."}]
+        first = chat(client, conversation)
+        conversation += [{"role": "assistant", "content": first.choices[0].message.content},
+                         {"role": "user", "content": "And fact 9?"}]
+        second = chat(client, conversation)
+    assert first.usage.completion_tokens > 2
+    # More than the first prompt: the answer's keys and values, computed while it was generated, are reused.
+    assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens + 1
+    assert second.usage.prompt_tokens_details.cached_tokens < second.usage.prompt_tokens
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from phi_api.engine import Engine, ModelInfo
-from phi_api.engine.runtime import DecoderSpec, KVCache
+from phi_api.engine.kvpool import KVPool
+from phi_api.engine.runtime import DecoderSpec
 
 EOS = 0
 VOCAB = 64
@@ -41,6 +42,14 @@ class Script:
     grammars: list[tuple[str, str]] = field(default_factory=list)
     threads: set[int] = field(default_factory=set)  # the OS threads that ran steps
     decoder_threads: list[int] = field(default_factory=list)  # the intra-op threads each session was made with
+    # What a step "takes" on the engine's clock: a fixed cost (a 1-row decode step's) and a cost per prompt token
+    # or further row. The engine's clock is this script's: chunk plans do not depend on this machine.
+    step_seconds: float = 0.01
+    token_seconds: float = 0.001
+    now: float = 0.0
+
+    def clock(self) -> float:
+        return self.now
 
 
 class FakeDecoder:
@@ -48,13 +57,14 @@ class FakeDecoder:
 
     def __init__(self, script: Script, rope_switch: int | None = None) -> None:
         self.script = script
-        self.spec = DecoderSpec(layers=1, kv_heads=1, head_size=1, vocab_size=VOCAB, rope_switch=rope_switch)
+        self.spec = DecoderSpec(layers=1, kv_heads=1, head_size=16, vocab_size=VOCAB, rope_switch=rope_switch)
         self._decode_steps = 0
 
-    def step(self, kv: KVCache, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool) -> np.ndarray:
+    def step(self, kv: KVPool, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool) -> np.ndarray:
         script = self.script
         script.threads.add(threading.get_ident())
         count, new = ids.shape
+        script.now += script.step_seconds + script.token_seconds * (new if prefill else count - 1)
         marks = kv.keys[0]
         logits = np.zeros((count, VOCAB), dtype=np.float32)
         if script.gate is not None:
@@ -112,6 +122,7 @@ class FakeModel:
             eos_token_ids=frozenset({EOS}), has_chat_template=has_chat_template, fingerprint="fp_fake",
             kv_bytes_per_token=FakeDecoder(script).spec.kv_bytes_per_token,
         )
+        self.spec = FakeDecoder(script, rope_switch).spec
         self.rendered: list[str] = []  # every prompt the chat template produced
 
     @property
@@ -146,7 +157,11 @@ class FakeModel:
 
 
 class RecordingEngine(Engine):
-    """The real engine, noting every choice's parameters in its model's script."""
+    """The real engine, noting every choice's parameters in its model's script, on the script's clock, with the
+    batch's invariants checked after every iteration."""
+
+    def __init__(self, model: FakeModel, **options: Any) -> None:
+        super().__init__(model, clock=model.script.clock, checked=True, **options)
 
     def submit(self, prompt: np.ndarray, params: Any, request_id: str = "-") -> Any:
         self.model.script.params.extend(params if isinstance(params, list) else [params])
@@ -159,9 +174,9 @@ def text_pieces(*pieces: bytes) -> dict[int, bytes]:
 
 
 def fake_engine(tokens: list[int], pieces: dict[int, bytes], *, timeout: float = 60.0, prefill_chunk: int = 8,
-                cache_bytes: int = 0, gate: threading.Semaphore | None = None, fail_at: int | None = None,
+                prefix_cache: str = "off", gate: threading.Semaphore | None = None, fail_at: int | None = None,
                 kv_budget_bytes: int = 1 << 20, max_rows: int = 64, **model_options: Any) -> RecordingEngine:
     """An Engine over a FakeModel running ``tokens``."""
     model = FakeModel(Script(tokens, gate=gate, fail_at=fail_at), pieces, **model_options)
-    return RecordingEngine(model, prefill_chunk=prefill_chunk, timeout=timeout, cache_bytes=cache_bytes,
+    return RecordingEngine(model, prefill_chunk=prefill_chunk, timeout=timeout, prefix_cache=prefix_cache,
                            kv_budget_bytes=kv_budget_bytes, max_rows=max_rows)

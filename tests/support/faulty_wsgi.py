@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from phi_api.engine import scheduler
+from phi_api.engine import sequence
 from phi_api.serving import build_wsgi_app
 from tests.support.faults import FAIL_AFTER_TOKENS, FAIL_SEED
 
 
-class FailingSampler(scheduler.Sampler):
+class FailingSampler(sequence.Sampler):
     def observe(self, token: int) -> Any:
         if self.params.seed == FAIL_SEED and self._generated >= FAIL_AFTER_TOKENS:
             raise RuntimeError("injected engine failure at /internal/path/model.onnx")
         return super().observe(token)
 
 
-scheduler.Sampler = FailingSampler
+sequence.Sampler = FailingSampler
 app = build_wsgi_app()

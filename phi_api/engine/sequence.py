@@ -1,0 +1,127 @@
+"""What the engine thread knows of each request: its prompt, its choices' rows, and the prefixes it keeps.
+
+Three kinds of things occupy rows of the key/value pool (:mod:`engine.rows`),
+and each says which of its tokens' keys and values another request may reuse
+(``reusable``; :mod:`engine.reuse` sets it by the reuse mode):
+
+- a :class:`Sequence`: one choice of a request, prefilling (its request's
+  leader) or running;
+- a :class:`Kept` prefix: the row of a finished sequence, kept for the next
+  turn of its conversation or for requests that share its start.
+
+A :class:`Request` groups the sequences of one submitted request: one prompt,
+prefilled once into its leader's row, then ``n`` choices.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import numpy as np
+
+from phi_api.engine.job import Job
+from phi_api.engine.logits import Sampler
+from phi_api.engine.text import TextAssembler
+
+SHORT, LONG = "short", "long"  # LongRoPE regimes (every sequence is short in other models)
+
+
+class Model(Protocol):
+    """What sequences need from a model (``LanguageModel``, or a fake in tests)."""
+
+    info: Any
+
+    def create_stream(self) -> Any: ...
+
+
+class Occupant(Protocol):
+    """Anything that holds a row: its place, how many tokens its row holds, and which of them can be reused."""
+
+    slot: int | None
+    length: int
+    reusable: int
+    exact_upto: int  # leading tokens computed exactly as a cold prompt alone is (prefill chunks on the grid)
+    regime: str
+
+    def prefix(self) -> np.ndarray: ...
+
+
+class Sequence:
+    """One choice of a request: its row in the pool, and how it chooses and spells its tokens."""
+
+    def __init__(self, job: Job, model: Model) -> None:
+        self.job = job
+        self.reserve = min(model.info.context_length, len(job.prompt) + job.params.max_tokens)
+        self.booked = 0  # bytes of the key/value budget booked for it (engine.ledger)
+        self.tokens: list[int] = [int(token) for token in job.prompt]  # prompt, then every fed token
+        self.length = 0  # tokens whose keys and values the row holds
+        self.reusable = 0  # of those, how many another request may reuse (see engine.reuse)
+        self.exact_upto = 0  # of those, how many were computed exactly as a cold prompt alone is
+        self.slot: int | None = None
+        self.pending: int | None = None  # chosen, not yet fed to the model
+        self.generated = 0
+        self.cached = 0
+        self.first_token_at: float | None = None
+        self.long = False
+        self.steps = 0  # batched steps this sequence was advanced in ...
+        self.step_rows = 0  # ... and their rows, summed
+        self.sampler = Sampler(job.params, job.prompt, model.info.eos_token_ids, guide=job.guide)
+        self.stream = model.create_stream()
+        self.text = TextAssembler(self.stream, job.params.stop)
+
+    @property
+    def regime(self) -> str:
+        return LONG if self.long else SHORT
+
+    def prefix(self) -> np.ndarray:
+        """The tokens whose keys and values may be reused."""
+        return np.asarray(self.tokens[:self.reusable], dtype=np.int64)
+
+
+class Kept:
+    """A finished sequence's row, kept so that requests sharing its start reuse its keys and values."""
+
+    def __init__(self, tokens: np.ndarray, regime: str, slot: int, used_at: int, exact_upto: int = 0) -> None:
+        self.tokens = tokens
+        self.length = self.reusable = len(tokens)
+        self.exact_upto = min(exact_upto, len(tokens))
+        self.regime = regime
+        self.slot: int | None = slot
+        self.used_at = used_at  # for least-recently-used eviction
+
+    def prefix(self) -> np.ndarray:
+        return self.tokens
+
+
+class Request:
+    """The sequences of one submitted request: one prompt, prefilled once, then ``n`` choices."""
+
+    def __init__(self, jobs: list[Job], model: Model, chunk: int, rope_switch: int | None, order: int) -> None:
+        self.jobs = jobs
+        self.prompt = np.asarray(jobs[0].prompt, dtype=np.int64)
+        self.sequences: list[Sequence] = []
+        self.prefilled = 0
+        self.order = order  # arrival order: of two requests sharing a prefix, the older computes it
+        self.reserve = min(model.info.context_length, len(self.prompt) + jobs[0].params.max_tokens)
+        long = rope_switch is not None and len(self.prompt) > rope_switch
+        self.regime = LONG if long else SHORT
+        # A long prompt's first chunk must cross the switch: its first grid point past it. Reuse starts there too.
+        self.first_chunk = (rope_switch // chunk + 1) * chunk if long else 0
+
+    @property
+    def leader(self) -> Sequence:
+        return self.sequences[0]
+
+    @property
+    def remaining(self) -> int:
+        """Prompt tokens still to prefill."""
+        return len(self.prompt) - self.prefilled
+
+    def over(self) -> str | None:
+        """Why the whole request ends before it runs (cancelled or timed out), if it does."""
+        if all(job.cancelled for job in self.jobs):
+            return "cancelled"
+        if time.monotonic() > self.jobs[0].deadline:
+            return "timeout"
+        return None

@@ -1,0 +1,61 @@
+"""The key/value pool: memory only for the tokens written, given back on release, no huge pages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from phi_api.engine.kvpool import PAGE, KVPool
+from phi_api.engine.ledger import row_bytes
+from phi_api.engine.runtime import DecoderSpec
+
+SPEC = DecoderSpec(layers=2, kv_heads=4, head_size=64, vocab_size=8)  # 256 bytes a token and head
+
+
+def resident(array: np.ndarray) -> int:
+    """Bytes of the mapping behind ``array`` that are in memory (from /proc/self/smaps)."""
+    address = array.ctypes.data
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                low, high = (int(part, 16) for part in fields[0].split("-"))
+                inside = low <= address < high
+            elif inside and fields[0] == "Rss:":
+                return int(fields[1]) * 1024
+    raise AssertionError("no mapping holds the array")
+
+
+@pytest.fixture
+def pool():
+    made = KVPool(SPEC, rows=8, tokens=4096)
+    yield made
+    made.close()
+
+
+def test_a_reservation_costs_nothing_until_written(pool):
+    assert pool.reserved_bytes >= 2 * 2 * 8 * 4 * 4096 * 256
+    assert resident(pool.keys[0]) == 0
+
+
+def test_a_row_costs_the_pages_of_its_own_tokens_whatever_the_longest_row(pool):
+    pool.keys[0][3, :, :100] = 1.0  # 100 tokens: 25,600 bytes a head, 7 pages
+    assert resident(pool.keys[0]) == 4 * 7 * PAGE  # not huge pages, not the row's whole length
+    assert row_bytes(SPEC, 100) == 2 * 2 * 4 * 7 * PAGE  # what the budget books: every layer's keys and values
+
+
+def test_release_gives_pages_back_and_keeps_what_is_asked(pool):
+    pool.keys[0][2, :, :1000] = 2.0
+    pool.release(2, keep=100)
+    assert resident(pool.keys[0]) == 4 * 7 * PAGE
+    assert (pool.keys[0][2, :, :100] == 2.0).all() and (pool.keys[0][2, :, 112:1000] == 0).all()
+    pool.release(2)
+    assert resident(pool.keys[0]) == 0
+
+
+def test_copy_moves_a_prefix_between_rows(pool):
+    pool.values[1][0, :, :50] = np.arange(50, dtype=np.float32)[None, :, None]
+    pool.copy(0, 5, 30)
+    assert (pool.values[1][5, :, :30] == pool.values[1][0, :, :30]).all()
+    assert (pool.values[1][5, :, 30:50] == 0).all()
