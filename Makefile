@@ -43,8 +43,9 @@ test: system-packages install
 	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
 	PHI_API_TEST_MODEL_PATH="$$model_path" $(PY) -m pytest $(PYTEST_ARGS)
 
+# SHAPE=phi-3.5-mini benchmarks a random-weight model of Phi-3.5-mini's shape instead (built once: minutes, ~23 GB).
 bench: install
-	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
+	model_path="$$($(PY) -m phi_api prepare-model $(if $(SHAPE),--shape $(SHAPE)) | tail -n 1)"; \
 	$(PY) -m phi_api bench --model-path "$$model_path" $(BENCH_ARGS)
 
 clean:

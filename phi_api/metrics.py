@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from flask import Flask, Response, g, request
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from phi_api.engine import Finished
@@ -56,6 +58,18 @@ class Metrics:
         self.batch_rows = Histogram("phi_api_generation_batch_rows",
                                     "Rows per batched decode step a generation ran in, on average",
                                     buckets=_ROW_BUCKETS, **own)
+        # What each worker's engines hold, summed over live workers (the gateway metrics are derived from these).
+        live = {"multiprocess_mode": "livesum", "labelnames": ["model_name"], **own}
+        self.engine_waiting = Gauge("phi_api_engine_requests_waiting",
+                                    "Requests admitted to an engine, waiting for key/value room", **live)
+        self.engine_running = Gauge("phi_api_engine_sequences_running",
+                                    "Sequences prefilling or decoding (a request's n choices count n)", **live)
+        self.kv_used = Gauge("phi_api_kv_cache_reserved_bytes",
+                             "Key/value memory booked by running sequences (kept prefixes, which give way, not "
+                             "counted)", **live)
+        self.kv_budget = Gauge("phi_api_kv_cache_budget_bytes", "Key/value budget (KV_CACHE_MB), every worker's",
+                               **live)
+        self._published: set[str] = set()
 
     def observe_generation(self, job: Job, finished: Finished) -> None:
         """Record a finished generation (called on the hub's thread)."""
@@ -72,13 +86,29 @@ class Metrics:
         if finished.batch_rows:
             self.batch_rows.observe(finished.batch_rows)
 
+    def observe_engines(self, engines: dict[str, Any]) -> None:
+        """Publish what this worker's engines (by model id) hold now, and drop the series of models no longer
+        served (called on the hub's thread, periodically: see serving.post_worker_init)."""
+        gauges = (self.engine_waiting, self.engine_running, self.kv_used, self.kv_budget)
+        for model in self._published - set(engines):
+            for gauge in gauges:
+                gauge.remove(model)
+        for model, engine in engines.items():
+            load = engine.load
+            for gauge, value in zip(gauges, (load.waiting, load.running, load.kv_reserved, load.kv_budget)):
+                gauge.labels(model).set(value)
+        self._published = set(engines)
+
     def exposition(self) -> Response:
-        """The text exposition of every worker's samples."""
+        """The text exposition of every worker's samples, and the gateway metrics derived from them."""
         if multiprocess_dir():
-            registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry)
+            source = CollectorRegistry()
+            multiprocess.MultiProcessCollector(source)
         else:
-            registry = self.registry
+            source = self.registry
+        registry = CollectorRegistry()
+        registry.register(_Forward(source))
+        registry.register(_GatewayMetrics(source))
         return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST.split(";")[0],
                         content_type=CONTENT_TYPE_LATEST)
 
@@ -102,6 +132,46 @@ class Metrics:
                 self.rate_limited.inc()
             response.call_on_close(self.in_flight.dec)
             return response
+
+
+class _Forward:
+    """Another registry's metrics, as a collector (to add derived ones beside them)."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self._source = source
+
+    def collect(self) -> Any:
+        return self._source.collect()
+
+
+class _GatewayMetrics:
+    """vLLM's names for the load an inference gateway's endpoint picker routes by (the Gateway API Inference
+    Extension's model server protocol, also read by llm-d): the engines' waiting and running requests, and the
+    share of the key/value budget in use, from 0 to 1, across every worker of the server."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self._source = source
+
+    def collect(self) -> Any:
+        sums: dict[str, dict[str, float]] = {}
+        for family in self._source.collect():
+            if not family.name.startswith(("phi_api_engine_", "phi_api_kv_cache_")):
+                continue
+            for sample in family.samples:
+                model = sample.labels.get("model_name", "")
+                sums.setdefault(model, {})[family.name] = sums.get(model, {}).get(family.name, 0.0) + sample.value
+        gauges = [GaugeMetricFamily("vllm:num_requests_waiting", "Requests waiting to be processed",
+                                    labels=["model_name"]),
+                  GaugeMetricFamily("vllm:num_requests_running", "Requests being prefilled or decoded",
+                                    labels=["model_name"]),
+                  GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent",
+                                    labels=["model_name"])]
+        for model, values in sorted(sums.items()):
+            budget = values.get("phi_api_kv_cache_budget_bytes", 0.0)
+            gauges[0].add_metric([model], values.get("phi_api_engine_requests_waiting", 0.0))
+            gauges[1].add_metric([model], values.get("phi_api_engine_sequences_running", 0.0))
+            gauges[2].add_metric([model], values.get("phi_api_kv_cache_reserved_bytes", 0.0) / budget if budget else 0.0)
+        yield from gauges
 
 
 def init_app(app: Flask) -> Metrics:

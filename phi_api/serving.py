@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 EXIT_CONFIG_ERROR = 2
 RECONCILE_SECONDS = 1.0
+LOAD_SECONDS = 0.25  # how stale the gateway metrics may be
 # gunicorn's WORKER_BOOT_ERROR: when workers load the model themselves
 # (PRELOAD_MODEL=false), the arbiter then halts instead of respawning them.
 EXIT_MODEL_LOADING_FAILED = 3
@@ -75,9 +76,12 @@ def post_worker_init(worker: Any) -> None:
     app = _flask_app(getattr(worker, "wsgi", None))
     if app is None:
         return
+    from phi_api.metrics import get_metrics  # not at the top: prometheus_client must see its folder first
+
     models = extensions.get_models(app)
     models.start()
     gevent.spawn(_keep_in_step, models)
+    gevent.spawn(_publish_load, models, get_metrics(app))
     for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
         previous = signal.getsignal(signum)
         if callable(previous):
@@ -92,6 +96,16 @@ def _keep_in_step(models: Any) -> None:
             models.sync()
         except Exception:  # noqa: BLE001  # a model that will not load is logged; the loop must go on
             log.exception("could not catch up with the server's models")
+
+
+def _publish_load(models: Any, metrics: Any) -> None:
+    """Keep this worker's share of the gateway metrics (waiting, running, key/value memory) current."""
+    while True:
+        gevent.sleep(LOAD_SECONDS)
+        try:
+            metrics.observe_engines({served.spec.id: served.engine for served in models.all()})
+        except Exception:  # noqa: BLE001  # a metrics hiccup must not end the loop
+            log.exception("could not publish the engines' load")
 
 
 def _draining_then(models: Any, handler: Any) -> Any:

@@ -29,6 +29,8 @@ PROMPT = (
     "about this history, with one paragraph for each major era, and explain why each change mattered."
 )
 SHORT_PROMPT = "Hello! How are you today?"
+LONG_PROMPT = " ".join([PROMPT] * 4)  # about 300 tokens
+PREFILLING_PROMPT = " ".join([PROMPT] * 12)  # about 900 tokens: seconds of prefill at Phi-3.5-mini's size
 
 
 def say(message: str) -> None:
@@ -221,19 +223,79 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
     }
 
 
+def measure_prompt_ttft(target: Target, runs: int, raw: RawReference | None) -> dict[str, Any]:
+    """First-token time of a fresh ~300-token prompt, each run paired with the raw engine's just before it."""
+    results, ratios = [], []
+    for _ in range(runs):
+        body = unique(_body(target, LONG_PROMPT, 2))
+        reference = raw.sample(body["prompt"], 2)[max(raw.engines)].prefill_seconds if raw else None
+        result = stream_completion(target.url, body)
+        results.append(result)
+        if reference:
+            ratios.append(result.ttft / reference)
+    measured = {"prompt_tokens": median([r.prompt_tokens or 0 for r in results]),
+                "ttft_s": median([r.ttft for r in results])}
+    if ratios:
+        measured["ratio_to_raw_paired"] = median(ratios)
+    return measured
+
+
 def measure_head_of_line(target: Target, runs: int, long_tokens: int = 400) -> dict[str, Any]:
-    """First-token time of a short request: on an idle server, and while a long generation runs."""
+    """First-token time of a short request: on an idle server, while a long generation decodes, and while a long
+    prompt is prefilled."""
     short = _body(target, SHORT_PROMPT, 4)
     idle = [stream_completion(target.url, unique(short)).ttft for _ in range(runs)]
-    busy = []
+    decoding, prefilling = [], []
     for _ in range(runs):
         long_body = {**unique(_body(target, PROMPT, long_tokens)), "stream": True}
         with requests.post(target.url + "/v1/completions", json=long_body, stream=True, timeout=600) as long_stream:
             lines = long_stream.iter_lines()
             next(line for line in lines if line.startswith(b"data: {"))  # the long one is generating
-            busy.append(stream_completion(target.url, unique(short)).ttft)
-    return {"idle_ttft_s": median(idle), "busy_ttft_s": median(busy),
-            "ratio": median(busy) / median(idle)}
+            decoding.append(stream_completion(target.url, unique(short)).ttft)
+        if target.other:
+            continue
+        with _Background(lambda: stream_completion(target.url, unique(_body(target, PREFILLING_PROMPT, 2)))):
+            _wait_for_running(target.url)  # the long prompt is being prefilled
+            prefilling.append(stream_completion(target.url, unique(short)).ttft)
+    measured = {"idle_ttft_s": median(idle), "busy_ttft_s": median(decoding), "ratio": median(decoding) / median(idle)}
+    if prefilling:
+        measured.update({"prefilling_ttft_s": median(prefilling), "prefilling_ratio": median(prefilling) / median(idle)})
+    return measured
+
+
+class _Background:
+    """``work()`` on a thread for the duration of a block (the block waits for it at its end)."""
+
+    def __init__(self, work: Any) -> None:
+        import threading
+
+        self._thread = threading.Thread(target=work)
+
+    def __enter__(self) -> "_Background":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._thread.join()
+
+
+def _wait_for_running(url: str, timeout: float = 60) -> None:
+    """Until the server's gateway metrics say a request is running (prefilling or decoding)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = requests.get(url + "/metrics", timeout=10).text
+        running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
+        if any(float(line.rsplit(" ", 1)[1]) >= 1 for line in running):
+            return
+        time.sleep(0.05)
+    raise RuntimeError("no request started running")
+
+
+def kv_capacity(url: str) -> dict[str, Any]:
+    """The served model's key/value type, bytes a token and tokens held per GB (from OpenArc's status)."""
+    runtime = requests.get(url + "/v1/status", timeout=30).json()["models"][0]["runtime_config"]
+    return {"kv_cache_dtype": runtime["kv_cache_dtype"], "kv_bytes_per_token": runtime["kv_bytes_per_token"],
+            "tokens_per_gb": 2**30 // runtime["kv_bytes_per_token"]}
 
 
 def conversation(seed: int, facts: int = 58) -> list[dict[str, str]]:
@@ -327,6 +389,10 @@ def measure_target(target: Target, options: Any, levels: list[int], raw: RawRefe
     results: dict[str, Any] = {}
     say(f"{target.name}: one stream, {options.runs} runs alternating with the raw engine")
     results["single_stream"] = measure_single(target, options.max_tokens, options.runs, raw)
+    if not target.other:
+        say(f"{target.name}: first token of a ~300-token prompt, paired with the raw engine")
+        results["prompt_ttft"] = measure_prompt_ttft(target, options.runs, raw)
+        results["kv_capacity"] = kv_capacity(target.url)
     say(f"{target.name}: head-of-line latency")
     results["head_of_line"] = measure_head_of_line(target, options.runs)
     say(f"{target.name}: concurrent streams {levels}, with GET /v1/models probes at {max(levels)}")

@@ -77,21 +77,16 @@ class EngineBatch:
 
     The ceiling of the server's batching on this machine: one decoder step
     over ``rows`` rows per token, with no HTTP, no scheduler and no sampling
-    beyond an argmax. It uses the host's prepacked model, as the server does.
+    beyond an argmax. It uses the decoder graph the server does: the host's prepacked model, with int8 keys and
+    values where ``kv_dtype`` (the server's ``KV_CACHE_DTYPE``) picks them.
     """
 
-    def __init__(self, model_path: str, threads: int | None = None) -> None:
-        from pathlib import Path
-
-        from phi_api.engine.model import ModelInfo
-        from phi_api.engine.prepack import prepacked_model
-        from phi_api.engine.runtime import Decoder, DecoderSpec
+    def __init__(self, model_path: str, threads: int | None = None, kv_dtype: str = "auto") -> None:
+        from phi_api.engine.model import LanguageModel
         from phi_api.prepare import cache_root
 
-        folder = Path(model_path)
-        info = ModelInfo.read(model_path)
-        model_file = prepacked_model(folder, info.decoder_file, cache_root() / "runtime" / "prepacked")
-        self._decoder = Decoder(model_file, DecoderSpec.read(folder, info.rope_switch), threads or os.cpu_count() or 1)
+        model = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype=kv_dtype)
+        self._decoder = model.new_decoder(threads or os.cpu_count() or 1)
 
     def aggregate_rate(self, prompt: np.ndarray, max_tokens: int, rows: int) -> float:
         """Aggregate decode tokens/s of ``rows`` copies of ``prompt`` advanced together for ``max_tokens``."""

@@ -141,6 +141,18 @@ class Engine:
         self.scheduler.start()
 
     @property
+    def load(self) -> EngineLoad:
+        """What this process's engine holds now: waiting requests, running sequences, booked key/value memory."""
+        return self.scheduler.load
+
+    @property
+    def kv_dtype(self) -> str:
+        """The type keys and values are kept in (``float32`` or ``int8``)."""
+        import numpy as np
+
+        return np.dtype(self.model.spec.kv_dtype).name
+
+    @property
     def ready(self) -> bool:
         """Whether this process can generate: engine thread up with its session, not shutting down."""
         return self.scheduler.running and not self.draining

@@ -79,9 +79,10 @@ class Batch:
     def idle(self) -> bool:
         return not (self.waiting or self.prefilling or self.rows.running)
 
-    def iterate(self) -> bool:
+    def iterate(self, after_admission: Callable[[], None] = lambda: None) -> bool:
         """One iteration; False when there was nothing to do."""
         self.admit()
+        after_admission()
         worked = False
         if self.prefilling:
             self.prefill_one()

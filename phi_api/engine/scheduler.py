@@ -57,11 +57,16 @@ class RetiredError(RuntimeError):
 @dataclass(frozen=True)
 class EngineLoad:
     """What the engine holds now (read on the hub while the engine thread works): requests waiting to start,
-    sequences prefilling or running, and the share of the key/value budget they hold."""
+    sequences prefilling or running, and the key/value memory they have booked, of the budget."""
 
     waiting: int = 0
     running: int = 0
-    kv_usage: float = 0.0
+    kv_reserved: int = 0
+    kv_budget: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_reserved / self.kv_budget if self.kv_budget else 0.0
 
 
 def _discard(job: Job, finished: Finished) -> None:
@@ -102,7 +107,7 @@ class Scheduler:
         self._stopping = False
         self._retiring = False
         self._arrivals = 0
-        self.load = EngineLoad()
+        self.load = EngineLoad(kv_budget=kv_budget_bytes)
         self.batch: Batch | None = None  # the engine thread's, for a look from tests
         self.failure: str | None = None  # why the engine thread could not start, for the log
 
@@ -188,7 +193,7 @@ class Scheduler:
                 self._signal.wait(self._idle_wait)
         self._ready = False
         batch.cancel_everything("cancelled")
-        self.load = EngineLoad()
+        self.load = EngineLoad(kv_budget=self._budget)
         if hasattr(decoder, "unbind"):
             decoder.unbind()
         self.batch = None
@@ -202,12 +207,17 @@ class Scheduler:
             self._arrivals += 1
             batch.waiting.append(Request(self._inbox.popleft(), self._model, self._chunk,
                                          batch.decoder.spec.rope_switch, self._arrivals))
-        worked = batch.iterate()
+        worked = batch.iterate(after_admission=lambda: self._observe(batch))
         if self._checked:
             batch.check()
-        self.load = EngineLoad(waiting=len(batch.waiting) + len(self._inbox),
-                               running=len(batch.prefilling) + batch.rows.running, kv_usage=batch.ledger.usage)
+        self._observe(batch)
         return worked
+
+    def _observe(self, batch: Batch) -> None:
+        """What the engine holds now, for the hub to read (one assignment: never half-updated)."""
+        self.load = EngineLoad(waiting=len(batch.waiting) + len(self._inbox),
+                               running=len(batch.prefilling) + batch.rows.running, kv_reserved=batch.ledger.reserved,
+                               kv_budget=batch.ledger.budget)
 
     def _publish(self, job: Job, finished: Finished) -> None:
         job.emit(finished)

@@ -119,3 +119,36 @@ def test_tokenize_text_and_messages_and_back(client):
 def test_tokenize_errors(client):
     assert client.post("/tokenize", json={}).status_code == 400
     assert client.post("/detokenize", json={"tokens": [10_000]}).get_json()["error"]["param"] == "tokens"
+
+
+def test_the_gateway_metrics_show_what_the_engines_hold(make_app):
+    """vLLM's names, as the Gateway API Inference Extension's endpoint picker reads them: a generation held at its
+    first decode step is one running request holding part of the key/value budget; when it ends, nothing is."""
+    import threading
+
+    from phi_api.metrics import get_metrics
+    from tests.support.fakes import fake_engine, text_pieces
+
+    gate = threading.Semaphore(0)
+    engine = fake_engine([1, 2, 3], text_pieces(b"a", b"b", b"c"), gate=gate, kv_budget_bytes=1 << 20)
+    app = make_app(engine=engine)
+    client, metrics = app.test_client(), get_metrics(app)
+    held = client.post("/v1/completions", json={"model": "test-model", "prompt": "Hi", "max_tokens": 50,
+                                                "stream": True}, buffered=False)
+    gate.release()  # the prompt; then the engine waits at its first decode step
+
+    def gateway() -> dict:
+        metrics.observe_engines({"test-model": engine})  # what each worker does every quarter second
+        found = samples(client)
+        return {name: found.get((name, (("model_name", "test-model"),))) for name in (
+            "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")}
+
+    running = wait_until(lambda: (now := gateway())["vllm:num_requests_running"] == 1 and now, timeout=10,
+                         message="the running generation in the metrics")
+    assert running["vllm:num_requests_waiting"] == 0
+    assert 0 < running["vllm:kv_cache_usage_perc"] < 1
+    for _ in range(100):
+        gate.release()
+    held.close()
+    wait_until(lambda: gateway() == {"vllm:num_requests_waiting": 0, "vllm:num_requests_running": 0,
+                                     "vllm:kv_cache_usage_perc": 0}, timeout=10, message="an idle engine")
