@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from flask import Flask
 from flask_cors import CORS
 
-from phi_api import extensions, limiter, metrics, openapi, schemas
+from phi_api import extensions, limiter, metrics, openapi, schemas, store
 from phi_api.api import BLUEPRINTS, playground
 from phi_api.api.http import render_errors
 from phi_api.auth import register_auth
@@ -42,6 +42,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
     schemas.init_app(app)
     folder = state_dir()  # shared by the server's processes: the slots' lock file and the model registry
     limiter.init_app(app, settings.MAX_CONCURRENT_REQUESTS, folder)
+    store.init_app(app, folder, settings.RESPONSES_STORE_MAX, settings.RESPONSES_STORE_SECONDS)
     observe = metrics.init_app(app).observe_generation
     if loader is None:
         loader = (lambda spec: engine) if engine is not None else functools.partial(extensions.load_engine, settings)
@@ -53,8 +54,9 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
 
     extensions.init_models(app, settings, load, folder)
 
-    CORS(app, origins=settings.cors_origins, methods=["GET", "POST", "OPTIONS"],
-         allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-Id"],
+    CORS(app, origins=settings.cors_origins, methods=["GET", "POST", "DELETE", "OPTIONS"],
+         allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-Id", "anthropic-version",
+                        "anthropic-beta"],
          expose_headers=["X-Request-Id"], supports_credentials=True, max_age=600)
     register_request_logging(app)
     register_auth(app, settings.api_keys)

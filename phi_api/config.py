@@ -120,6 +120,9 @@ class Settings:
     PREFILL_SLICE_SECONDS: float = setting(0.2, _number(0.0, 60.0, exclusive_low=True),
                                            "Most time one engine iteration spends on a prompt while others wait or "
                                            "run (PREFIX_CACHE on or off)")
+    SPECULATIVE_DRAFT_MAX: int = setting(8, _integer(0, 64),
+                                         "Most prompt-lookup draft tokens one step verifies (adaptive below it); 0 "
+                                         "turns speculative decoding off")
     KV_CACHE_DTYPE: str = setting("auto", _text(choices=("auto", "float32", "int8")),
                                   "Keys and values in memory: float32, int8 (a quarter of the memory), or auto (int8 "
                                   "where float32 would take 256 KB a token or more)")
@@ -127,6 +130,10 @@ class Settings:
     MODELS_FILE: str = setting("", lambda name, raw: str(raw).strip(),
                                "A JSON file declaring several models (ids, folders, options); else MODEL_PATH")
     MAX_MODELS: int = setting(4, _integer(1, 64), "Most models the server holds at once; more loads get 400")
+    RESPONSES_STORE_MAX: int = setting(1000, _integer(0, 10_000_000),
+                                       "Most Responses API responses kept for previous_response_id; 0 keeps none")
+    RESPONSES_STORE_SECONDS: float = setting(86_400.0, _number(0.0, exclusive_low=True),
+                                             "How long a stored Responses API response is kept")
 
     @property
     def cors_origins(self) -> list[str] | str:
@@ -197,7 +204,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {field.name: field.metadata["pa
 
 # Settings a model may set for itself (models.json options, a load's options): its engine's.
 ENGINE_OPTIONS = ("INTRA_OP_THREADS", "KV_CACHE_MB", "MAX_BATCH_ROWS", "PREFILL_CHUNK_TOKENS", "PREFIX_CACHE",
-                  "PREFILL_SLICE_SECONDS", "KV_CACHE_DTYPE")
+                  "PREFILL_SLICE_SECONDS", "KV_CACHE_DTYPE", "SPECULATIVE_DRAFT_MAX")
 # Settings that are gone, and what replaced them: a deployment that still sets one is told, not ignored.
 REPLACED = {"PROMPT_CACHE_MB": "kept prompts now share the KV_CACHE_MB budget; PREFIX_CACHE=off turns reuse off"}
 

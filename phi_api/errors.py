@@ -6,7 +6,8 @@ say what exactly went wrong. How it is written depends on the protocol the
 request speaks, and nothing else:
 
 - :func:`openai_body`: OpenAI's error object, ``{"error": {"message", "type", "param", "code"}}``;
-- :func:`ollama_body`: Ollama's, ``{"error": "message"}``.
+- :func:`ollama_body`: Ollama's, ``{"error": "message"}``;
+- :func:`anthropic_body`: Anthropic's, ``{"type": "error", "error": {"type", "message"}}``.
 
 Exceptions raised by others (werkzeug's routing and body errors, gunicorn's
 refusals of broken HTTP, the engine's) become members of the tree in one
@@ -21,8 +22,12 @@ The tree, with the rows of the specification's error table:
     - ``InvalidMessagesError`` (``invalid_messages``, param: ``messages``)
     - ``ContextLengthExceededError`` (``context_length_exceeded``)
     - ``UnsupportedParameterError`` (``unsupported_parameter``: valid, but not something this server can do)
+    - ``InvalidJSONSchemaError`` (``invalid_json_schema``) and ``InvalidFunctionParametersError``
+      (``invalid_function_parameters``): a ``strict`` schema outside OpenAI's strict mode
     - ``InvalidJSONError`` (``invalid_json``)
     - ``ModelNotFoundError`` (404 ``model_not_found``, param ``model``)
+    - ``PreviousResponseNotFoundError`` (``previous_response_not_found``) and ``ResponseNotFoundError`` (404
+      ``not_found``): stored responses of the Responses API
     - ``RouteNotFoundError`` (404 ``not_found``)
     - ``MethodNotAllowedError`` (405 ``method_not_allowed``)
     - ``RequestTooLargeError`` (413 ``request_too_large``)
@@ -109,6 +114,18 @@ class UnsupportedParameterError(InvalidRequestError):
     code = "unsupported_parameter"
 
 
+class InvalidJSONSchemaError(InvalidRequestError):
+    """A ``strict`` output schema that breaks OpenAI's strict-mode rules (OpenAI's code and words)."""
+
+    code = "invalid_json_schema"
+
+
+class InvalidFunctionParametersError(InvalidRequestError):
+    """A ``strict`` function's parameters that break OpenAI's strict-mode rules (OpenAI's code and words)."""
+
+    code = "invalid_function_parameters"
+
+
 class InvalidJSONError(InvalidRequestError):
     """The body is not a JSON object of text and finite numbers."""
 
@@ -121,6 +138,20 @@ class ModelNotFoundError(InvalidRequestError):
     status = 404
     code = "model_not_found"
     default_param = "model"
+
+
+class PreviousResponseNotFoundError(InvalidRequestError):
+    """A Responses API follow-up names a predecessor that is not stored (any more), as OpenAI answers it (400)."""
+
+    code = "previous_response_not_found"
+    default_param = "previous_response_id"
+
+
+class ResponseNotFoundError(InvalidRequestError):
+    """No stored response has that id (404)."""
+
+    status = 404
+    code = "not_found"
 
 
 class RouteNotFoundError(InvalidRequestError):
@@ -244,6 +275,17 @@ def openai_body(error: APIError) -> dict[str, Any]:
 def ollama_body(error: APIError) -> dict[str, Any]:
     """``error`` as Ollama's API writes errors."""
     return {"error": error.message}
+
+
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def anthropic_body(error: APIError) -> dict[str, Any]:
+    """``error`` as Anthropic's API writes errors: ``{"type": "error", "error": {"type", "message"}}``, its type
+    by the status."""
+    kind = _ANTHROPIC_TYPES.get(error.status, "invalid_request_error" if error.status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
 
 
 # Everyone else's exceptions -------------------------------------------------------------------------

@@ -50,7 +50,7 @@ def load_engine(settings: Settings, spec: ModelSpec) -> Engine:
     return Engine(model, prefill_chunk=settings.PREFILL_CHUNK_TOKENS, timeout=settings.GENERATION_TIMEOUT,
                   threads=settings.intra_op_threads, kv_budget_bytes=settings.kv_budget_bytes,
                   max_rows=settings.MAX_BATCH_ROWS, prefix_cache=settings.PREFIX_CACHE,
-                  prefill_slice=settings.PREFILL_SLICE_SECONDS)
+                  prefill_slice=settings.PREFILL_SLICE_SECONDS, draft_max=settings.SPECULATIVE_DRAFT_MAX)
 
 
 def init_settings(app: Flask, settings: Settings) -> None:

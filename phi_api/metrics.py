@@ -51,6 +51,8 @@ class Metrics:
         self.prompt_tokens = Counter("phi_api_prompt_tokens", "Prompt tokens of finished generations", **own)
         self.cached_tokens = Counter("phi_api_cached_prompt_tokens", "Prompt tokens reused from the cache", **own)
         self.generated_tokens = Counter("phi_api_generated_tokens", "Tokens generated", **own)
+        self.drafted_tokens = Counter("phi_api_draft_tokens", "Prompt-lookup draft tokens verified", **own)
+        self.accepted_tokens = Counter("phi_api_draft_accepted_tokens", "Prompt-lookup draft tokens kept", **own)
         self.prefill_rate = Histogram("phi_api_prefill_tokens_per_second", "Prefill throughput per generation",
                                       buckets=_RATE_BUCKETS, **own)
         self.decode_rate = Histogram("phi_api_decode_tokens_per_second", "Decode throughput per generation",
@@ -77,6 +79,8 @@ class Metrics:
         self.prompt_tokens.inc(finished.prompt_tokens)
         self.cached_tokens.inc(finished.cached_tokens)
         self.generated_tokens.inc(finished.completion_tokens)
+        self.drafted_tokens.inc(finished.drafted_tokens)
+        self.accepted_tokens.inc(finished.accepted_tokens)
         ttft = finished.time_to_first_token
         if ttft:
             self.ttft.observe(ttft)

@@ -64,9 +64,15 @@ _ERROR_SCHEMAS = {
         }},
     },
     "ollama": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+    "anthropic": {"type": "object", "required": ["type", "error"], "properties": {
+        "type": {"const": "error"},
+        "error": {"type": "object", "required": ["type", "message"],
+                  "properties": {"type": {"type": "string"}, "message": {"type": "string"}}},
+    }},
     "health": {"type": "object", "required": ["status"], "properties": {"status": {"enum": ["starting", "draining"]}}},
 }
-_ERROR_COMPONENTS = {"openai": "OpenAIError", "ollama": "OllamaError", "health": "HealthUnavailable"}
+_ERROR_COMPONENTS = {"openai": "OpenAIError", "ollama": "OllamaError", "anthropic": "AnthropicError",
+                     "health": "HealthUnavailable"}
 
 
 _SUCCESS_SCHEMAS: dict[str, Any] = {

@@ -89,7 +89,12 @@ class ModelSpec:
 def check_folder(path: str) -> None:
     """400 unless ``path`` is an ONNX Runtime GenAI model folder (its config, its graph and its files)."""
     folder = Path(path)
-    if not folder.is_dir():
+    try:
+        found = folder.is_dir()
+    except (OSError, ValueError) as exc:  # a path the file system refuses (a name too long, a NUL)
+        reason = getattr(exc, "strerror", None) or "not a usable path"
+        raise InvalidParameterError(f"The file system refuses that path ({reason}).", param="path") from None
+    if not found:
         raise InvalidParameterError(f"No folder {path} on the server.", param="path")
     missing = [name for name in MODEL_FILES if not (folder / name).is_file()]
     try:

@@ -42,6 +42,9 @@ REQUEST_SCHEMAS = {
     "openarc_load": "openarc_load.json",
     "openarc_unload": "openarc_unload.json",
     "ollama_delete": "ollama_delete.json",
+    "responses": "responses.json",
+    "messages": "messages.json",
+    "messages_count_tokens": "messages_count_tokens.json",
 }
 
 _JSON_TYPES = {

@@ -30,7 +30,7 @@ def test_minimal_requests_are_valid(schema, body):
         ("top_p", 1.5), ("top_p", -0.5),
         ("frequency_penalty", 2.5), ("frequency_penalty", -2.5),
         ("presence_penalty", 3), ("presence_penalty", -3),
-        ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", 1.5), ("max_tokens", "10"), ("max_tokens", True),
+        ("max_tokens", -1), ("max_tokens", 1.5), ("max_tokens", "10"), ("max_tokens", True),
         ("max_tokens", 1e309),
         ("n", 0), ("n", 9),
         ("stop", ["a", "b", "c", "d", "e"]), ("stop", ""), ("stop", 5), ("stop", [1]),
@@ -44,6 +44,12 @@ def test_minimal_requests_are_valid(schema, body):
 @pytest.mark.parametrize("schema,base", [("chat_completion", CHAT), ("completion", COMPLETION)])
 def test_out_of_range_or_mistyped_parameters(schema, base, field, value):
     assert error_of(schema, {**base, field: value}) == ("invalid_parameter", field)
+
+
+def test_max_tokens_0_is_for_echoed_completions_only():
+    """0 only scores a completion's prompt (with echo, checked by the service); a chat always generates."""
+    assert error_of("chat_completion", {**CHAT, "max_tokens": 0}) == ("invalid_parameter", "max_tokens")
+    VALIDATOR.validate("completion", {**COMPLETION, "max_tokens": 0, "echo": True})
 
 
 @pytest.mark.parametrize("schema,base,required", [

@@ -2,8 +2,10 @@
 
 from phi_api.api.chat import bp as chat_bp
 from phi_api.api.completions import bp as completions_bp
+from phi_api.api.messages import bp as messages_bp
 from phi_api.api.models import bp as models_bp
 from phi_api.api.ollama import bp as ollama_bp
 from phi_api.api.ops import bp as ops_bp
+from phi_api.api.responses import bp as responses_bp
 
-BLUEPRINTS = (models_bp, chat_bp, completions_bp, ollama_bp, ops_bp)
+BLUEPRINTS = (models_bp, chat_bp, completions_bp, responses_bp, messages_bp, ollama_bp, ops_bp)

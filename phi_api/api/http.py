@@ -136,6 +136,22 @@ def sse_response(events: Iterable[Any], on_close: Iterable[Callable[[], None]] =
     return streaming_response(body(), "text/event-stream", get_settings().STREAM_WRITE_TIMEOUT, on_close)
 
 
+def named_sse_response(events: Iterable[Any], on_close: Iterable[Callable[[], None]] = ()) -> Response:
+    """A ``text/event-stream`` response of named events: ``(name, data)`` pairs, written ``event: name`` then the
+    data as JSON (how OpenAI's Responses API and Anthropic's Messages API stream), or ``KEEPALIVE``; no
+    ``[DONE]`` at the end (those APIs end with an event of their own)."""
+
+    def body() -> Iterator[str]:
+        for event in events:
+            if event is KEEPALIVE:
+                yield ": keepalive\n\n"
+            else:
+                name, data = event
+                yield f"event: {name}\ndata: {_compact(data)}\n\n"
+
+    return streaming_response(body(), "text/event-stream", get_settings().STREAM_WRITE_TIMEOUT, on_close)
+
+
 def ndjson_response(objects: Iterable[dict[str, Any]], on_close: Iterable[Callable[[], None]] = ()) -> Response:
     """Newline-delimited JSON (Ollama's streams): one compact object per line."""
     lines = (_compact(item) + "\n" for item in objects)

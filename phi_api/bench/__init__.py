@@ -442,6 +442,12 @@ def run(options: Any) -> dict[str, Any]:
         report["raw_static_batch"] = raw.static_batch(batch, options.max_tokens, options.runs)
 
     if options.model_path and options.memory:
+        # This process's own sessions map the host's prepacked file too: held, they would take a share of its
+        # pages from the server's PSS (more with one worker than with two).
+        import gc
+
+        raw = None
+        gc.collect()
         say("memory: the whole server's PSS with 1 worker, then 2")
         report["memory"] = measure_memory(options.model_path, "bench-model", log_dir)
     out = Path(options.out)

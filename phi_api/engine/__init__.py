@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from phi_api.engine.job import Event, Finished, Job, TextDelta
+from phi_api.engine.job import Event, Finished, Job, PromptLogprobs, TextDelta
 from phi_api.engine.model import ChatTemplateError, LanguageModel, ModelInfo
 from phi_api.engine.native import off_hub
 from phi_api.engine.params import SamplingParams
@@ -23,7 +23,7 @@ from phi_api.engine.wakeup import HubWaker
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "CapacityError", "ChatTemplateError", "EngineLoad", "RetiredError", "Engine", "Event", "Finished", "Generation", "ModelInfo", "SamplingParams",
+    "CapacityError", "ChatTemplateError", "EngineLoad", "RetiredError", "Engine", "Event", "Finished", "Generation", "ModelInfo", "PromptLogprobs", "SamplingParams",
     "TextDelta",
 ]
 

@@ -35,13 +35,15 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from phi_api.engine.job import Finished, Job, TextDelta
+from phi_api.engine.job import Finished, Job, PromptLogprobs, TextDelta
 from phi_api.engine.kvpool import KVPool
+from phi_api.engine.logits import prompt_records
 from phi_api.engine.ledger import Ledger
 from phi_api.engine.prefill import ChunkPlanner
 from phi_api.engine.reuse import MIN_REUSED_TOKENS, ReusePolicy, common_prefix
 from phi_api.engine.rows import RowsFull, RowTable
 from phi_api.engine.sequence import LONG, Kept, Occupant, Request, Sequence
+from phi_api.engine.speculation import Speculation
 from phi_api.engine.runtime import ORT_ERRORS
 
 Publish = Callable[[Job, Finished], None]
@@ -52,7 +54,8 @@ class Decoder(Protocol):
 
     spec: Any
 
-    def step(self, pool: KVPool, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool) -> np.ndarray: ...
+    def step(self, pool: KVPool, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool,
+             every_position: bool = False) -> np.ndarray: ...
 
 
 def _trace(error: BaseException) -> str:
@@ -63,7 +66,7 @@ class Batch:
     """The rows, the waiting and prefilling requests, and the steps that advance them."""
 
     def __init__(self, model: Any, decoder: Decoder, pool: KVPool, ledger: Ledger, policy: ReusePolicy,
-                 planner: ChunkPlanner, publish: Publish) -> None:
+                 planner: ChunkPlanner, publish: Publish, draft_max: int = 0) -> None:
         self.model = model
         self.decoder = decoder
         self.rows = RowTable(pool)
@@ -74,6 +77,8 @@ class Batch:
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: list[Request] = []
         self._switch = decoder.spec.rope_switch
+        self.draft_max = draft_max  # SPECULATIVE_DRAFT_MAX: how far a sequence may draft, unless its request says
+        self.speculation = Speculation(self)
 
     @property
     def idle(self) -> bool:
@@ -131,6 +136,8 @@ class Batch:
         return not (self.prefilling or self.rows.running)
 
     def _source(self, request: Request) -> tuple[Occupant | None, int]:
+        if request.prompt_logprobs is not None:
+            return None, 0
         return self.policy.best_source(request.prompt, request.regime, request.first_chunk, self.rows.occupants())
 
     def _make_room(self, request: Request, source: Occupant | None) -> bool:
@@ -151,7 +158,7 @@ class Batch:
     def start(self, request: Request, source: Occupant | None, point: int) -> None:
         """Give an admitted request its sequences and its leader's row, starting from ``source``'s prefix."""
         try:
-            request.sequences = [Sequence(job, self.model) for job in request.jobs]
+            request.sequences = [Sequence(job, self.model, self.draft_max) for job in request.jobs]
         except Exception as error:  # a stream or sampler that cannot be made ends this request only
             self.end_request(request, "error", _trace(error))
             return
@@ -186,18 +193,24 @@ class Batch:
         if ended:
             self.end_request(request, ended)
             return
-        self._catch_up(request)
+        if request.prompt_logprobs is None:
+            self._catch_up(request)
         leader, prompt, start = request.leader, request.prompt, request.prefilled
         crowded = bool(self.rows.running or self.prefilling or self.waiting)
         end = self.planner.end(start, len(prompt), request.first_chunk, crowded)
+        every = request.prompt_logprobs is not None
         started = self.planner.clock()
         try:
             logits = self.decoder.step(self.rows.pool, leader.slot, prompt[start:end][None, :],
-                                       np.array([start]), True)
+                                       np.array([start]), True, every_position=every)
         except ORT_ERRORS as error:
             self.end_request(request, "error", _trace(error))
             return
         self.planner.observe_prefill(end - start, self.planner.clock() - started)
+        if every:  # each position's logits give the next prompt token's log-probability
+            targets = prompt[start + 1:end + 1]
+            request.prompt_records += prompt_records(logits[:len(targets)], targets, request.prompt_logprobs)
+            logits = logits[-1:]
         leader.length = request.prefilled = end
         leader.exact_upto = self.policy.exact_after(leader.exact_upto, start, end, len(prompt))
         leader.reusable = self.policy.prompt_reusable(end, leader.exact_upto)
@@ -209,7 +222,7 @@ class Batch:
     def _defers(self, request: Request) -> bool:
         """Whether an older request still prefilling is computing a prefix this one will copy instead (a system
         prompt shared by a burst of requests is computed once)."""
-        if not self.policy.enabled:
+        if not self.policy.enabled or request.prompt_logprobs is not None:
             return False
         for other in self.prefilling:
             if other.order >= request.order or other.regime != request.regime:
@@ -247,23 +260,36 @@ class Batch:
         shared = len(request.sequences) > 1
         for sequence in request.sequences:
             self.rows.join(sequence)
+            if request.prompt_logprobs is not None:
+                first = (int(request.prompt[0]), None)
+                sequence.job.emit(PromptLogprobs((first, *((record.token, record) for record in
+                                                           request.prompt_records)), sequence.job.index))
             if sequence.job.cancelled:
                 self.finish(sequence, "cancelled")
-                continue
-            self.take_token(sequence, logits.copy() if shared else logits)
+            elif sequence.job.params.max_tokens == 0:  # the prompt's log-probabilities were all that was asked
+                self.finish(sequence, "length")
+            else:
+                self.take_token(sequence, logits.copy() if shared else logits)
 
     # Decode -----------------------------------------------------------------------------------------
 
     def decode(self) -> None:
-        """Advance every running sequence by one token: the long group, then the short one."""
+        """Advance every running sequence: rows with a draft first, by as many tokens as their draft keeps
+        (:mod:`engine.speculation`), then every row by one token in one batched step per LongRoPE group, long
+        first; a group whose every row advanced by its draft is not stepped again."""
         if self._switch is not None:
             for row in [row for row in self.rows.group(0, self.rows.short) if row.length >= self._switch]:
                 self._cross(row)
+        advanced = self.speculation.advance()
         # The long group first: its rows leaving move only rows of its own group.
         if self.rows.running > self.rows.short:
-            self._step_rows(self.rows.short, self.rows.running)
+            self._step_unless_advanced(self.rows.short, self.rows.running, advanced)
         if self.rows.short:
-            self._step_rows(0, self.rows.short)
+            self._step_unless_advanced(0, self.rows.short, advanced)
+
+    def _step_unless_advanced(self, first: int, end: int, advanced: set[int]) -> None:
+        if not all(id(row) in advanced for row in self.rows.group(first, end)):
+            self._step_rows(first, end)
 
     def _step_rows(self, first: int, end: int) -> None:
         rows = self.rows.group(first, end)
@@ -279,11 +305,7 @@ class Batch:
             return
         self.planner.observe_decode(len(rows), self.planner.clock() - started)
         for row in rows:  # every row holds its new key and value before any row moves
-            row.tokens.append(row.pending)
-            row.length += 1
-            row.reusable = self.policy.decoded_reusable(row.length, row.exact_upto)
-            row.steps += 1
-            row.step_rows += len(rows)
+            self.fed(row, len(rows))
         # Rows that want the raw argmax get it for the whole step at once.
         greedy = [index for index, row in enumerate(rows) if row.sampler.plain_greedy]
         if len(greedy) == len(rows):
@@ -311,30 +333,43 @@ class Batch:
     # Tokens -----------------------------------------------------------------------------------------
 
     def take_token(self, row: Sequence, logits: np.ndarray, chosen: int | None = None) -> None:
-        """Choose the row's next token from ``logits`` and act on it: text, or the end of the generation."""
-        job = row.job
-        if job.cancelled:
-            self.finish(row, "cancelled")
-            return
-        if time.monotonic() > job.deadline:
-            self.finish(row, "timeout")
+        """Choose the row's next token from ``logits`` (``chosen``: already chosen, as a batch's argmax) and act on
+        it."""
+        if not self.live(row):
             return
         try:
-            if chosen is None:
-                token, record = row.sampler.choose(logits)
-            else:
-                token, record = chosen, row.sampler.observe(chosen)
+            token, record = row.sampler.choose(logits) if chosen is None else (chosen, row.sampler.observe(chosen))
+        except Exception as error:  # one sequence's sampler or grammar failing ends that sequence only
+            self.finish(row, "error", _trace(error))
+            return
+        self.act(row, token, record)
+
+    def live(self, row: Sequence) -> bool:
+        """Whether the row may go on: not cancelled, not past its deadline (else it is finished so)."""
+        if row.job.cancelled:
+            self.finish(row, "cancelled")
+            return False
+        if time.monotonic() > row.job.deadline:
+            self.finish(row, "timeout")
+            return False
+        return True
+
+    def act(self, row: Sequence, token: int, record: Any) -> bool:
+        """The row's next token is chosen: its text, or the end of the generation. True while the row goes on (the
+        token is then its pending one, to be fed to the model)."""
+        job = row.job
+        try:
             row.generated += 1
             if row.first_token_at is None:
                 row.first_token_at = time.monotonic()
             if token in self.model.info.eos_token_ids:
                 self.finish(row, "stop")
-                return
+                return False
             pieces, stopped = row.text.add(token, record)
             failed = row.sampler.guide_failure
-        except Exception as error:  # one sequence's sampler, grammar or text failing ends that sequence only
+        except Exception as error:  # one sequence's text or grammar failing ends that sequence only
             self.finish(row, "error", _trace(error))
-            return
+            return False
         self._emit(row, pieces)
         if stopped:
             self.finish(row, "stop", flush=False)
@@ -344,6 +379,17 @@ class Batch:
             self.finish(row, "length")
         else:
             row.pending = token
+            row.drafter.extend([token])  # drafts continue from the pending token
+            return True
+        return False
+
+    def fed(self, row: Sequence, rows_in_step: int = 1) -> None:
+        """The row's pending token is in: the step just taken wrote its key and value."""
+        row.tokens.append(row.pending)
+        row.length += 1
+        row.reusable = self.policy.decoded_reusable(row.length, row.exact_upto)
+        row.steps += 1
+        row.step_rows += rows_in_step
 
     def _emit(self, row: Sequence, pieces: list) -> None:
         records = tuple((piece.text, piece.logprob) for piece in pieces if piece.logprob is not None)
@@ -365,7 +411,9 @@ class Batch:
             reason=reason, prompt_tokens=len(row.job.prompt), completion_tokens=row.generated,
             time_to_first_token=(first - row.job.submitted_at) if first is not None else None,
             decode_seconds=(now - first) if first is not None else 0.0, error=error, cached_tokens=row.cached,
-            index=row.job.index, batch_rows=row.step_rows / row.steps if row.steps else 0.0))
+            index=row.job.index, batch_rows=row.step_rows / row.steps if row.steps else 0.0,
+            stop_string=row.text.stop_string, drafted_tokens=row.drafter.drafted,
+            accepted_tokens=row.drafter.accepted))
 
     def _keep(self, row: Sequence) -> bool:
         """Keep a finished row's reusable prefix for later requests; False when it is not worth a row."""

@@ -27,6 +27,15 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """The prompt's tokens and, for each after the first, its log-probability record given the tokens before it
+    (the first has none: ``None``); before any text of the choice."""
+
+    records: tuple  # (token, TokenLogprob | None) per prompt token
+    index: int = 0
+
+
+@dataclass(frozen=True)
 class Finished:
     """The generation is over; always the last event of a job.
 
@@ -43,6 +52,9 @@ class Finished:
     cached_tokens: int = 0  # prompt tokens whose KV cache came from an earlier generation
     index: int = 0
     batch_rows: float = 0.0  # rows per batched step this generation was advanced in, on average
+    stop_string: str | None = None  # the stop string that ended it (reason "stop"), if one did
+    drafted_tokens: int = 0  # prompt-lookup draft tokens it verified ...
+    accepted_tokens: int = 0  # ... and kept
 
     @property
     def ok(self) -> bool:
@@ -57,7 +69,7 @@ class Finished:
         return (self.completion_tokens - 1) / self.decode_seconds
 
 
-Event = TextDelta | Finished
+Event = TextDelta | PromptLogprobs | Finished
 
 
 class Job:

@@ -105,6 +105,21 @@ class LogitsEditor:
             self._alternatives = tuple((int(token), float(self._raw[token] - self._normalizer)) for token in best)
 
 
+def prompt_records(logits: np.ndarray, targets: np.ndarray, top: int) -> list[TokenLogprob]:
+    """Log-probability records of ``targets[i]`` under ``logits[i]`` (``[positions, vocab]``), with the ``top`` most
+    likely alternatives: the model's own distribution, as for generated tokens."""
+    records = []
+    for row, target in zip(logits, targets):
+        raw = row.astype(np.float64)
+        peak = raw.max()
+        normalizer = peak + math.log(float(np.exp(raw - peak).sum()))
+        best = np.argpartition(-raw, top - 1)[:top] if 0 < top < raw.size else np.arange(raw.size)[:top]
+        best = best[np.argsort(-raw[best], kind="stable")]
+        records.append(TokenLogprob(int(target), float(raw[target] - normalizer),
+                                    tuple((int(token), float(raw[token] - normalizer)) for token in best)))
+    return records
+
+
 class Sampler:
     """Chooses one sequence's tokens, step by step (see the module's docstring for the order)."""
 
@@ -135,6 +150,48 @@ class Sampler:
 
     def choose(self, logits: np.ndarray) -> tuple[int, TokenLogprob | None]:
         """The next token from this step's ``logits`` (edited in place), and its log-probability record."""
+        self._process(logits)
+        token = self._pick(logits)
+        return token, self.observe(token)
+
+    def verify(self, rows: np.ndarray, drafts: list[int]) -> list[tuple[int, TokenLogprob | None]]:
+        """Tokens chosen from ``rows`` (the logits after the pending token, then after each draft token, edited in
+        place): each draft token kept while accepted, then one token of the model's own; at most
+        ``len(drafts) + 1``.
+
+        The rule is exact in distribution: a greedy row keeps a draft token while it is the argmax; a sampled row
+        keeps draft token ``x`` with probability ``p(x)``, ``p`` being the distribution :func:`sample` draws from
+        after every logit processor, and on rejection draws from ``p`` with ``x`` removed (the standard
+        speculative-sampling rule for a draft that is certain). Each position is processed after the tokens before
+        it were accepted (penalties, masks and grammar see them), as without a draft.
+        """
+        chosen = []
+        for position, logits in enumerate(rows):
+            draft = drafts[position] if position < len(drafts) else None
+            token = self._choose_against(logits, draft)
+            chosen.append((token, self.observe(token)))
+            if token != draft:
+                break
+        return chosen
+
+    def _choose_against(self, logits: np.ndarray, draft: int | None) -> int:
+        self._process(logits)
+        if draft is None:
+            return self._pick(logits)
+        if self._rng is None or not np.isfinite(logits).any():
+            return self._pick(logits)
+        pool, probabilities = distribution(logits, self.params.temperature, self.params.top_k, self.params.top_p)
+        where = np.flatnonzero(pool == draft)
+        accepted = probabilities[where[0]] if where.size else 0.0
+        if self._rng.random() < accepted:
+            return draft
+        residual = probabilities.copy()
+        if where.size:
+            residual[where[0]] = 0.0
+        return int(pool[_draw(residual.astype(np.float32), self._rng.random())])
+
+    def _process(self, logits: np.ndarray) -> None:
+        """Every logit processor, in the order of the module's docstring (before the choice itself)."""
         if self._editor is not None:
             self._editor(logits)
         if self._masks_eos and self._eos.size:
@@ -143,8 +200,6 @@ class Sampler:
             self._guide.mask(logits)
         if self._editor is not None:
             self._editor.apply_min_p(logits)
-        token = self._pick(logits)
-        return token, self.observe(token)
 
     def observe(self, token: int) -> TokenLogprob | None:
         """Account for ``token`` (chosen here, or by a batch's argmax for a plain greedy row)."""
@@ -206,6 +261,23 @@ def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng
         weights = weights[head[:cut]]
     choice = _draw(weights, rng.random())
     return choice if pool is None else int(pool[choice])
+
+
+def distribution(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens :func:`sample` may draw from ``logits`` and their probabilities (float64): the same pool (finite,
+    ``top_k``, then ``top_p`` over the most likely first) and the same weights, as arrays a draft is checked
+    against."""
+    scaled = logits.astype(np.float64) / temperature
+    pool = np.flatnonzero(np.isfinite(scaled))
+    if 0 < top_k < pool.size:
+        pool = pool[_top(scaled[pool], top_k)]
+    weights = np.exp(scaled[pool] - scaled[pool].max())
+    if top_p < 1.0:
+        order = np.argsort(-weights, kind="stable")
+        cumulative = np.cumsum(weights[order]) / weights.sum()
+        order = order[:min(int(np.searchsorted(cumulative, top_p)) + 1, order.size)]
+        pool, weights = pool[order], weights[order]
+    return pool, weights / weights.sum()
 
 
 def _draw(weights: np.ndarray, fraction: float) -> int:

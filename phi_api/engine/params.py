@@ -23,7 +23,9 @@ class SamplingParams:
     ignore_eos: bool = False
     min_p: float = 0.0
     logprobs: int | None = None  # alternatives per token to report; None: no log-probabilities
+    prompt_logprobs: int | None = None  # the same for every prompt token (echo); None: none
     guidance: tuple[str, str] | None = None  # (kind, grammar): "json_schema" (llguidance)
+    draft_max: int | None = None  # prompt-lookup draft tokens a step may verify; None: the server's setting
 
     @property
     def greedy(self) -> bool:

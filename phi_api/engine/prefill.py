@@ -12,7 +12,8 @@ as long as it computes: at Phi-3.5-mini's size a chunk of 64 tokens takes
   the same way every time); when something else waits or runs: as many tokens
   as fit in ``slice_seconds``, by the costs measured so far (a step's fixed
   cost, the time a 1-row decode step takes, plus a cost per prompt token),
-  at least ``MIN_TOKENS``.
+  at least ``MIN_TOKENS``; a rest that fits in two slices goes in at once, so
+  a short request is not held back by a decode step between its halves.
 
 A long prompt's first chunk under LongRoPE (``first_chunk``) is never cut: its
 keys must all be computed with the long factors.
@@ -43,9 +44,12 @@ class ChunkPlanner:
         """Where the chunk of a prompt of ``length`` tokens prefilled up to ``start`` ends."""
         if start < first_chunk:
             return min(length, first_chunk)
-        if self.grid or not crowded:
+        bounded = self.bounded_tokens()
+        if self.grid or not crowded or bounded >= self.chunk:  # the slice holds a whole chunk: the grid
             return min(length, (start // self.chunk + 1) * self.chunk)
-        return min(length, start + self.bounded_tokens())
+        if length - start <= 2 * bounded:  # a short prompt's rest goes in at once: one wait of two slices at most
+            return length
+        return start + bounded
 
     def bounded_tokens(self) -> int:
         """Prompt tokens that fit in the time slice, by the costs measured so far."""

@@ -115,10 +115,12 @@ class Decoder:
         self._logits = np.zeros((0, 1, spec.vocab_size), dtype=np.float32)
         self._bound: KVPool | None = None  # the pool the bindings use
 
-    def step(self, pool: KVPool, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool) -> np.ndarray:
+    def step(self, pool: KVPool, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool,
+             every_position: bool = False) -> np.ndarray:
         """Advance rows ``first``..``first + len(ids) - 1`` by ``ids`` (``[rows, new_tokens]``; several new
         tokens only for one row, a prompt chunk: ``prefill``), each row holding ``past[i]`` tokens; returns
-        each row's next-token logits (``[rows, vocab]``, valid until the next step)."""
+        each row's next-token logits (``[rows, vocab]``, valid until the next step), or with ``every_position``
+        a prompt chunk's logits after each of its tokens (``[new_tokens, vocab]``)."""
         spec = self.spec
         count, new = ids.shape
         lengths = past.astype(np.int64) + new
@@ -130,7 +132,8 @@ class Decoder:
             binding.bind_output(spec.logits)
         self.session.run_with_iobinding(binding)
         if new > 1:
-            return binding.get_outputs()[-1].numpy()[:, -1, :]
+            logits = binding.get_outputs()[-1].numpy()
+            return logits[0] if every_position else logits[:, -1, :]
         return self._logits[first:first + count, 0, :]
 
     def unbind(self) -> None:

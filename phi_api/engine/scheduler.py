@@ -84,8 +84,8 @@ class Scheduler:
 
     def __init__(self, model: Model, *, prefill_chunk: int, report: Report, threads: int = 1,
                  kv_budget_bytes: int = 1 << 30, max_rows: int = 64, prefix_cache: str = "on",
-                 prefill_slice: float = 0.2, idle_wait: float = 1.0, clock: Callable[[], float] = time.perf_counter,
-                 checked: bool = False) -> None:
+                 prefill_slice: float = 0.2, draft_max: int = 0, idle_wait: float = 1.0,
+                 clock: Callable[[], float] = time.perf_counter, checked: bool = False) -> None:
         self._model = model
         self._chunk = prefill_chunk
         self._report = report
@@ -94,6 +94,7 @@ class Scheduler:
         self._max_rows = max_rows
         self._policy = ReusePolicy(prefix_cache, prefill_chunk)
         self._slice = prefill_slice
+        self._draft_max = draft_max
         self._idle_wait = idle_wait
         self._clock = clock
         self._checked = checked  # tests: check the batch's invariants after every iteration
@@ -179,7 +180,8 @@ class Scheduler:
             self._relay.send("".join(traceback.format_exception(error)))
             return
         planner = ChunkPlanner(self._chunk, grid=self._policy.exact, slice_seconds=self._slice, clock=self._clock)
-        batch = self.batch = Batch(self._model, decoder, pool, ledger, self._policy, planner, self._publish)
+        batch = self.batch = Batch(self._model, decoder, pool, ledger, self._policy, planner, self._publish,
+                                   draft_max=self._draft_max)
         self._ready = True
         while not self._stopping:
             try:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from phi_api.engine.draft import Drafter
 from phi_api.engine.job import Job
 from phi_api.engine.logits import Sampler
 from phi_api.engine.text import TextAssembler
@@ -50,7 +51,7 @@ class Occupant(Protocol):
 class Sequence:
     """One choice of a request: its row in the pool, and how it chooses and spells its tokens."""
 
-    def __init__(self, job: Job, model: Model) -> None:
+    def __init__(self, job: Job, model: Model, draft_max: int = 0) -> None:
         self.job = job
         self.reserve = min(model.info.context_length, len(job.prompt) + job.params.max_tokens)
         self.booked = 0  # bytes of the key/value budget booked for it (engine.ledger)
@@ -67,6 +68,8 @@ class Sequence:
         self.steps = 0  # batched steps this sequence was advanced in ...
         self.step_rows = 0  # ... and their rows, summed
         self.sampler = Sampler(job.params, job.prompt, model.info.eos_token_ids, guide=job.guide)
+        own = job.params.draft_max
+        self.drafter = Drafter(self.tokens, draft_max if own is None else own)
         self.stream = model.create_stream()
         self.text = TextAssembler(self.stream, job.params.stop)
 
@@ -103,6 +106,10 @@ class Request:
         self.sequences: list[Sequence] = []
         self.prefilled = 0
         self.order = order  # arrival order: of two requests sharing a prefix, the older computes it
+        # Log-probabilities of the prompt's own tokens (echo): computed from every position of every chunk, so
+        # such a request reuses no prefix.
+        self.prompt_logprobs = jobs[0].params.prompt_logprobs
+        self.prompt_records: list = []
         self.reserve = min(model.info.context_length, len(self.prompt) + jobs[0].params.max_tokens)
         long = rope_switch is not None and len(self.prompt) > rope_switch
         self.regime = LONG if long else SHORT

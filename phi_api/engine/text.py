@@ -39,6 +39,7 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...]) -> None:
         self._stops = tuple(stop for stop in stops if stop)
         self._pending: list[Piece] = []
+        self.matched: str | None = None  # the stop string found, once one is
 
     def feed(self, piece: Piece) -> tuple[list[Piece], bool]:
         """Add ``piece``; return (pieces safe to release, stop string found)."""
@@ -46,8 +47,10 @@ class StopMatcher:
             return [piece], False
         self._pending.append(piece)
         text = "".join(pending.text for pending in self._pending)
-        cut = min((index for index in (text.find(stop) for stop in self._stops) if index >= 0), default=-1)
+        found = [(index, stop) for stop in self._stops if (index := text.find(stop)) >= 0]
+        cut = min(found)[0] if found else -1
         if cut >= 0:
+            self.matched = min(found)[1]
             released = self._take(cut, truncate=True)
             self._pending = []
             return released, True
@@ -99,6 +102,11 @@ class TextAssembler:
     def add(self, token: int, logprob: Any = None) -> tuple[list[Piece], bool]:
         """Decode ``token``; return (pieces to release, stop string reached)."""
         return self._stops.feed(Piece(self._utf8.decode(self._decoder.decode(token)), logprob))
+
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the text, if one did."""
+        return self._stops.matched
 
     def finish(self) -> list[Piece]:
         """The pieces still held when generation ends for another reason."""

@@ -38,6 +38,15 @@ class Calls:
 
 
 @dataclass(frozen=True)
+class Prompt:
+    """The prompt's tokens of choice ``index``, each with its log-probability record (the first: None), when the
+    request asked for them (echo with logprobs)."""
+
+    index: int
+    records: tuple[tuple[int, Any], ...]
+
+
+@dataclass(frozen=True)
 class Done:
     """Choice ``index`` is over: ``reason`` is ``stop``, ``length`` or ``tool_calls``; ``finished`` has the
     engine's counts and times."""
@@ -47,7 +56,7 @@ class Done:
     finished: Finished
 
 
-Event = Text | Calls | Done
+Event = Text | Calls | Prompt | Done
 
 
 @dataclass
@@ -58,11 +67,14 @@ class ChoiceResult:
     text: str = ""
     logprobs: list[tuple[str, Any]] = field(default_factory=list)
     calls: tuple[ToolCall, ...] = ()
+    prompt: tuple[tuple[int, Any], ...] = ()
     done: Done | None = None
 
     def take(self, event: Event) -> None:
         """Add what ``event`` tells."""
-        if isinstance(event, Text):
+        if isinstance(event, Prompt):
+            self.prompt = event.records
+        elif isinstance(event, Text):
             self.text += event.text
             self.logprobs += event.logprobs
         elif isinstance(event, Calls):

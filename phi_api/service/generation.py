@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from phi_api.config import Settings
-from phi_api.engine import CapacityError, Engine, Finished, Generation, SamplingParams, TextDelta
+from phi_api.engine import Engine, Finished, Generation, PromptLogprobs, SamplingParams, TextDelta
 from phi_api.errors import (
     APIError,
     ClientClosedRequestError,
@@ -25,12 +25,11 @@ from phi_api.errors import (
     InternalError,
     RateLimitError,
     ServiceUnavailableError,
-    from_foreign,
 )
 from phi_api.limiter import ConcurrencyLimiter
 from phi_api.registry import Models
 from phi_api.service import prompts
-from phi_api.service.choices import ChoiceAssembler, ChoiceResult, Event
+from phi_api.service.choices import ChoiceAssembler, ChoiceResult, Event, Prompt
 from phi_api.service.grammar import json_schema_grammar
 from phi_api.service.requests import ChatRequest, CompletionRequest, GenerationRequest
 from phi_api.service.tools import ToolPlan
@@ -76,8 +75,10 @@ def _chat_plan(engine: Engine, settings: Settings, request: ChatRequest) -> Plan
 
 def _completion_plan(engine: Engine, settings: Settings, request: CompletionRequest) -> Plan:
     prompt, text = prompts.completion_prompt(engine, request.prompt)
+    # With echo, logprobs covers the prompt's tokens too (the first has none), as lm-eval's loglikelihood needs.
     params = request.sampling.to_params(prompt_tokens=len(prompt), prompt_param=request.prompt_param,
-                                        model=engine.info, settings=settings, logprobs=request.logprobs)
+                                        model=engine.info, settings=settings, logprobs=request.logprobs,
+                                        prompt_logprobs=request.logprobs if request.echo else None)
     return Plan(prompt, params, echo=text if request.echo else "")
 
 
@@ -107,10 +108,9 @@ def start(services: Services, request: GenerationRequest, request_id: str = "-")
     if engine.draining:
         raise ServiceUnavailableError("This server is shutting down; please retry.")
     plan = _PLANNERS[type(request)](engine, settings, request)
-    try:
-        engine.check_capacity(len(plan.prompt), plan.params[0].max_tokens, len(plan.params))
-    except CapacityError as exc:
-        raise from_foreign(exc) from None
+    # The engine's own exceptions (CapacityError here, ChatTemplateError or GuidanceError on the way) become API
+    # errors in one place: errors.FOREIGN, applied by the web layer's error handlers.
+    engine.check_capacity(len(plan.prompt), plan.params[0].max_tokens, len(plan.params))
     slot = services.limiter.try_acquire()
     if slot is None:
         raise RateLimitError("Too many concurrent requests. Please try again later.")
@@ -131,6 +131,8 @@ def events(run: Run, keepalive: float | None = KEEPALIVE_SECONDS) -> Iterator[Ev
             yield KEEPALIVE
         elif isinstance(event, TextDelta):
             yield from assemblers[event.index].add(event)
+        elif isinstance(event, PromptLogprobs):
+            yield Prompt(event.index, event.records)
         elif not event.ok:
             raise failure(event)
         else:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from phi_api.errors import APIError, openai_body
-from phi_api.service.choices import Calls, ChoiceResult, Done, Text
+from phi_api.service.choices import Calls, ChoiceResult, Done, Prompt, Text
 from phi_api.service.generation import KEEPALIVE, Run, events, openarc_metrics, usage
 
 
@@ -63,6 +63,10 @@ class Shape:
 
     def chunk_calls(self, event: Calls) -> list[dict[str, Any]]:
         """Chunk choices announcing tool calls (only chats make them)."""
+        return []
+
+    def chunk_prompt(self, event: Prompt) -> list[dict[str, Any]]:
+        """Chunk choices carrying the scored prompt (only echoing completions score it)."""
         return []
 
     def chunk_done(self, event: Done) -> dict[str, Any]:
@@ -138,11 +142,16 @@ class CompletionShape(Shape):
 
     def __init__(self, run: Run, token_bytes: Callable[[int], bytes]) -> None:
         super().__init__(run, token_bytes)
-        self._offsets = [len(run.plan.echo)] * len(run.plan.params)
+        # echo with logprobs scores the prompt: its text comes with its lists once the engine has them
+        self._scored = bool(run.plan.echo) and self.logprobs
+        self._offsets = [0 if self._scored else len(run.plan.echo)] * len(run.plan.params)
 
     def opening(self, index: int) -> list[dict[str, Any]]:
         echo = self.run.plan.echo
-        return [self._choice(index, echo, None, None)] if echo else []
+        return [self._choice(index, echo, None, None)] if echo and not self._scored else []
+
+    def chunk_prompt(self, event: Prompt) -> list[dict[str, Any]]:
+        return [self._choice(event.index, self.run.plan.echo, self._prompt_lists(event.index, event.records), None)]
 
     def chunk_text(self, event: Text) -> dict[str, Any]:
         return self._choice(event.index, event.text, self._lists(event.index, event.logprobs), None)
@@ -151,22 +160,39 @@ class CompletionShape(Shape):
         return self._choice(event.index, "", None, event.reason)
 
     def whole(self, result: ChoiceResult) -> dict[str, Any]:
-        self._offsets[result.index] = len(self.run.plan.echo)
-        lists = self._lists(result.index, result.logprobs)
-        return self._choice(result.index, self.run.plan.echo + result.text, lists, result.done.reason)
+        self._offsets[result.index] = 0 if self._scored else len(self.run.plan.echo)
+        lists = self._prompt_lists(result.index, result.prompt) if self._scored else None
+        generated = self._lists(result.index, result.logprobs)
+        if lists is not None and generated is not None:
+            lists = {name: lists[name] + generated[name] for name in lists}
+        return self._choice(result.index, self.run.plan.echo + result.text, lists or generated, result.done.reason)
+
+    def _prompt_lists(self, index: int, records: Any) -> dict[str, list[Any]]:
+        """OpenAI's lists for the prompt's tokens: the first has no log-probability (null), as OpenAI and vLLM
+        write it."""
+        lists: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token, record in records:
+            text = _token_text(self.token_bytes, token)
+            self._append(lists, index, text, record)
+        return lists
 
     def _lists(self, index: int, records: Any) -> dict[str, list[Any]] | None:
         if not self.logprobs:
             return None
         lists: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for text, record in records:
+            self._append(lists, index, text, record)
+        return lists
+
+    def _append(self, lists: dict[str, list[Any]], index: int, text: str, record: Any) -> None:
+        top = None
+        if record is not None:
             top = {_token_text(self.token_bytes, token): logprob for token, logprob in record.top}
             top.setdefault(text, record.logprob)
-            for name, value in (("tokens", text), ("token_logprobs", record.logprob), ("top_logprobs", top),
-                                ("text_offset", self._offsets[index])):
-                lists[name].append(value)
-            self._offsets[index] += len(text)
-        return lists
+        for name, value in (("tokens", text), ("token_logprobs", record.logprob if record else None),
+                            ("top_logprobs", top), ("text_offset", self._offsets[index])):
+            lists[name].append(value)
+        self._offsets[index] += len(text)
 
     def _choice(self, index: int, text: str, logprobs: Any, finish_reason: str | None) -> dict[str, Any]:
         return {"text": text, "index": index, "logprobs": logprobs if self.logprobs else None,
@@ -207,6 +233,9 @@ class Answer:
                     yield chunk(shape.chunk_text(event))
                 elif isinstance(event, Calls):
                     for choice in shape.chunk_calls(event):
+                        yield chunk(choice)
+                elif isinstance(event, Prompt):
+                    for choice in shape.chunk_prompt(event):
                         yield chunk(choice)
                 else:
                     finished.append(event.finished)

@@ -8,13 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from phi_api.engine import ChatTemplateError, Engine
+from phi_api.engine import Engine
 from phi_api.errors import (
     ContextLengthExceededError,
     InvalidMessagesError,
     InvalidParameterError,
     UnsupportedParameterError,
-    from_foreign,
 )
 from phi_api.service.tools import ToolPlan, template_messages
 
@@ -65,12 +64,7 @@ def chat_prompt(engine: Engine, messages: list[dict[str, Any]], plan: ToolPlan |
     knows_tools = engine.info.template_knows_tools
     rendered = template_messages(chat_messages(messages), plan, knows_tools)
     tools = [{"type": "function", "function": f} for f in plan.functions] if plan and knows_tools else None
-    try:
-        text = engine.render_chat(rendered, tools, add_generation_prompt)
-    except ChatTemplateError as exc:
-        # The template's own words name library internals: they go to the log, not to the client.
-        log.info("chat template rejected the messages: %s", exc)
-        raise from_foreign(exc) from None
+    text = engine.render_chat(rendered, tools, add_generation_prompt)  # ChatTemplateError: see errors.FOREIGN
     return text_tokens(engine, text, "messages", must_fit=must_fit)
 
 

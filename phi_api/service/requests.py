@@ -10,8 +10,14 @@ from typing import Any, ClassVar
 
 from phi_api.config import Settings
 from phi_api.engine import ModelInfo, SamplingParams
-from phi_api.errors import ContextLengthExceededError, InvalidParameterError, UnsupportedParameterError
+from phi_api.errors import (
+    ContextLengthExceededError,
+    InvalidJSONSchemaError,
+    InvalidParameterError,
+    UnsupportedParameterError,
+)
 from phi_api.service import features
+from phi_api.service.grammar import strict_violation
 from phi_api.service.tools import ToolPlan, tool_plan
 
 
@@ -40,6 +46,7 @@ class Sampling:
     min_tokens: int = 0
     ignore_eos: bool = False
     n: int = 1
+    draft_max: int | None = None  # llama.cpp's speculative.n_max; None: the server's SPECULATIVE_DRAFT_MAX
 
     @classmethod
     def from_openai(cls, body: dict[str, Any]) -> "Sampling":
@@ -54,10 +61,12 @@ class Sampling:
             repetition_penalty=given(body, "repetition_penalty"),
             logit_bias=tuple(given(body, "logit_bias", {}).items()), min_tokens=given(body, "min_tokens", 0),
             ignore_eos=bool(given(body, "ignore_eos", False)), n=given(body, "n", 1),
+            draft_max=given(body, "speculative", {}).get("n_max"),
         )
 
     def to_params(self, *, prompt_tokens: int, prompt_param: str, model: ModelInfo, settings: Settings,
-                  logprobs: int | None = None, guidance: tuple[str, str] | None = None) -> list[SamplingParams]:
+                  logprobs: int | None = None, guidance: tuple[str, str] | None = None,
+                  prompt_logprobs: int | None = None) -> list[SamplingParams]:
         """Engine parameters for a prompt of ``prompt_tokens`` tokens, one set per choice.
 
         ``max_tokens``: when the request gives none, ``DEFAULT_MAX_TOKENS``
@@ -86,7 +95,9 @@ class Sampling:
             ignore_eos=self.ignore_eos,
             min_p=float(self.min_p or 0.0),
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             guidance=guidance,
+            draft_max=self.draft_max,
         )
         if self.n == 1 or params.seed is None:
             return [params] * self.n
@@ -150,7 +161,7 @@ class ChatRequest:
         return cls(
             model=body["model"], messages=tuple(body["messages"]), sampling=Sampling.from_openai(body),
             stream=bool(given(body, "stream", False)), include_usage=_include_usage(body),
-            logprobs=_chat_logprobs(body), **_output(given(body, "response_format")),
+            logprobs=_chat_logprobs(body), **output_fields(given(body, "response_format")),
             tools=tool_plan(given(body, "tools", []), given(body, "tool_choice"),
                             bool(given(body, "parallel_tool_calls", True))),
         )
@@ -174,8 +185,9 @@ class CompletionRequest:
     def from_openai(cls, body: dict[str, Any], known_fields: set[str]) -> "CompletionRequest":
         """A schema-valid ``/v1/completions`` body (``known_fields``: its schema's, for the log)."""
         features.check_supported(body, features.COMPLETION_GATES, known_fields)
-        if given(body, "echo", False) and given(body, "logprobs") is not None:
-            raise UnsupportedParameterError("logprobs of the echoed prompt are not supported.", param="logprobs")
+        if given(body, "max_tokens") == 0 and not given(body, "echo", False):
+            raise InvalidParameterError("max_tokens must be at least 1 (0 is allowed with echo: the prompt is only "
+                                        "scored).", param="max_tokens")
         return cls(model=body["model"], prompt=body["prompt"], sampling=Sampling.from_openai(body),
                    stream=bool(given(body, "stream", False)), include_usage=_include_usage(body),
                    logprobs=given(body, "logprobs"), echo=bool(given(body, "echo", False)))
@@ -188,14 +200,20 @@ def _include_usage(body: dict[str, Any]) -> bool:
     return bool(given(body, "stream_options", {}).get("include_usage"))
 
 
-def _output(response_format: dict[str, Any] | None) -> dict[str, Any]:
+def output_fields(response_format: dict[str, Any] | None) -> dict[str, Any]:
     """OpenAI's ``response_format`` as the schema the answer must match (any JSON object for ``json_object``)."""
     kind = (response_format or {"type": "text"})["type"]
     if kind == "json_object":
         return {"output_schema": {"type": "object"}, "output_param": "response_format"}
     if kind == "json_schema":
-        return {"output_schema": response_format["json_schema"].get("schema") or {"type": "object"},
-                "output_param": "response_format.json_schema.schema"}
+        spec = response_format["json_schema"]
+        schema = spec.get("schema") or {"type": "object"}
+        if spec.get("strict"):
+            violation = strict_violation(schema)
+            if violation:
+                raise InvalidJSONSchemaError(f"Invalid schema for response_format '{spec.get('name', '')}': "
+                                             f"{violation}", param="response_format")
+        return {"output_schema": schema, "output_param": "response_format.json_schema.schema"}
     return {}
 
 

@@ -22,8 +22,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from phi_api.errors import InvalidParameterError
-from phi_api.service.grammar import check_json_schema, json_schema_grammar
+from phi_api.errors import InvalidFunctionParametersError, InvalidParameterError
+from phi_api.service.grammar import check_json_schema, json_schema_grammar, strict_violation
 
 _DECODER = json.JSONDecoder()
 # The forced-call grammar writes {"name": "<function>", "arguments": {...}} in this order.
@@ -153,6 +153,11 @@ def tool_plan(tools: list[dict[str, Any]], tool_choice: Any = None, parallel: bo
             raise InvalidParameterError("tool_choice needs tools.", param="tool_choice")
         return None
     functions = tuple(tool["function"] for tool in tools)
+    for function in functions:
+        violation = strict_violation(function.get("parameters") or {}) if function.get("strict") else None
+        if violation:
+            raise InvalidFunctionParametersError(f"Invalid schema for function '{function['name']}': {violation}",
+                                                 param="tools")
     names = [function["name"] for function in functions]
     if len(set(names)) != len(names):
         raise InvalidParameterError("tools must have distinct function names.", param="tools")

@@ -91,8 +91,12 @@ def test_no_logprobs_unless_asked(client):
 @pytest.mark.parametrize("response_format,schema", [
     ({"type": "json_object"}, {"type": "object"}),
     ({"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": {
+        "type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"],
+        "additionalProperties": False}}},
+     {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"], "additionalProperties": False}),
+    ({"type": "json_schema", "json_schema": {"name": "person", "schema": {
         "type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}}},
-     {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}),
+     {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"], "additionalProperties": False}),
 ])
 def test_response_format_constrains_the_generator(make_app, response_format, schema):
     client, engine = scripted(make_app, b'{"age": 3}')
@@ -170,7 +174,7 @@ def test_forced_tool_choice_is_a_grammar(make_app, tool_choice):
     assert kind == "json_schema"
     assert names == (["get_time", "get_weather"] if tool_choice == "required" else ["get_weather"])
     weather = next(o for o in options if o["properties"]["name"]["const"] == "get_weather")
-    assert weather["properties"]["arguments"] == WEATHER["function"]["parameters"]
+    assert weather["properties"]["arguments"] == {**WEATHER["function"]["parameters"], "additionalProperties": False}
 
 
 def test_tool_choice_none_leaves_tools_out(make_app):

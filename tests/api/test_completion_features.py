@@ -37,3 +37,52 @@ def test_n_completions(client):
     body = client.post("/v1/completions", json={**BODY, "n": 2}).get_json()
     assert [choice["index"] for choice in body["choices"]] == [0, 1]
     assert body["usage"]["completion_tokens"] == 10
+
+
+PIECES = text_pieces(b"upon", b" a", b" time")
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_reads_it(make_app):
+    """lm-eval's loglikelihood: token ids, echo, logprobs 1, max_tokens 1: the prompt's tokens come first, the first
+    without a log-probability (null), each with its top alternatives, then the generated token's."""
+    engine = fake_engine([1, 2, 3, 0], PIECES, prefix_cache="on")
+    client = make_app(engine).test_client()
+    body = {"model": "test-model", "prompt": [1, 2, 3], "echo": True, "logprobs": 1, "max_tokens": 1}
+    choice = client.post("/v1/completions", json=body).get_json()["choices"][0]
+    lists = choice["logprobs"]
+    assert choice["text"] == "upon a timeupon"
+    assert lists["tokens"] == ["upon", " a", " time", "upon"]
+    assert lists["token_logprobs"][0] is None and lists["top_logprobs"][0] is None
+    likely = SCRIPTED_LOGIT - math.log(math.exp(SCRIPTED_LOGIT) + VOCAB - 1)  # the fake: each next token likeliest
+    assert lists["token_logprobs"][1:] == pytest.approx([likely] * 3, abs=1e-5)
+    # lm-eval's greedy check: each token's log-probability is the best of its top alternatives
+    assert all(logprob == max(top.values()) for logprob, top in zip(lists["token_logprobs"][1:],
+                                                                    lists["top_logprobs"][1:]))
+    assert lists["text_offset"] == [0, 4, 6, 11]
+    # the same prompt again is scored again (no reused prefix: its logits were never kept)
+    again = client.post("/v1/completions", json=body).get_json()
+    assert again["choices"][0]["logprobs"]["token_logprobs"] == lists["token_logprobs"]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_echo_with_max_tokens_0_only_scores_the_prompt(make_app):
+    engine = fake_engine([1, 2, 3, 0], PIECES)
+    client = make_app(engine).test_client()
+    body = {"model": "test-model", "prompt": [1, 2, 3], "echo": True, "logprobs": 0, "max_tokens": 0}
+    answer = client.post("/v1/completions", json=body).get_json()
+    choice = answer["choices"][0]
+    assert choice["text"] == "upon a time" and choice["finish_reason"] == "length"
+    assert len(choice["logprobs"]["token_logprobs"]) == 3 and choice["logprobs"]["token_logprobs"][0] is None
+    assert answer["usage"]["completion_tokens"] == 0
+
+
+def test_a_streamed_echo_carries_the_prompt_s_logprobs_first(make_app):
+    engine = fake_engine([1, 2, 3, 0], PIECES)
+    client = make_app(engine).test_client()
+    body = {"model": "test-model", "prompt": [1, 2], "echo": True, "logprobs": 1, "max_tokens": 2, "stream": True}
+    events = parse_sse(client.post("/v1/completions", json=body).get_data(as_text=True))[:-1]
+    first = events[0]["choices"][0]
+    assert first["text"] == "upon a" and first["logprobs"]["tokens"] == ["upon", " a"]
+    assert first["logprobs"]["token_logprobs"][0] is None
+    offsets = [offset for event in events for offset in (event["choices"][0]["logprobs"] or {}).get("text_offset", [])]
+    assert offsets == [0, 4, 6, 10]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from phi_api.engine import SamplingParams
-from phi_api.engine.logits import LogitsEditor, Sampler, _draw, sample
+from phi_api.engine.logits import LogitsEditor, Sampler, _draw, distribution, sample
 
 
 def edited(params: SamplingParams, seen: list[int], size: int = 8) -> np.ndarray:
@@ -109,17 +109,8 @@ def test_top_k_and_top_p_keep_only_the_most_likely():
 def plain_sample(logits, temperature, top_k, top_p, rng):
     """The definition, written plainly (float64, one running sum): what the engine's faster sample() must
     draw, token for token (they may differ only where a draw lands within float rounding of a boundary)."""
-    scaled = logits.astype(np.float64) / temperature
-    pool = np.flatnonzero(np.isfinite(scaled))
-    if 0 < top_k < pool.size:
-        pool = pool[np.argpartition(-scaled[pool], top_k - 1)[:top_k]]
-    weights = np.exp(scaled[pool] - scaled[pool].max())
-    if top_p < 1.0:
-        order = np.argsort(-weights, kind="stable")
-        cumulative = np.cumsum(weights[order]) / weights.sum()
-        keep = order[:min(int(np.searchsorted(cumulative, top_p)) + 1, order.size)]
-        pool, weights = pool[keep], weights[keep]
-    choice = int(np.searchsorted(np.cumsum(weights), rng.random() * weights.sum(), side="right"))
+    pool, probabilities = distribution(logits, temperature, top_k, top_p)
+    choice = int(np.searchsorted(np.cumsum(probabilities), rng.random() * probabilities.sum(), side="right"))
     return int(pool[min(choice, pool.size - 1)])
 
 

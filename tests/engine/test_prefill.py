@@ -75,8 +75,8 @@ def test_a_short_request_waits_for_one_slice_of_a_long_prompt_not_a_chunk(mode):
     chunks = script.chunks[measured:]
     # The long prompt alone: whole chunks; its second was already under way when the short one came.
     assert chunks[:2] == [(0, 64), (64, 64)]
-    # Then the short prompt, in slices of 10 tokens (0.2 s), before the long one goes on, in slices while the
-    # short one runs; alone again, in whole chunks.
-    assert chunks[2:4] == [(0, 10), (10, 5)]
-    assert chunks[4:7] == [(128, 10), (138, 10), (148, 10)]  # while the short one decodes its 4 more tokens
-    assert chunks[7:] == [(158, 34), (192, 64), (256, 44)]
+    # Then the short prompt: its 15 tokens fit in two slices of 10 (0.2 s), so they go in at once, before the long
+    # one goes on, in slices while the short one runs; alone again, in whole chunks.
+    assert chunks[2] == (0, 15)
+    assert chunks[3:6] == [(128, 10), (138, 10), (148, 10)]  # while the short one decodes its 4 more tokens
+    assert chunks[6:] == [(158, 34), (192, 64), (256, 44)]

@@ -25,11 +25,13 @@ def gateway_server(model_path, logs_dir):
         yield running
 
 
-def gateway(server: Server, session: requests.Session | None = None) -> dict[str, float]:
+def gateway(server: Server, session: requests.Session | None = None) -> dict[str, float | None]:
+    """The gateway metrics of the served model (None for one no worker has published yet: each publishes its
+    engines' load a quarter of a second after it starts, then every quarter of a second)."""
     text = (session or requests).get(server.url + "/metrics", timeout=10).text
     found = {sample.name: sample.value for family in text_string_to_metric_families(text)
              for sample in family.samples if sample.labels.get("model_name") == MODEL_ID}
-    return {name: found[name] for name in NAMES}
+    return {name: found.get(name) for name in NAMES}
 
 
 def stream_on(server: Server, worker: int, stop: threading.Event) -> threading.Thread:

@@ -52,7 +52,8 @@ def test_required_is_a_grammar_over_every_function():
     schema = json.loads(grammar)
     assert kind == "json_schema"
     assert [option["properties"]["name"]["const"] for option in schema["anyOf"]] == ["get_weather", "get_time"]
-    assert schema["anyOf"][1]["properties"]["arguments"] == {"type": "object", "properties": {}}
+    assert schema["anyOf"][1]["properties"]["arguments"] == {"type": "object", "properties": {},
+                                                            "additionalProperties": False}  # no undeclared keys
 
 
 def test_auto_has_no_grammar_and_none_has_no_plan():

@@ -60,7 +60,8 @@ class FakeDecoder:
         self.spec = DecoderSpec(layers=1, kv_heads=1, head_size=16, vocab_size=VOCAB, rope_switch=rope_switch)
         self._decode_steps = 0
 
-    def step(self, kv: KVPool, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool) -> np.ndarray:
+    def step(self, kv: KVPool, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool,
+             every_position: bool = False) -> np.ndarray:
         script = self.script
         script.threads.add(threading.get_ident())
         count, new = ids.shape
@@ -73,6 +74,8 @@ class FakeDecoder:
             script.steps.append(f"prefill:{new}")
             script.chunks.append((int(past[0]), new))
             chosen = [0]
+        elif new > 1:  # a draft's check: as many decode steps of one row, in one
+            return self._check(kv, first, ids, int(past[0]), every_position)
         else:
             if script.fail_at == self._decode_steps:
                 raise RuntimeError("fake engine failure")
@@ -83,7 +86,29 @@ class FakeDecoder:
             marks[first + row, 0, int(past[row]):int(past[row]) + new, 0] = chosen[row]
             logits[row, script.tokens[chosen[row] % len(script.tokens)]] = SCRIPTED_LOGIT
             script.logits_seen.append(logits[row])
+        if every_position:  # a prompt chunk: after each of its tokens, the token that follows it is the likeliest
+            return prompt_logits(ids[0], logits[0])
         return logits
+
+    def _check(self, kv: KVPool, first: int, ids: np.ndarray, past: int, every_position: bool) -> np.ndarray:
+        """The script's next tokens after each of ``ids`` (whatever they are), as consecutive decode steps."""
+        script, marks = self.script, kv.keys[0]
+        script.steps.append(f"check:{ids.shape[1]}")
+        logits = np.zeros((ids.shape[1], VOCAB), dtype=np.float32)
+        for position in range(ids.shape[1]):
+            chosen = int(marks[first, 0, past + position - 1, 0]) + 1
+            marks[first, 0, past + position, 0] = chosen
+            logits[position, script.tokens[chosen % len(script.tokens)]] = SCRIPTED_LOGIT
+        return logits if every_position else logits[-1:]
+
+
+def prompt_logits(ids: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """The fake's logits after each token of a prompt chunk: the chunk's next token scores ``SCRIPTED_LOGIT`` (so
+    the prompt's log-probabilities are all but 0), and after its last token, the scripted first token does."""
+    every = np.zeros((len(ids), VOCAB), dtype=np.float32)
+    every[np.arange(len(ids) - 1), ids[1:]] = SCRIPTED_LOGIT
+    every[-1] = last
+    return every
 
 
 class FakeGuide:
@@ -175,8 +200,9 @@ def text_pieces(*pieces: bytes) -> dict[int, bytes]:
 
 def fake_engine(tokens: list[int], pieces: dict[int, bytes], *, timeout: float = 60.0, prefill_chunk: int = 8,
                 prefix_cache: str = "off", gate: threading.Semaphore | None = None, fail_at: int | None = None,
-                kv_budget_bytes: int = 1 << 20, max_rows: int = 64, **model_options: Any) -> RecordingEngine:
-    """An Engine over a FakeModel running ``tokens``."""
+                kv_budget_bytes: int = 1 << 20, max_rows: int = 64, draft_max: int = 0,
+                **model_options: Any) -> RecordingEngine:
+    """An Engine over a FakeModel running ``tokens`` (no drafts unless ``draft_max``)."""
     model = FakeModel(Script(tokens, gate=gate, fail_at=fail_at), pieces, **model_options)
     return RecordingEngine(model, prefill_chunk=prefill_chunk, timeout=timeout, prefix_cache=prefix_cache,
-                           kv_budget_bytes=kv_budget_bytes, max_rows=max_rows)
+                           kv_budget_bytes=kv_budget_bytes, max_rows=max_rows, draft_max=draft_max)

@@ -1,0 +1,44 @@
+"""Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
+
+The key arrives in ``x-api-key`` (one of the headers phi-api reads); ``anthropic-version`` is accepted. Errors on
+these routes take Anthropic's shape (this blueprint renders them; see :func:`phi_api.api.http.render_errors`).
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, jsonify
+
+from phi_api.api.http import named_sse_response, read_request, render_errors, services
+from phi_api.errors import anthropic_body
+from phi_api.logs import current_request_id
+from phi_api.openapi import GENERATION_STATUSES, JSON, SSE, operation
+from phi_api.service import generation, prompts
+from phi_api.service.messages import MessageRenderer, MessagesRequest
+from phi_api.transport import disconnect_probe
+
+bp = Blueprint("messages", __name__)
+render_errors(bp, anthropic_body)
+
+
+@bp.post("/v1/messages")
+@operation("Create a message (Anthropic's Messages API; SSE events when stream is true)", request="messages",
+           media=(JSON, SSE), errors="anthropic", statuses=GENERATION_STATUSES)
+def create_message() -> Response:
+    """The assistant's next message: text, or tool_use blocks."""
+    request = MessagesRequest.from_anthropic(read_request("messages"))
+    run = generation.start(services(), request.chat, current_request_id())
+    renderer = MessageRenderer(request, run)
+    if request.stream:
+        return named_sse_response(renderer.stream(), on_close=(run.close,))
+    return jsonify(renderer.whole(generation.collect(run, disconnect_probe())[0]))
+
+
+@bp.post("/v1/messages/count_tokens")
+@operation("Count a message request's input tokens (Anthropic's count_tokens)", request="messages_count_tokens",
+           errors="anthropic", statuses=(400, 401, 404, 405, 413, 415))
+def count_tokens() -> Response:
+    """The input tokens the same request would use: system, messages and tools through the chat template."""
+    request = MessagesRequest.from_anthropic({**read_request("messages_count_tokens"), "max_tokens": 1})
+    engine = services().models.engine(request.model)
+    tokens = prompts.chat_prompt(engine, list(request.chat.messages), request.chat.tools, must_fit=False)
+    return jsonify({"input_tokens": len(tokens)})

@@ -1,0 +1,60 @@
+"""OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, jsonify
+
+from phi_api.api.http import named_sse_response, read_request, services
+from phi_api.errors import ResponseNotFoundError
+from phi_api.logs import current_request_id
+from phi_api.openapi import GENERATION_STATUSES, JSON, SSE, operation
+from phi_api.service import generation
+from phi_api.service.responses import ResponseRenderer, ResponsesRequest, history_of, output_messages
+from phi_api.store import get_store
+from phi_api.transport import disconnect_probe
+
+bp = Blueprint("responses", __name__)
+
+
+@bp.post("/v1/responses")
+@operation("Create a model response (OpenAI's Responses API; SSE events when stream is true)", request="responses",
+           media=(JSON, SSE), statuses=GENERATION_STATUSES)
+def create_response() -> Response:
+    """A response to ``input`` (after its predecessor's conversation, with ``previous_response_id``); stored for
+    follow-ups unless ``store`` is false."""
+    request = ResponsesRequest.from_openai(read_request("responses"))
+    store = get_store()
+    history = history_of(request, store)
+    run = generation.start(services(), request.chat(history), current_request_id())
+    renderer = ResponseRenderer(request, run)
+
+    def keep(response: dict[str, Any]) -> None:
+        if request.store and store.max_items:
+            store.put(response, list(history or []) + list(request.input) + output_messages(response))
+
+    if request.stream:
+        return named_sse_response(renderer.stream(on_done=keep), on_close=(run.close,))
+    response = renderer.whole(generation.collect(run, disconnect_probe())[0])
+    keep(response)
+    return jsonify(response)
+
+
+@bp.get("/v1/responses/<response_id>")
+@operation("A stored response (404 for any other id)")
+def retrieve_response(response_id: str) -> Response:
+    """A stored response object."""
+    response = get_store().response(response_id)
+    if response is None:
+        raise ResponseNotFoundError(f"Response with id '{response_id}' not found.")
+    return jsonify(response)
+
+
+@bp.delete("/v1/responses/<response_id>")
+@operation("Delete a stored response (404 for any other id)")
+def delete_response(response_id: str) -> Response:
+    """Forget a stored response (a follow-up naming it then gets previous_response_not_found)."""
+    if not get_store().delete(response_id):
+        raise ResponseNotFoundError(f"Response with id '{response_id}' not found.")
+    return jsonify({"id": response_id, "object": "response", "deleted": True})

@@ -1,0 +1,79 @@
+"""Drafts from the prompt (prompt-lookup decoding): the next tokens guessed by matching the last n-gram.
+
+Many answers copy long stretches of their prompt (an edited document or block
+of code, a passage answered from, a reformatted table). A sequence's tokens so
+far (prompt, then answer) are indexed by their n-grams; the tokens that
+followed the latest earlier occurrence of the sequence's last n-gram are a
+draft of what comes next. One model step then checks the whole draft
+(:meth:`engine.logits.Sampler.verify`), and keeps the longest accepted run.
+
+:class:`Drafter` decides, per sequence, whether to draft and how far: only when
+an n-gram matches; up to ``max_tokens`` tokens, fewer when recent drafts were
+short-lived (a draft one token longer than the recent accepted runs); and not at
+all for a while after drafts keep failing, longer each time, so that text that
+copies nothing (free chat) is not slowed down.
+"""
+
+from __future__ import annotations
+
+NGRAM_SIZES = (3, 2)  # the last n tokens matched, longest first (llama.cpp's prompt lookup starts at 3 too)
+_FAIL_LIMIT = 2  # drafts in a row that each accepted nothing before drafting pauses
+_PAUSE_STEPS = 4  # first pause, in steps; doubles with every further pause, up to _PAUSE_MAX
+_PAUSE_MAX = 256
+
+
+class Drafter:
+    """One sequence's draft source and how much it drafts (``max_tokens`` 0: never)."""
+
+    def __init__(self, tokens: list[int], max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self._tokens: list[int] = []
+        self._where: dict[tuple[int, ...], int] = {}  # n-gram -> the position just after its latest occurrence
+        self._recent = float(max_tokens)  # accepted tokens per draft, a running average
+        self._failures = 0
+        self._pause = 0
+        self._next_pause = _PAUSE_STEPS
+        self.drafted = 0
+        self.accepted = 0
+        self.extend(tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        """Index the sequence's tokens as they come: its prompt, then each token chosen (the pending one too)."""
+        for token in tokens:
+            self._tokens.append(int(token))
+            end = len(self._tokens)
+            for size in NGRAM_SIZES:
+                if end > size:  # the n-gram ending just before this token is followed by it
+                    self._where[tuple(self._tokens[end - 1 - size:end - 1])] = end - 1
+
+    def propose(self, room: int) -> list[int]:
+        """A draft of at most ``room`` tokens (none when nothing matches, while paused, or when off)."""
+        if self.max_tokens <= 0 or room <= 0:
+            return []
+        if self._pause:
+            self._pause -= 1
+            return []
+        limit = min(room, self.max_tokens, int(self._recent) + 1)
+        for size in NGRAM_SIZES:
+            if len(self._tokens) < size:
+                continue
+            start = self._where.get(tuple(self._tokens[-size:]))
+            if start is not None and start < len(self._tokens):
+                draft = self._tokens[start:start + limit]
+                if draft:
+                    return draft
+        return []
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """A draft of ``drafted`` tokens had its first ``accepted`` kept."""
+        self.drafted += drafted
+        self.accepted += accepted
+        self._recent += 0.5 * (accepted - self._recent)
+        if accepted:
+            self._failures = 0
+            self._next_pause = _PAUSE_STEPS
+            return
+        self._failures += 1
+        if self._failures >= _FAIL_LIMIT:  # back off: copying has stopped, for now
+            self._pause, self._failures = self._next_pause, 0
+            self._next_pause = min(2 * self._next_pause, _PAUSE_MAX)

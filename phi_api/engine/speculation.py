@@ -1,0 +1,98 @@
+"""Speculative decoding from the prompt: each drafting row checks its draft in one step of its own.
+
+On a CPU one decode step of one row costs almost as much as checking a few
+tokens of that row in one step: the step reads every weight whatever it
+computes. A row with a draft (:mod:`engine.draft`) therefore feeds its pending
+token and the ``k`` draft tokens in one step, gets the logits after each of
+them, and keeps the longest accepted run plus one token of the model's own
+(:meth:`engine.logits.Sampler.verify`): between 1 and ``k + 1`` tokens for
+about the price of one step.
+
+The attention kernel takes several new tokens on top of past context only
+for a batch of one, so a drafting row's check is a step of its own, before the
+batched step of every row; a LongRoPE group whose every row advanced this way
+is not stepped again (:meth:`engine.batch.Batch.decode`). Every token a check
+keeps goes through the same checks as a token from the batched step (end of
+sequence, stop strings, ``max_tokens``, grammar, cancellation), one at a
+time, so a draft never carries a sequence past where it would have stopped.
+The keys and values the check wrote past the kept tokens are overwritten by
+the row's next step.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any, Protocol
+
+import numpy as np
+
+from phi_api.engine.rows import RowTable
+from phi_api.engine.runtime import ORT_ERRORS
+from phi_api.engine.sequence import Sequence
+
+
+class Stepping(Protocol):
+    """What speculation needs of a batch (:class:`engine.batch.Batch`)."""
+
+    rows: RowTable
+    decoder: Any
+
+    def fed(self, row: Sequence, rows_in_step: int = 1) -> None: ...
+    def live(self, row: Sequence) -> bool: ...
+    def act(self, row: Sequence, token: int, record: Any) -> bool: ...
+    def finish(self, row: Sequence, reason: str, error: str | None = None, *, flush: bool = True) -> None: ...
+
+
+class Speculation:
+    """The drafting part of a batch's decode."""
+
+    def __init__(self, batch: Stepping) -> None:
+        self.batch = batch
+
+    def advance(self) -> set[int]:
+        """Check every running row that has a draft; the ids of the rows that advanced and still run."""
+        advanced = set()
+        for row in list(self.batch.rows.group(0, self.batch.rows.running)):
+            if row.slot is None:  # finished by an earlier row's step
+                continue
+            draft = row.drafter.propose(self._room(row))
+            if draft and self._verify(row, draft):
+                advanced.add(id(row))
+        return advanced
+
+    def _room(self, row: Sequence) -> int:
+        """The most draft tokens a check may hold: room for them and one token more, in ``max_tokens``, in the
+        row, and under LongRoPE's switch for a short row."""
+        switch = self.batch.decoder.spec.rope_switch
+        room = min(row.job.params.max_tokens - row.generated - 1, self.batch.rows.pool.tokens - row.length - 2)
+        if switch is not None and not row.long:
+            room = min(room, switch - row.length - 1)
+        return room
+
+    def _verify(self, row: Sequence, draft: list[int]) -> bool:
+        """Check ``draft`` in one step; act on the tokens it keeps. True while the row goes on."""
+        batch = self.batch
+        ids = np.array([[row.pending, *draft]], dtype=np.int64)
+        try:
+            # not a prompt chunk: the same tokens as that many decode steps (the fake model tells them apart)
+            logits = batch.decoder.step(batch.rows.pool, row.slot, ids, np.array([row.length]), False,
+                                        every_position=True)
+        except ORT_ERRORS as error:
+            batch.finish(row, "error", "".join(traceback.format_exception(error)))
+            return False
+        batch.fed(row)  # the pending token is in
+        if not batch.live(row):
+            return False
+        try:
+            chosen = row.sampler.verify(logits, draft)
+        except Exception as error:  # one sequence's sampler or grammar failing ends that sequence only
+            batch.finish(row, "error", "".join(traceback.format_exception(error)))
+            return False
+        accepted = len(chosen) - 1  # verify() stops at the first token of the model's own, which it always gives
+        row.drafter.record(len(draft), accepted)
+        for index, (token, record) in enumerate(chosen):
+            if not batch.act(row, token, record):
+                return False
+            if index < accepted:  # a kept draft token: the check wrote its key and value
+                batch.fed(row)
+        return True

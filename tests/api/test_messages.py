@@ -1,0 +1,112 @@
+"""Anthropic's Messages API with a fake engine: the request as a chat, the message object and its events, tool use,
+stop reasons, count_tokens, and errors in Anthropic's shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.fakes import fake_engine, text_pieces
+from tests.support.sse import parse_named_sse
+
+CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+WEATHER = {"name": "get_weather", "description": "Weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+HEADERS = {"x-api-key": "unused", "anthropic-version": "2023-06-01"}
+
+
+def scripted(make_app, *pieces: bytes, **config):
+    engine = fake_engine(list(range(1, len(pieces) + 1)) + [0], text_pieces(*pieces))
+    return make_app(engine, **config).test_client(), engine
+
+
+def create(client, **body):
+    return client.post("/v1/messages", headers=HEADERS, json={"model": "test-model", "max_tokens": 32,
+                                                              "messages": [{"role": "user", "content": "Hi"}],
+                                                              **body})
+
+
+def test_a_text_answer_as_a_message(make_app):
+    client, engine = scripted(make_app, b"Hello", b" there")
+    body = create(client, system=[{"type": "text", "text": "Be brief."}]).get_json()
+    assert body["type"] == "message" and body["role"] == "assistant" and body["id"].startswith("msg_")
+    assert body["content"] == [{"type": "text", "text": "Hello there"}]
+    assert (body["stop_reason"], body["stop_sequence"]) == ("end_turn", None)
+    assert body["usage"]["output_tokens"] == 3 and body["usage"]["cache_read_input_tokens"] == 0
+    assert engine.model.rendered[-1] == "<system>Be brief.<user>Hi<assistant>"
+
+
+def test_stop_reasons(make_app):
+    client, _ = scripted(make_app, b"one", b" two", b" three")
+    assert create(client, max_tokens=2).get_json()["stop_reason"] == "max_tokens"
+    stopped = create(client, stop_sequences=["two"]).get_json()
+    assert (stopped["stop_reason"], stopped["stop_sequence"]) == ("stop_sequence", "two")
+    assert stopped["content"][0]["text"] == "one "
+
+
+def test_the_stream_is_anthropic_s_sequence_of_events(make_app):
+    client, _ = scripted(make_app, b"Hel", b"lo")
+    events = parse_named_sse(create(client, stream=True).get_data(as_text=True))
+    assert [name for name, _ in events] == ["message_start", "ping", "content_block_start", "content_block_delta",
+                                            "content_block_delta", "content_block_stop", "message_delta",
+                                            "message_stop"]
+    assert all(name == data["type"] for name, data in events)
+    assert events[0][1]["message"]["content"] == [] and events[0][1]["message"]["stop_reason"] is None
+    assert "".join(data["delta"]["text"] for name, data in events if name == "content_block_delta") == "Hello"
+    assert events[-2][1]["delta"]["stop_reason"] == "end_turn" and events[-2][1]["usage"]["output_tokens"] == 3
+
+
+def test_a_forced_tool_use_then_its_result(make_app):
+    client, engine = scripted(make_app, CALL.encode())
+    body = create(client, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}).get_json()
+    assert body["stop_reason"] == "tool_use"
+    block = body["content"][0]
+    assert (block["type"], block["name"], block["input"]) == ("tool_use", "get_weather", {"city": "Paris"})
+    assert block["id"].startswith("toolu_") and engine.model.script.grammars
+    messages = [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": [block]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": block["id"], "content": "sunny"},
+                                             {"type": "text", "text": "Thanks"}]}]
+    assert create(client, tools=[WEATHER], messages=messages).status_code == 200
+    assert "sunny" in engine.model.rendered[-1] and "get_weather" in engine.model.rendered[-1]
+
+
+def test_tool_use_in_a_stream(make_app):
+    client, _ = scripted(make_app, CALL.encode())
+    events = parse_named_sse(create(client, tools=[WEATHER], tool_choice={"type": "any"}, stream=True)
+                             .get_data(as_text=True))
+    start = next(data for name, data in events if name == "content_block_start")
+    assert start["content_block"]["type"] == "tool_use" and start["content_block"]["input"] == {}
+    delta = next(data for name, data in events if name == "content_block_delta")
+    assert json.loads(delta["delta"]["partial_json"]) == {"city": "Paris"}
+    assert next(data for name, data in events if name == "message_delta")["delta"]["stop_reason"] == "tool_use"
+
+
+def test_count_tokens(make_app):
+    client, engine = scripted(make_app, b"ok")
+    counted = client.post("/v1/messages/count_tokens", headers=HEADERS, json={
+        "model": "test-model", "system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}]}).get_json()
+    assert counted == {"input_tokens": len("<system>Be brief.<user>Hi<assistant>")}  # the fake: a token a character
+
+
+@pytest.mark.parametrize("body,status,kind", [
+    ({"model": "nobody"}, 404, "not_found_error"),
+    ({"max_tokens": None}, 400, "invalid_request_error"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400, "invalid_request_error"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "invalid_request_error"),
+])
+def test_errors_in_anthropic_s_shape(make_app, body, status, kind):
+    client, _ = scripted(make_app, b"ok")
+    response = client.post("/v1/messages", headers=HEADERS, json={
+        "model": "test-model", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}],
+        **{key: value for key, value in body.items() if value is not None}} if "max_tokens" not in body else {
+        "model": "test-model", "messages": [{"role": "user", "content": "Hi"}]})
+    assert response.status_code == status
+    error = response.get_json()
+    assert error["type"] == "error" and error["error"]["type"] == kind and error["error"]["message"]
+
+
+def test_thinking_and_cache_control_are_accepted_without_effect(make_app):
+    client, _ = scripted(make_app, b"ok")
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}]}]
+    assert create(client, messages=messages, thinking={"type": "enabled", "budget_tokens": 1024}).status_code == 200

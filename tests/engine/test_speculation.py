@@ -1,0 +1,156 @@
+"""Speculative decoding from the prompt (engine.draft, engine.speculation, Sampler.verify), on the fake model: greedy
+answers are token for token the argmax chain, sampled tokens follow the target distribution, and stop strings,
+max_tokens and grammars behave exactly as without drafts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from phi_api.engine import SamplingParams
+from phi_api.engine.draft import Drafter
+from phi_api.engine.logits import Sampler, distribution
+from tests.support.fakes import EOS, fake_engine, text_pieces
+from tests.support.generations import generate
+
+SCRIPT = list(range(1, 21))  # the fake's answer: 1, 2, ..., 20, then again
+PIECES = text_pieces(*[f" w{token}".encode() for token in SCRIPT])
+COPYING = [30, 31, 32] + SCRIPT[:20] + [33]  # the prompt holds the answer: drafts come true
+FREE = [40 + index % 7 for index in range(24)]  # no stretch of the answer in it
+
+
+def run(prompt, server_draft_max, **params):
+    engine = fake_engine(SCRIPT, PIECES, draft_max=server_draft_max)
+    try:
+        text, finished = generate(engine, prompt, **{"max_tokens": 18, "temperature": 0, **params})
+        return text, finished, list(engine.model.script.steps)
+    finally:
+        engine.stop()
+
+
+def test_greedy_answers_are_the_argmax_chain_and_copying_takes_fewer_steps():
+    plain, finished_plain, steps_plain = run(COPYING, 0)
+    drafted, finished, steps = run(COPYING, 8)
+    assert drafted == plain == "".join(f" w{token}" for token in SCRIPT[:18])
+    assert finished.completion_tokens == finished_plain.completion_tokens == 18
+    assert finished.accepted_tokens > 0 and finished_plain.drafted_tokens == 0
+    assert len(steps) < len(steps_plain) / 2  # checks of several tokens instead of one step a token
+    assert any(step.startswith("check:") for step in steps)
+
+
+def test_drafts_that_keep_failing_stop_being_tried():
+    plain, _, _ = run(FREE, 0)
+    drafted, finished, steps = run(FREE, 8, max_tokens=18)
+    assert drafted == plain
+    assert finished.accepted_tokens == 0
+    assert sum(step.startswith("check:") for step in steps) <= 3  # backed off after the first failures
+
+
+@pytest.mark.parametrize("stop", ["w9", " w12 w13", "w1"])
+def test_stop_strings_end_the_text_exactly_as_without_drafts(stop):
+    plain, finished_plain, _ = run(COPYING, 0, stop=(stop,))
+    drafted, finished, _ = run(COPYING, 8, stop=(stop,))
+    assert drafted == plain and stop not in drafted
+    assert finished.reason == finished_plain.reason == "stop"
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 5, 9])
+def test_max_tokens_is_never_passed(max_tokens):
+    drafted, finished, _ = run(COPYING, 8, max_tokens=max_tokens)
+    assert finished.completion_tokens == max_tokens and finished.reason == "length"
+    assert drafted == "".join(f" w{token}" for token in SCRIPT[:max_tokens])
+
+
+class Forbidding:
+    """A grammar that never allows ``token`` (and ends at end of sequence)."""
+
+    failed = None
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def mask(self, logits: np.ndarray) -> None:
+        logits[self.token] = -np.inf
+
+    def consume(self, token: int) -> None:
+        assert token != self.token, "the grammar was violated"
+
+
+def test_a_grammar_is_never_violated_by_a_draft():
+    outputs = []
+    for draft_max in (0, 8):
+        engine = fake_engine(SCRIPT, PIECES, draft_max=draft_max)
+        engine.model.guide = lambda grammar: Forbidding(6)
+        try:
+            outputs.append(generate(engine, COPYING, max_tokens=18, temperature=0, guidance=("json_schema", "{}")))
+        finally:
+            engine.stop()
+    (plain, _), (drafted, finished) = outputs
+    assert drafted == plain and " w6" not in drafted
+    assert finished.drafted_tokens > 0  # drafts offering 6 were tried, and refused
+
+
+def test_a_request_can_turn_drafting_off():
+    _, finished, steps = run(COPYING, 8, draft_max=0)
+    assert finished.drafted_tokens == 0 and not any(step.startswith("check:") for step in steps)
+
+
+# The sampled rule ----------------------------------------------------------------------------------------
+
+LOGITS = np.log(np.array([0.3, 0.25, 0.2, 0.1, 0.08, 0.05, 0.02], dtype=np.float32))
+CHI2_DF6_P001 = 22.46  # the chi-square distribution's 0.999 quantile for 6 degrees of freedom
+
+
+def chi_square(counts: np.ndarray, expected: np.ndarray) -> float:
+    keep = expected > 0
+    return float((((counts - expected) ** 2)[keep] / expected[keep]).sum())
+
+
+@pytest.mark.parametrize("params,draft", [
+    ({"temperature": 1.0}, 0),  # the likeliest token drafted
+    ({"temperature": 1.0}, 5),  # an unlikely one
+    ({"temperature": 0.7, "logit_bias": ((6, 2.0),)}, 6),
+    ({"temperature": 1.3, "top_k": 5}, 2),
+    ({"temperature": 1.0, "top_p": 0.8}, 6),  # a draft outside top-p: always rejected
+])
+def test_sampled_tokens_follow_the_target_distribution(params, draft):
+    """Over many seeded draws, the first token a check gives is distributed as the sampler's own distribution
+    (after every logit processor), whatever the draft: the speculative-sampling rule is exact."""
+    sampling = SamplingParams(max_tokens=8, **params)
+    processed = LOGITS.copy()
+    for token, bias in sampling.logit_bias:
+        processed[token] += bias
+    pool, probabilities = distribution(processed, sampling.temperature, sampling.top_k, sampling.top_p)
+    target = np.zeros(LOGITS.size)
+    target[pool] = probabilities
+    draws = 6000
+    counts = np.zeros(LOGITS.size)
+    for seed in range(draws):
+        sampler = Sampler(SamplingParams(**{**sampling.__dict__, "seed": seed}), np.array([], dtype=np.int32),
+                          frozenset({99}))
+        token, _ = sampler.verify(np.stack([LOGITS.copy(), LOGITS.copy()]), [draft])[0]
+        counts[token] += 1
+    assert chi_square(counts, target * draws) < CHI2_DF6_P001
+    assert counts[target == 0].sum() == 0
+
+
+def test_a_whole_accepted_draft_ends_with_a_token_of_the_model_s_own():
+    sampler = Sampler(SamplingParams(max_tokens=8, temperature=0), np.array([], dtype=np.int32), frozenset({EOS}))
+    rows = np.stack([LOGITS.copy() for _ in range(3)])
+    chosen = [token for token, _ in sampler.verify(rows, [0, 0])]
+    assert chosen == [0, 0, 0]  # two kept, and the model's own after them
+    assert [token for token, _ in sampler.verify(rows.copy(), [0, 3])] == [0, 0]  # the second refused
+
+
+def test_the_drafter_matches_the_last_n_gram_and_backs_off():
+    drafter = Drafter([1, 2, 3, 4, 5, 1, 2], max_tokens=4)
+    assert drafter.propose(8) == [3, 4, 5, 1]
+    assert drafter.propose(2) == [3, 4]
+    drafter.extend([9])
+    assert drafter.propose(8) == []  # "2 9" and "1 2 9" never came before
+    for _ in range(2):
+        drafter.record(4, 0)
+    drafter.extend([1, 2])
+    assert [drafter.propose(8) for _ in range(4)] == [[]] * 4  # paused after two failures
+    # then tried again, shorter (recent drafts kept nothing), from the latest earlier "1 2"
+    assert drafter.propose(8) == [9, 1]
