@@ -7,6 +7,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 REQUIREMENTS := requirements.txt requirements-model.txt requirements-model-nodeps.txt requirements-dev.txt
+INSTRUCTOR_VENV := .venv-instructor
+INSTRUCTOR_STAMP := $(INSTRUCTOR_VENV)/.installed
 
 .PHONY: install model serve test bench clean system-packages
 
@@ -39,7 +41,15 @@ serve: install
 system-packages:
 	tests/system_packages.sh
 
-test: system-packages install
+# instructor's own environment (see requirements-instructor.txt): only the tests use it.
+$(INSTRUCTOR_STAMP): requirements-instructor.txt
+	test -x $(INSTRUCTOR_VENV)/bin/python || $(PYTHON) -m venv $(INSTRUCTOR_VENV)
+	$(INSTRUCTOR_VENV)/bin/python -m pip install --quiet -r requirements-instructor.txt
+	touch $@
+
+test: system-packages install $(INSTRUCTOR_STAMP)
+	$(VENV)/bin/ruff check phi_api tests wsgi.py gunicorn.conf.py
+	$(VENV)/bin/mypy
 	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
 	PHI_API_TEST_MODEL_PATH="$$model_path" $(PY) -m pytest $(PYTEST_ARGS)
 
@@ -49,4 +59,4 @@ bench: install
 	$(PY) -m phi_api bench --model-path "$$model_path" $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(INSTRUCTOR_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from flask import Flask
+from flask.json.provider import DefaultJSONProvider
 from flask_cors import CORS
 
 from phi_api import extensions, limiter, metrics, openapi, schemas, store
@@ -18,6 +20,13 @@ from phi_api.engine import Engine
 from phi_api.errors import openai_body
 from phi_api.logs import configure_logging, register_request_logging
 from phi_api.registry import Loader, ModelSpec, state_dir
+
+
+class _JSONProvider(DefaultJSONProvider):
+    """Flask's JSON, keeping the order fields are written in (OpenAI's) and non-ASCII text as it is."""
+
+    sort_keys = False
+    ensure_ascii = False
 
 
 def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None = None,
@@ -35,8 +44,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
     app.config.from_mapping(dataclasses.asdict(settings))
     app.config.from_mapping({key: value for key, value in (config or {}).items() if key not in app.config})
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
-    app.json.sort_keys = False  # keep OpenAI's field order
-    app.json.ensure_ascii = False
+    app.json = _JSONProvider(app)
 
     extensions.init_settings(app, settings)
     schemas.init_app(app)

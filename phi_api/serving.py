@@ -94,7 +94,7 @@ def _keep_in_step(models: Any) -> None:
         gevent.sleep(RECONCILE_SECONDS)
         try:
             models.sync()
-        except Exception:  # noqa: BLE001  # a model that will not load is logged; the loop must go on
+        except Exception:  # a model that will not load is logged; the loop must go on
             log.exception("could not catch up with the server's models")
 
 
@@ -104,7 +104,7 @@ def _publish_load(models: Any, metrics: Any) -> None:
         gevent.sleep(LOAD_SECONDS)
         try:
             metrics.observe_engines({served.spec.id: served.engine for served in models.all()})
-        except Exception:  # noqa: BLE001  # a metrics hiccup must not end the loop
+        except Exception:  # a metrics hiccup must not end the loop
             log.exception("could not publish the engines' load")
 
 

@@ -128,13 +128,14 @@ def write_phi3_folder(shape: Phi3Shape, tokenizer_source: Path, out_dir: Path, s
     tokenizer.save_pretrained(out_dir)
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in PHI3_SPECIAL_TOKENS}
     eos_ids = [ids[token] for token in PHI3_EOS_TOKENS]
-    config = Phi3Config(
+    options: dict[str, Any] = dict(
         vocab_size=len(tokenizer), hidden_size=shape.hidden, intermediate_size=shape.intermediate,
         num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
         max_position_embeddings=shape.max_positions, original_max_position_embeddings=shape.original_positions,
         rope_theta=shape.rope_theta, rms_norm_eps=shape.rms_norm_eps, bos_token_id=1, eos_token_id=eos_ids[0],
         pad_token_id=eos_ids[0], tie_word_embeddings=False, rope_scaling=shape.rope_scaling(), **shape.extra,
     )
+    config = Phi3Config(**options)
     torch.manual_seed(seed)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, shape.dtype))  # made in the dtype it is saved in: half the memory

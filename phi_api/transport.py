@@ -23,7 +23,8 @@ import logging
 import select
 import socket
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import gevent
 from flask import Response, request

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from flask import Flask
 
 from phi_api.app import create_app
+from phi_api.engine import Engine
 from phi_api.extensions import get_models
 from phi_api.limiter import get_limiter
-from phi_api.engine import Engine
 from tests.support.fakes import fake_engine, text_pieces
 
 HELLO_PIECES = text_pieces(b"Hello", b",", b" world", b"!", b" How", b" are", b" you", b"?")

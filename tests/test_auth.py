@@ -58,7 +58,8 @@ def test_ollama_routes_answer_401_in_their_shape(keyed, path):
 
 
 def test_a_header_key_wins_over_a_wrong_query_key(keyed):
-    assert keyed.get("/v1/models", headers={"X-API-Key": "key-two"}, query_string={"api_key": "nope"}).status_code == 200
+    response = keyed.get("/v1/models", headers={"X-API-Key": "key-two"}, query_string={"api_key": "nope"})
+    assert response.status_code == 200
 
 
 def test_preflight_and_health_need_no_key(keyed):

@@ -92,14 +92,15 @@ def test_every_setting_is_declared_once_and_documented_in_the_readme():
 
 
 def test_a_setting_that_was_replaced_stops_start_up_saying_what_replaced_it():
-    with pytest.raises(ConfigError, match="PROMPT_CACHE_MB is no longer a setting: .*PREFIX_CACHE=off"):
+    with pytest.raises(ConfigError, match=r"PROMPT_CACHE_MB is no longer a setting: .*PREFIX_CACHE=off"):
         load_settings(environ={"PROMPT_CACHE_MB": "0"})
     with pytest.raises(ConfigError, match="PROMPT_CACHE_MB is no longer a setting"):
         parse_option("PROMPT_CACHE_MB", 64)
 
 
 def test_prefix_reuse_and_key_value_settings():
-    settings = load_settings(environ={"PREFIX_CACHE": "exact", "KV_CACHE_DTYPE": "int8", "PREFILL_SLICE_SECONDS": "0.5"})
+    settings = load_settings(environ={"PREFIX_CACHE": "exact", "KV_CACHE_DTYPE": "int8",
+                                      "PREFILL_SLICE_SECONDS": "0.5"})
     assert (settings.PREFIX_CACHE, settings.KV_CACHE_DTYPE, settings.PREFILL_SLICE_SECONDS) == ("exact", "int8", 0.5)
     for name, value in (("PREFIX_CACHE", "sometimes"), ("KV_CACHE_DTYPE", "float16"), ("PREFILL_SLICE_SECONDS", "0")):
         with pytest.raises(ConfigError, match=name):

@@ -4,8 +4,6 @@ Phi-3 of the integration tests, goes through the same code)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from phi_api import cli
 from phi_api.shapes import PHI35_MINI, shape_model_dir
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from flask import Blueprint, Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -179,8 +180,9 @@ def render_errors(target: Flask | Blueprint, render: Callable[[APIError], dict[s
     @target.errorhandler(HTTPException)
     def _http_error(exc: HTTPException) -> Response:
         response = error_response(from_foreign(exc), render)
-        if exc.code == 405 and getattr(exc, "valid_methods", None):
-            response.headers["Allow"] = ", ".join(sorted(exc.valid_methods))
+        allowed = getattr(exc, "valid_methods", None)  # MethodNotAllowed's
+        if exc.code == 405 and allowed:
+            response.headers["Allow"] = ", ".join(sorted(allowed))
         return response
 
     @target.errorhandler(Exception)

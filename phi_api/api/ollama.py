@@ -7,7 +7,8 @@ blueprint renders them; see :func:`phi_api.api.http.render_errors`).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from flask import Blueprint, Response, jsonify
 

@@ -86,7 +86,7 @@ def bench() -> Response:
     run = generation.start(services(), CompletionRequest(model=body["model"], prompt=body["input_ids"],
                                                          sampling=sampling), current_request_id())
     results = generation.collect(run, disconnect_probe())
-    return jsonify({"metrics": generation.openarc_metrics([result.done.finished for result in results])})
+    return jsonify({"metrics": generation.openarc_metrics([result.ended.finished for result in results])})
 
 
 @bp.post("/tokenize")

@@ -46,7 +46,7 @@ def percentile(values: list[float], fraction: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 @dataclass
@@ -138,11 +138,11 @@ def measure_single(target: Target, max_tokens: int, runs: int, raw: RawReference
         if raw is not None:
             raw_samples.append(raw.sample(body["prompt"], max_tokens))
         results.append(stream_completion(target.url, body))
-    single = {
+    single: dict[str, Any] = {
         "ttft_s": median([r.ttft for r in results]),
         "decode_tokens_per_s": median([r.decode_rate for r in results if r.decode_rate]),
     }
-    if raw_samples:
+    if raw is not None and raw_samples:
         single["raw_engine"] = summarize_raw(raw_samples) | {"prompt_tokens": raw.prompt_tokens}
         single["paired"] = paired_ratios(results, raw_samples)
     return single
@@ -154,7 +154,8 @@ def paired_ratios(results: list[StreamResult], raw_samples: list[dict[int, Any]]
     On a machine whose speed drifts, the ratio of neighbours is steadier than
     the ratio of two medians.
     """
-    pairs = [(result, sample[max(sample)]) for result, sample in zip(results, raw_samples) if result.decode_rate]
+    pairs = [(result, sample[max(sample)]) for result, sample in zip(results, raw_samples, strict=True)
+             if result.decode_rate]
     return {"decode_ratio": median([result.decode_rate / reference.decode_rate for result, reference in pairs]),
             "ttft_delta_s": median([result.ttft - reference.prefill_seconds for result, reference in pairs])}
 
@@ -190,7 +191,7 @@ def measure_concurrency(target: Target, levels: list[int], max_tokens: int, runs
     for level in levels:
         batches, paired = [], []
         for _ in range(runs):
-            reference = raw.sample(PROMPT, max_tokens)[max(raw.engines)].decode_rate if raw else None
+            reference = raw.sample(PROMPT, max_tokens)[max(raw.engines)].decode_rate if raw is not None else 0.0
             if level == max(levels):
                 with LatencyProbe(target.url) as probe:
                     batch = concurrent_streams(target.url, body, level)
@@ -259,7 +260,8 @@ def measure_head_of_line(target: Target, runs: int, long_tokens: int = 400) -> d
             prefilling.append(stream_completion(target.url, unique(short)).ttft)
     measured = {"idle_ttft_s": median(idle), "busy_ttft_s": median(decoding), "ratio": median(decoding) / median(idle)}
     if prefilling:
-        measured.update({"prefilling_ttft_s": median(prefilling), "prefilling_ratio": median(prefilling) / median(idle)})
+        measured.update({"prefilling_ttft_s": median(prefilling),
+                         "prefilling_ratio": median(prefilling) / median(idle)})
     return measured
 
 
@@ -271,7 +273,7 @@ class _Background:
 
         self._thread = threading.Thread(target=work)
 
-    def __enter__(self) -> "_Background":
+    def __enter__(self) -> _Background:
         self._thread.start()
         return self
 
@@ -311,7 +313,10 @@ def measure_prompt_reuse(target: Target, runs: int) -> dict[str, Any]:
     Both turns go over one keep-alive connection, as an SDK client's do, so
     they reach the same worker and its cache.
     """
-    cold, warm, cached, prompts = [], [], [], []
+    cold: list[float] = []
+    warm: list[float] = []
+    cached: list[float] = []
+    prompts: list[float] = []
     for run in range(runs):
         session = requests.Session()
         messages = conversation(int(time.time() * 1000) % 100_000 + run)
@@ -333,7 +338,8 @@ FEATURES: dict[str, dict[str, Any]] = {
     "frequency_penalty": {"frequency_penalty": 0.5},
     "logit_bias": {"logit_bias": {"11": 1}},
     "min_p (sampling)": {"min_p": 0.05, "temperature": 1.0, "seed": 1},
-    "json_schema grammar": {"ignore_eos": False, "min_tokens": 0, "response_format": {"type": "json_schema", "json_schema": {
+    "json_schema grammar": {"ignore_eos": False, "min_tokens": 0, "response_format": {
+        "type": "json_schema", "json_schema": {
         "name": "essay", "schema": {"type": "object", "properties": {"essay": {"type": "string", "maxLength": 4000}},
                                     "required": ["essay"]}}}},
 }
@@ -352,7 +358,7 @@ def measure_feature_costs(target: Target, max_tokens: int, runs: int) -> dict[st
             try:
                 result = stream_completion(target.url, {**base, **extra}, path="/v1/chat/completions")
             except requests.HTTPError as exc:  # another server may not offer every feature
-                refused[name] = f"HTTP {exc.response.status_code}"
+                refused[name] = f"HTTP {getattr(exc.response, 'status_code', '?')}"
                 continue
             if result.decode_rate:
                 samples[name].append(result.decode_rate)
@@ -368,7 +374,7 @@ def measure_memory(model_path: str, model_id: str, log_dir: Path) -> dict[str, A
     for workers in (1, 2):
         with Server(log_dir, MODEL_PATH=model_path, MODEL_ID=model_id, WEB_CONCURRENCY=workers,
                     MAX_CONCURRENT_REQUESTS=8) as server:
-            body = {"model": model_id, "prompt": SHORT_PROMPT, "max_tokens": 8}
+            body: dict[str, Any] = {"model": model_id, "prompt": SHORT_PROMPT, "max_tokens": 8}
             for session in server.sessions().values():  # every worker runs the model once
                 session.post(server.url + "/v1/completions", json=body, timeout=600).raise_for_status()
             time.sleep(0.5)
@@ -418,7 +424,7 @@ def run(options: Any) -> dict[str, Any]:
     }
     say("loading the raw references (ONNX Runtime GenAI, all cores and one thread; phi-api's engine session)")
     raw = RawReference(options.model_path) if options.model_path else None
-    servers = [("phi-api", {})] if not options.url else []
+    servers: list[tuple[str, dict[str, Any]]] = [("phi-api", {})] if not options.url else []
     servers += [_server_spec(spec) for spec in options.server or []]
     for name, env in servers:
         say(f"starting {name} {env or ''}".rstrip())

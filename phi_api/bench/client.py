@@ -147,7 +147,7 @@ class LatencyProbe:
         self.failures = 0  # polls that timed out or failed (their time still counts as a latency)
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "LatencyProbe":
+    def __enter__(self) -> LatencyProbe:
         self._thread.start()
         return self
 

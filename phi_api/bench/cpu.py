@@ -38,7 +38,7 @@ def _client_seconds() -> float:
 
 def measure(server: Server, streams: int, max_tokens: int) -> dict[str, Any]:
     """One run: the decode rate, and each part's CPU seconds per wall second."""
-    worker, master = server.worker_pids()[0], server.process.pid
+    worker, master = server.worker_pids()[0], server.master.pid
     before = (thread_seconds(worker), thread_seconds(master), _client_seconds(), time.monotonic())
     body = {"model": MODEL_ID, "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True}
     result = concurrent_streams(server.url, body, streams)

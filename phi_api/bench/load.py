@@ -90,7 +90,8 @@ def burst(url: str, model: str, count: int, max_tokens: int = 16, timeout: float
 def free_slots(url: str, model: str, wanted: int, timeout: float = 30.0) -> bool:
     """True once ``wanted`` streams can run at the same time (every slot came back), within ``timeout``."""
     deadline = time.monotonic() + timeout
-    body = {"model": model, "prompt": "Count:", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    body: dict[str, Any] = {"model": model, "prompt": "Count:", "max_tokens": 2000, "ignore_eos": True,
+                            "stream": True}
     while time.monotonic() < deadline:
         held = []
         try:
@@ -163,7 +164,7 @@ def soak(url: str, model: str, minutes: float, concurrency: int, pid: int | None
     started = time.monotonic()
     for thread in threads:
         thread.start()
-    samples = []
+    samples: list[SoakSample] = []
     while time.monotonic() < stop_at:
         time.sleep(min(window, max(0.0, stop_at - time.monotonic())))
         with lock:
@@ -208,7 +209,7 @@ def run(args: Any) -> int:
         server = Server(Path(tempfile.mkdtemp(prefix="phi-api-load-")), MODEL_PATH=args.model_path,
                         MODEL_ID=args.model, MAX_CONCURRENT_REQUESTS=args.limit,
                         WEB_CONCURRENCY=args.workers).start()
-        url, pid = server.url, server.process.pid
+        url, pid = server.url, server.master.pid
     try:
         if args.minutes:
             samples = soak(url, args.model, args.minutes, args.concurrency, pid)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ def _ms(seconds: float) -> str:
 
 
 def _known(value: float | None) -> bool:
-    return value is not None and value == value  # NaN: no sample
+    return value is not None and not math.isnan(value)  # NaN: no sample
 
 
 def _ratio(value: float | None) -> str:
@@ -54,7 +55,8 @@ def print_report(report: dict[str, Any]) -> None:
         print(line)
         paired = single.get("paired")
         if paired:
-            print(f"one stream, paired with the raw run before it (median of runs): decode {paired['decode_ratio']:.2f}x "
+            print("one stream, paired with the raw run before it (median of runs): decode "
+                  f"{paired['decode_ratio']:.2f}x "
                   f"raw, ttft = raw + {_ms(paired['ttft_delta_s'])}")
         print("concurrent streams (each with a prompt of its own): 'wall' counts every token over the whole run,\n"
               "prompts included; 'decode' sums the streams' decode rates (each stream's includes the time spent on\n"
@@ -98,7 +100,8 @@ def print_report(report: dict[str, Any]) -> None:
         if costs:
             print("feature costs (one stream, decode tok/s): " + ", ".join(
                 f"{name} refused ({row['refused']})" if "refused" in row else
-                f"{name} {row['decode_tokens_per_s']:.0f} ({row['ratio_to_plain']:.2f}x)" for name, row in costs.items()))
+                f"{name} {row['decode_tokens_per_s']:.0f} ({row['ratio_to_plain']:.2f}x)"
+                for name, row in costs.items()))
         concurrency = results["concurrency"]
         print(f"GET /v1/models at full load: p50 {_ms(concurrency['models_latency_under_load_p50_s'])}, "
               f"p95 {_ms(concurrency['models_latency_under_load_p95_s'])} "

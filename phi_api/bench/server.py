@@ -12,10 +12,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, TypeVar
 
 import requests
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]  # gunicorn.conf.py and wsgi.py live here
 GUNICORN = Path(sys.executable).with_name("gunicorn")
@@ -63,7 +66,7 @@ class Server:
         }
         self.process: subprocess.Popen | None = None
 
-    def start(self, wait: bool = True) -> "Server":
+    def start(self, wait: bool = True) -> Server:
         """Launch gunicorn; with ``wait``, return once ``GET /health`` says a worker is ready."""
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
@@ -74,9 +77,15 @@ class Server:
             poll(self._ready, timeout=90, message=f"gunicorn on {self.url} (log: {self.log_path})")
         return self
 
+    @property
+    def master(self) -> subprocess.Popen:
+        """The gunicorn master process (of a started server)."""
+        assert self.process is not None, "start() the server first"
+        return self.process
+
     def _ready(self) -> bool:
-        if self.process.poll() is not None:
-            raise ServerError(f"gunicorn exited with {self.process.returncode}:\n{self.log()}")
+        if self.master.poll() is not None:
+            raise ServerError(f"gunicorn exited with {self.master.returncode}:\n{self.log()}")
         try:
             return requests.get(self.url + "/health", timeout=1).status_code == 200
         except (requests.ConnectionError, requests.Timeout):  # not listening yet, or a worker still loading
@@ -89,28 +98,36 @@ class Server:
 
     def worker_pids(self) -> list[int]:
         """The pids of gunicorn's workers (children of the master)."""
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        children = Path(f"/proc/{self.master.pid}/task/{self.master.pid}/children").read_text().split()
         return [int(pid) for pid in children]
 
     def session_to(self, pid: int, timeout: float = 10) -> requests.Session:
-        """A keep-alive connection that worker ``pid`` accepted, whichever way the kernel would spread connections.
+        """A keep-alive connection that worker ``pid`` accepted (see :meth:`connected_to`)."""
 
-        The other workers are stopped (SIGSTOP) until the connection is made and ``pid`` has answered a ``GET
-        /health`` on it: a stopped process cannot accept, so only ``pid`` can. gunicorn closes a connection after
-        ``keepalive`` seconds (5) without a request: use it at once. Its ``/health`` counts toward gunicorn's
-        ``--max-requests``.
+        def connect() -> requests.Session:
+            session = requests.Session()
+            session.get(self.url + "/health", timeout=timeout)  # any answer (503 while it loads a model) will do
+            return session
+
+        return self.connected_to(pid, connect, timeout)
+
+    def connected_to(self, pid: int, connect: Callable[[], T], timeout: float = 10) -> T:
+        """What ``connect()`` returns, made while only worker ``pid`` can accept, whichever way the kernel would
+        spread connections: ``connect`` opens a client's keep-alive connection (by a request on it).
+
+        The other workers are stopped (SIGSTOP) until ``connect`` returns: a stopped process cannot accept, so
+        only ``pid`` can. gunicorn closes a connection after ``keepalive`` seconds (5) without a request: use it
+        at once. The request counts toward gunicorn's ``--max-requests``.
         """
         others = [other for other in self.worker_pids() if other != pid]
         for other in others:
             os.kill(other, signal.SIGSTOP)
         try:
             poll(lambda: all(_state(other) in "Tt" for other in others), timeout, "the other workers to stop")
-            session = requests.Session()
-            session.get(self.url + "/health", timeout=timeout)  # any answer (503 while it loads a model) will do
+            return connect()
         finally:
             for other in others:
                 os.kill(other, signal.SIGCONT)
-        return session
 
     def sessions(self) -> dict[int, requests.Session]:
         """A connection to each worker (see :meth:`session_to`), by pid."""
@@ -127,7 +144,7 @@ class Server:
     def pss_bytes(self) -> int:
         """Proportional set size of the master and its workers together (shared pages split fairly)."""
         total = 0
-        for pid in [self.process.pid, *self.worker_pids()]:
+        for pid in [self.master.pid, *self.worker_pids()]:
             for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):
                     total += int(line.split()[1]) * 1024
@@ -141,13 +158,13 @@ class Server:
         try:
             return self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            os.killpg(self.master.pid, signal.SIGKILL)
             self.process.wait()
-            raise ServerError(f"gunicorn did not stop within {timeout}s:\n{self.log()}")
+            raise ServerError(f"gunicorn did not stop within {timeout}s:\n{self.log()}") from None
         finally:
             self._log.close()
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, *exc_info: Any) -> None:

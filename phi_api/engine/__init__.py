@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 from phi_api.engine.job import Event, Finished, Job, PromptLogprobs, TextDelta
-from phi_api.engine.model import ChatTemplateError, LanguageModel, ModelInfo
+from phi_api.engine.model import ChatTemplateError, ModelInfo
 from phi_api.engine.native import off_hub
 from phi_api.engine.params import SamplingParams
 from phi_api.engine.scheduler import CapacityError, EngineLoad, RetiredError, Scheduler
@@ -23,7 +24,17 @@ from phi_api.engine.wakeup import HubWaker
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "CapacityError", "ChatTemplateError", "EngineLoad", "RetiredError", "Engine", "Event", "Finished", "Generation", "ModelInfo", "PromptLogprobs", "SamplingParams",
+    "CapacityError",
+    "ChatTemplateError",
+    "Engine",
+    "EngineLoad",
+    "Event",
+    "Finished",
+    "Generation",
+    "ModelInfo",
+    "PromptLogprobs",
+    "RetiredError",
+    "SamplingParams",
     "TextDelta",
 ]
 
@@ -132,7 +143,7 @@ class Engine:
         waker = HubWaker()
         jobs = [Job(prompt, choice, timeout=self._timeout, notify=waker.notify, request_id=request_id, index=index,
                     guide=guide)
-                for index, (choice, guide) in enumerate(zip(choices, guides))]
+                for index, (choice, guide) in enumerate(zip(choices, guides, strict=True))]
         self.scheduler.submit(jobs)
         return Generation(jobs, waker)
 

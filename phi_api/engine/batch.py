@@ -31,20 +31,21 @@ from __future__ import annotations
 import collections
 import time
 import traceback
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
 from phi_api.engine.job import Finished, Job, PromptLogprobs, TextDelta
 from phi_api.engine.kvpool import KVPool
-from phi_api.engine.logits import prompt_records
 from phi_api.engine.ledger import Ledger
+from phi_api.engine.logits import prompt_records
 from phi_api.engine.prefill import ChunkPlanner
 from phi_api.engine.reuse import MIN_REUSED_TOKENS, ReusePolicy, common_prefix
 from phi_api.engine.rows import RowsFull, RowTable
-from phi_api.engine.sequence import LONG, Kept, Occupant, Request, Sequence
-from phi_api.engine.speculation import Speculation
 from phi_api.engine.runtime import ORT_ERRORS
+from phi_api.engine.sequence import LONG, Kept, Occupant, Request, Sequence, row_of
+from phi_api.engine.speculation import Speculation
 
 Publish = Callable[[Job, Finished], None]
 
@@ -173,7 +174,7 @@ class Batch:
         else:
             self.rows.place(leader, self.rows.free_slot(self.rows.running))
             if source is not None:
-                self.rows.pool.copy(source.slot, leader.slot, point)
+                self.rows.pool.copy(row_of(source), row_of(leader), point)
         if source is None:
             point = 0
         leader.length = leader.cached = request.prefilled = point
@@ -201,13 +202,13 @@ class Batch:
         every = request.prompt_logprobs is not None
         started = self.planner.clock()
         try:
-            logits = self.decoder.step(self.rows.pool, leader.slot, prompt[start:end][None, :],
+            logits = self.decoder.step(self.rows.pool, row_of(leader), prompt[start:end][None, :],
                                        np.array([start]), True, every_position=every)
         except ORT_ERRORS as error:
             self.end_request(request, "error", _trace(error))
             return
         self.planner.observe_prefill(end - start, self.planner.clock() - started)
-        if every:  # each position's logits give the next prompt token's log-probability
+        if request.prompt_logprobs is not None:  # each position's logits give the next prompt token's logprob
             targets = prompt[start + 1:end + 1]
             request.prompt_records += prompt_records(logits[:len(targets)], targets, request.prompt_logprobs)
             logits = logits[-1:]
@@ -243,7 +244,7 @@ class Batch:
             return
         if isinstance(source, Kept):
             self.ledger.touch(source)
-        self.rows.pool.copy(source.slot, leader.slot, point)
+        self.rows.pool.copy(row_of(source), row_of(leader), point)
         leader.length = leader.cached = request.prefilled = point
         leader.exact_upto = point if point <= source.exact_upto else 0
         leader.reusable = self.policy.prompt_reusable(point, leader.exact_upto)
@@ -255,7 +256,7 @@ class Batch:
             sequence.cached, sequence.long, sequence.reusable = leader.cached, leader.long, leader.reusable
             sequence.exact_upto = leader.exact_upto
             self.rows.place(sequence, self.rows.free_slot(self.rows.running))
-            self.rows.pool.copy(leader.slot, sequence.slot, leader.length)
+            self.rows.pool.copy(row_of(leader), row_of(sequence), leader.length)
             sequence.length = leader.length
         shared = len(request.sequences) > 1
         for sequence in request.sequences:
@@ -311,15 +312,16 @@ class Batch:
         if len(greedy) == len(rows):
             chosen = dict(enumerate(np.argmax(logits, axis=1).tolist()))
         else:
-            chosen = dict(zip(greedy, np.argmax(logits[greedy], axis=1).tolist())) if greedy else {}
+            chosen = dict(zip(greedy, np.argmax(logits[greedy], axis=1).tolist(), strict=True)) if greedy else {}
         for index, row in enumerate(rows):
             self.take_token(row, logits[index], chosen.get(index))
 
     def _cross(self, row: Sequence) -> None:
         """LongRoPE: the row reaches the switch; prefill it again whole, with the long factors."""
-        sequence = np.array(row.tokens + [row.pending], dtype=np.int64)
+        assert row.pending is not None
+        sequence = np.array([*row.tokens, row.pending], dtype=np.int64)
         try:
-            logits = self.decoder.step(self.rows.pool, row.slot, sequence[None, :], np.array([0]), True)
+            logits = self.decoder.step(self.rows.pool, row_of(row), sequence[None, :], np.array([0]), True)
         except ORT_ERRORS as error:
             self.finish(row, "error", _trace(error))
             return
@@ -385,6 +387,7 @@ class Batch:
 
     def fed(self, row: Sequence, rows_in_step: int = 1) -> None:
         """The row's pending token is in: the step just taken wrote its key and value."""
+        assert row.pending is not None
         row.tokens.append(row.pending)
         row.length += 1
         row.reusable = self.policy.decoded_reusable(row.length, row.exact_upto)

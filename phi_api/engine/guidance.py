@@ -4,8 +4,12 @@ own guidance is built on), used directly so that every row of a batch has a gram
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
 
 
 class GuidanceError(ValueError):
@@ -22,7 +26,7 @@ class GuideFactory:
         self._tokenizer = LLTokenizer(str(tokenizer_json), n_vocab=vocab_size, eos_token=sorted(eos_ids))
         self.vocab_size = vocab_size
 
-    def guide(self, kind: str, grammar: str) -> "Guide":
+    def guide(self, kind: str, grammar: str) -> Guide:
         """A fresh matcher for ``grammar`` of ``kind`` (``json_schema``); compiles it (can take a while:
         call off the hub)."""
         from llguidance import LLMatcher
@@ -38,7 +42,7 @@ class GuideFactory:
 class Guide:
     """One sequence's grammar state: the mask of its next token, and the tokens it has taken."""
 
-    def __init__(self, matcher: object, vocab_size: int) -> None:
+    def __init__(self, matcher: LLMatcher, vocab_size: int) -> None:
         from llguidance.numpy import allocate_token_bitmask
 
         self._matcher = matcher

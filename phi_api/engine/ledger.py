@@ -11,7 +11,8 @@ in whole pages, as the pool holds them (:func:`row_bytes`).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from phi_api.engine.kvpool import PAGE
 from phi_api.engine.sequence import Kept
@@ -121,7 +122,8 @@ class Ledger:
         """The kept prefixes to give up, least recently used first, to free ``bytes_needed`` and ``rows_needed``
         (``spare``: those to give up last); all of them if that is not enough."""
         order = sorted(self.kept, key=lambda kept: (spare(kept), kept.used_at))
-        chosen, freed_bytes = [], 0
+        chosen: list[Kept] = []
+        freed_bytes = 0
         for kept in order:
             if freed_bytes >= bytes_needed and len(chosen) >= rows_needed:
                 break

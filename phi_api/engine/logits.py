@@ -20,8 +20,9 @@ its own :class:`Sampler`, in this order:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -98,7 +99,7 @@ class LogitsEditor:
         self._raw = logits.copy()
         peak = float(self._raw.max())
         self._normalizer = peak + math.log(float(np.exp(self._raw - peak).sum()))
-        top = min(self._top, self._raw.size)
+        top = min(self._top or 0, self._raw.size)
         if top > 0:
             best = np.argpartition(-self._raw, top - 1)[:top]
             best = best[np.argsort(-self._raw[best], kind="stable")]
@@ -109,7 +110,7 @@ def prompt_records(logits: np.ndarray, targets: np.ndarray, top: int) -> list[To
     """Log-probability records of ``targets[i]`` under ``logits[i]`` (``[positions, vocab]``), with the ``top`` most
     likely alternatives: the model's own distribution, as for generated tokens."""
     records = []
-    for row, target in zip(logits, targets):
+    for row, target in zip(logits, targets, strict=True):
         raw = row.astype(np.float64)
         peak = raw.max()
         normalizer = peak + math.log(float(np.exp(raw - peak).sum()))

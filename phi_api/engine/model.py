@@ -56,7 +56,7 @@ class ModelInfo:
     rope_switch: int | None = None  # LongRoPE: sequences longer than this use the long rotary factors
 
     @classmethod
-    def read(cls, folder: str) -> "ModelInfo":
+    def read(cls, folder: str) -> ModelInfo:
         """Read the folder's configuration; raises ``OSError``/``ValueError`` if it is not a model folder."""
         root = Path(folder)
         config = json.loads((root / "genai_config.json").read_text(encoding="utf-8"))
@@ -151,11 +151,11 @@ def _fingerprint(root: Path, config: dict[str, Any]) -> str:
     """A short, stable id of the build: phi-api's version, the model's configuration and its files' sizes."""
     from phi_api.version import __version__
 
-    digest = hashlib.sha256(f"phi-api {__version__};".encode("utf-8"))
+    digest = hashlib.sha256(f"phi-api {__version__};".encode())
     digest.update(json.dumps(config, sort_keys=True).encode("utf-8"))
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
         if entry.is_file() and not entry.name.startswith("."):
-            digest.update(f"{entry.name}:{entry.stat().st_size};".encode("utf-8"))
+            digest.update(f"{entry.name}:{entry.stat().st_size};".encode())
     return "fp_" + digest.hexdigest()[:12]
 
 
@@ -258,7 +258,7 @@ class LanguageModel:
         """Token id -> the bytes it stands for (read from tokenizer.json on first use)."""
         return vocab.token_bytes(Path(self.info.path) / "tokenizer.json")
 
-    def create_stream(self) -> "LockedStream":
+    def create_stream(self) -> LockedStream:
         """An incremental decoder for one generation."""
         with self._stream_lock:
             return LockedStream(self._stream_tokenizer.create_stream(), self._stream_lock)

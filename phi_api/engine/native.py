@@ -9,7 +9,8 @@ another OS thread. The engine therefore uses the originals saved by gevent.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gevent import get_hub, monkey
 

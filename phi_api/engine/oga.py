@@ -25,9 +25,9 @@ import ctypes
 import functools
 import json
 import os
-from pathlib import Path
 from ctypes import POINTER, byref, c_bool, c_char_p, c_int32, c_size_t, c_void_p
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -74,6 +74,10 @@ class _Library:
             function.argtypes = argtypes
             setattr(self, name, function)
 
+    if TYPE_CHECKING:  # the functions are set from _SIGNATURES above
+
+        def __getattr__(self, name: str) -> Any: ...
+
     def check(self, result: int | None) -> None:
         """Raise :class:`OgaError` if ``result`` is an error."""
         if result:
@@ -109,7 +113,7 @@ class _Handle:
     _destroy: str = ""
 
     def __init__(self, handle: c_void_p) -> None:
-        self._handle = handle
+        self._handle: c_void_p | None = handle
 
     @property
     def handle(self) -> c_void_p:

@@ -22,7 +22,7 @@ keys must all be computed with the long factors.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 MIN_TOKENS = 8  # below this a chunk costs nearly a full step and computes almost nothing
 _WEIGHT = 0.3  # of a new measurement in the running averages

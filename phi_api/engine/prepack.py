@@ -55,7 +55,7 @@ def cpu_features() -> str:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return platform.processor() or platform.machine()
-    fields = {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
         name, _, value = line.partition(":")
         fields.setdefault(name.strip(), value.strip())

@@ -18,10 +18,10 @@ the tests check them after every operation.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from phi_api.engine.kvpool import KVPool
-from phi_api.engine.sequence import Kept, Occupant, Sequence
+from phi_api.engine.sequence import LONG, Kept, Occupant, Sequence
 
 
 class RowsFull(RuntimeError):
@@ -113,19 +113,19 @@ class RowTable:
         if slot < self.short:
             last_short = self.short - 1
             if slot != last_short:
-                self.move(self.slots[last_short], slot)
+                self.move(self._at(last_short), slot)
             if self.running - 1 > last_short:
-                self.move(self.slots[self.running - 1], last_short)
+                self.move(self._at(self.running - 1), last_short)
             self.short -= 1
         elif slot != self.running - 1:
-            self.move(self.slots[self.running - 1], slot)
+            self.move(self._at(self.running - 1), slot)
         self.running -= 1
 
     def join(self, row: Sequence) -> None:
         """Bring a sequence whose prompt is in among the running, in its group."""
         if not row.long and self.short < self.running:  # short rows sit before the long ones
             self._vacate(self.running)
-            self.move(self.slots[self.short], self.running)
+            self.move(self._at(self.short), self.running)
             target = self.short
         else:
             target = self.running
@@ -142,8 +142,9 @@ class RowTable:
         last_short = self.short - 1
         if row.slot != last_short:
             place = row.slot
+            assert place is not None
             self.move(row, self._empty_at_or_after(self.running))  # out of the way, through the spare row
-            self.move(self.slots[last_short], place)  # the last short row takes its place
+            self.move(self._at(last_short), place)  # the last short row takes its place
             self.move(row, last_short)
         row.long = True
         self.short -= 1
@@ -168,9 +169,15 @@ class RowTable:
         for index in range(self.running):
             item = self.slots[index]
             assert item is not None and not isinstance(item, Kept), f"running row {index} holds {item!r}"
-            assert item.long == (index >= self.short), f"row {index} is in the wrong LongRoPE group"
+            assert (item.regime == LONG) == (index >= self.short), f"row {index} is in the wrong LongRoPE group"
         assert self.occupied <= len(self.slots) - 1, "the spare row is taken"
         assert len({id(item) for item in self.occupants()}) == self.occupied, "an occupant holds two rows"
+
+    def _at(self, slot: int) -> Occupant:
+        """The occupant of ``slot``, which the layout says is taken."""
+        occupant = self.slots[slot]
+        assert occupant is not None, f"row {slot} was expected to be occupied"
+        return occupant
 
     def _vacate(self, slot: int) -> None:
         """Move whatever occupies ``slot`` (a row still prefilling, a kept prefix) further back."""

@@ -29,6 +29,7 @@ import numpy as np
 
 from phi_api.engine.kvpool import KVPool
 
+
 def _ort_errors() -> tuple[type[BaseException], ...]:
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
@@ -39,7 +40,8 @@ def _ort_errors() -> tuple[type[BaseException], ...]:
 
 ORT_ERRORS = _ort_errors()  # what onnxruntime raises (its classes derive from Exception directly)
 
-_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(int64)": np.int64,
+_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8,
+                "tensor(uint8)": np.uint8, "tensor(int64)": np.int64,
                 "tensor(int32)": np.int32}
 
 
@@ -69,7 +71,7 @@ class DecoderSpec:
         return 2 * self.layers * self.kv_heads * self.head_size * np.dtype(self.kv_dtype).itemsize
 
     @classmethod
-    def read(cls, folder: Path, rope_switch: int | None = None) -> "DecoderSpec":
+    def read(cls, folder: Path, rope_switch: int | None = None) -> DecoderSpec:
         """The layout ``genai_config.json`` describes (tensor types are read from the graph when it loads)."""
         model = json.loads((folder / "genai_config.json").read_text(encoding="utf-8"))["model"]
         decoder = model["decoder"]

@@ -20,8 +20,9 @@ import logging
 import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from phi_api.engine.batch import Batch, Decoder
 from phi_api.engine.job import Finished, Job
@@ -158,8 +159,9 @@ class Scheduler:
         if item is _THREAD_ENDED:
             # Break the cycles (relay -> this scheduler -> relay; engine -> this scheduler -> engine) so that
             # reference counting frees the engine now: a full gc.collect() here stalled the hub 70-85 ms.
-            self._relay.close(then=_ended)
-            self._relay = None
+            relay, self._relay = self._relay, None
+            assert relay is not None, "the thread ends once"
+            relay.close(then=_ended)
             self._report = _discard
             return
         if isinstance(item, str):
@@ -177,7 +179,7 @@ class Scheduler:
             # Rows for the running and starting sequences, as many for kept prefixes, and a spare for moves.
             pool = KVPool(decoder.spec, 2 * self._max_rows + 1, ledger.row_tokens)
         except BaseException as error:  # reported on the hub; the worker then answers 503
-            self._relay.send("".join(traceback.format_exception(error)))
+            self._send("".join(traceback.format_exception(error)))
             return
         planner = ChunkPlanner(self._chunk, grid=self._policy.exact, slice_seconds=self._slice, clock=self._clock)
         batch = self.batch = Batch(self._model, decoder, pool, ledger, self._policy, planner, self._publish,
@@ -201,7 +203,7 @@ class Scheduler:
         self.batch = None
         del batch, decoder  # the session, its threads and its memory go with them ...
         pool.close()  # ... and the pool's reservations
-        self._relay.send(_THREAD_ENDED)
+        self._send(_THREAD_ENDED)
 
     def _iterate(self, batch: Batch) -> bool:
         """Take new requests in, then one iteration of the batch; False when there was nothing to do."""
@@ -223,4 +225,9 @@ class Scheduler:
 
     def _publish(self, job: Job, finished: Finished) -> None:
         job.emit(finished)
-        self._relay.send((job, finished))
+        self._send((job, finished))
+
+    def _send(self, item: Any) -> None:
+        """To the hub's thread (the relay is closed only once this thread has ended)."""
+        assert self._relay is not None
+        self._relay.send(item)

@@ -43,9 +43,17 @@ class Occupant(Protocol):
     length: int
     reusable: int
     exact_upto: int  # leading tokens computed exactly as a cold prompt alone is (prefill chunks on the grid)
-    regime: str
+
+    @property
+    def regime(self) -> str: ...
 
     def prefix(self) -> np.ndarray: ...
+
+
+def row_of(occupant: Occupant) -> int:
+    """The row of an occupant that holds one (asking of one that holds none is a scheduler bug)."""
+    assert occupant.slot is not None, f"{occupant!r} holds no row"
+    return occupant.slot
 
 
 class Sequence:
@@ -111,10 +119,10 @@ class Request:
         self.prompt_logprobs = jobs[0].params.prompt_logprobs
         self.prompt_records: list = []
         self.reserve = min(model.info.context_length, len(self.prompt) + jobs[0].params.max_tokens)
-        long = rope_switch is not None and len(self.prompt) > rope_switch
-        self.regime = LONG if long else SHORT
-        # A long prompt's first chunk must cross the switch: its first grid point past it. Reuse starts there too.
-        self.first_chunk = (rope_switch // chunk + 1) * chunk if long else 0
+        self.regime, self.first_chunk = SHORT, 0
+        if rope_switch is not None and len(self.prompt) > rope_switch:
+            # A long prompt's first chunk must cross the switch: its first grid point past it. Reuse starts there.
+            self.regime, self.first_chunk = LONG, (rope_switch // chunk + 1) * chunk
 
     @property
     def leader(self) -> Sequence:

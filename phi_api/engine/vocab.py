@@ -27,7 +27,7 @@ def _byte_level_alphabet() -> dict[str, int]:
             printable.append(byte)
             characters.append(256 + extra)
             extra += 1
-    return {chr(character): byte for byte, character in zip(printable, characters)}
+    return {chr(character): byte for byte, character in zip(printable, characters, strict=True)}
 
 
 def _is_byte_level(tokenizer: dict) -> bool:

@@ -10,7 +10,8 @@ started watcher also keeps the hub's loop alive while the greenlet waits.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gevent
 from gevent.event import Event

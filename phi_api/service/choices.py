@@ -70,6 +70,12 @@ class ChoiceResult:
     prompt: tuple[tuple[int, Any], ...] = ()
     done: Done | None = None
 
+    @property
+    def ended(self) -> Done:
+        """How the choice ended (asked only of the whole choices :func:`service.generation.collect` returns)."""
+        assert self.done is not None, f"choice {self.index} has not ended"
+        return self.done
+
     def take(self, event: Event) -> None:
         """Add what ``event`` tells."""
         if isinstance(event, Prompt):

@@ -10,9 +10,11 @@ The service knows no Flask: its dependencies come in as :class:`Services`.
 
 from __future__ import annotations
 
+import enum
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Final
 
 import numpy as np
 
@@ -36,7 +38,16 @@ from phi_api.service.tools import ToolPlan
 
 KEEPALIVE_SECONDS = 1.0
 DISCONNECT_POLL_SECONDS = 0.25
-KEEPALIVE = object()  # yielded by events() after KEEPALIVE_SECONDS of silence: a moment to notice a gone client
+
+
+class Keepalive(enum.Enum):
+    """The type of :data:`KEEPALIVE` (an enum of one, so that ``event is KEEPALIVE`` narrows an event's type)."""
+
+    KEEPALIVE = "keepalive"
+
+
+KEEPALIVE: Final = Keepalive.KEEPALIVE  # yielded by events() after KEEPALIVE_SECONDS of silence: a moment to
+# notice a gone client
 
 
 @dataclass(frozen=True)
@@ -122,7 +133,7 @@ def start(services: Services, request: GenerationRequest, request_id: str = "-")
     return Run(request, engine, plan, generation, slot)
 
 
-def events(run: Run, keepalive: float | None = KEEPALIVE_SECONDS) -> Iterator[Event | object]:
+def events(run: Run, keepalive: float | None = KEEPALIVE_SECONDS) -> Iterator[Event | Keepalive]:
     """What the run's choices tell, as it happens, with :data:`KEEPALIVE` after ``keepalive`` seconds of
     silence. A choice that ends without an answer raises its error (see :func:`failure`)."""
     assemblers = [ChoiceAssembler(index, run.plan.tools) for index in range(len(run.plan.params))]
@@ -152,7 +163,7 @@ def collect(run: Run, gone: Callable[[], bool] = lambda: False) -> list[ChoiceRe
                 if gone():
                     raise ClientClosedRequestError("The client closed the connection before the answer was ready.")
             if event is not KEEPALIVE:
-                results[event.index].take(event)  # type: ignore[union-attr]
+                results[event.index].take(event)
     finally:
         run.close()
     return results

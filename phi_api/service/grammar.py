@@ -71,7 +71,9 @@ def strict_violation(schema: Any, context: tuple[str, ...] = ()) -> str | None:
     if isinstance(properties, dict) and properties:
         if schema.get("additionalProperties") is not False:
             return f"{where}, 'additionalProperties' is required to be supplied and to be false."
-        required = schema.get("required") if isinstance(schema.get("required"), list) else []
+        required = schema.get("required")
+        if not isinstance(required, list):
+            required = []
         missing = [name for name in properties if name not in required]
         if missing:
             return (f"{where}, 'required' is required to be supplied and to be an array including every key in "

@@ -13,16 +13,18 @@ Refused with 400: images and documents, server tools (web search, code
 execution, ...), MCP servers, containers. Accepted and left without effect, as
 vLLM and llama.cpp's server do: ``cache_control`` (every prompt is reused
 automatically; ``usage.cache_read_input_tokens`` says how much), ``thinking``
-(these models do not think aloud), ``citations``, ``service_tier`` and
-``metadata``.
+(these models do not think aloud), ``output_config.effort``, ``citations``,
+``service_tier`` and ``metadata``. ``output_config.format`` (structured
+output) holds the answer to its JSON Schema through the grammar.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from phi_api.errors import APIError, UnsupportedParameterError, anthropic_body
 from phi_api.service.choices import Calls, ChoiceResult, Done, Text
@@ -121,15 +123,18 @@ class MessagesRequest:
     stream: bool
 
     @classmethod
-    def from_anthropic(cls, body: dict[str, Any]) -> "MessagesRequest":
+    def from_anthropic(cls, body: dict[str, Any]) -> MessagesRequest:
         """A schema-valid body."""
         _refuse(body)
         tools, choice, parallel = _tools(body)
         sampling = Sampling(max_tokens=given(body, "max_tokens"), temperature=given(body, "temperature", 1.0),
                             top_p=given(body, "top_p"), top_k=given(body, "top_k"),
                             stop=tuple(given(body, "stop_sequences", ())))
+        output_format = given(given(body, "output_config", {}), "format")  # structured output
         chat = ChatRequest(model=body["model"], messages=tuple(chat_messages(body)), sampling=sampling,
-                           stream=bool(given(body, "stream", False)), tools=tool_plan(tools, choice, parallel))
+                           stream=bool(given(body, "stream", False)), tools=tool_plan(tools, choice, parallel),
+                           output_schema=output_format["schema"] if output_format else None,
+                           output_param="output_config.format")
         return cls(body["model"], chat, chat.stream)
 
 
@@ -152,7 +157,7 @@ class MessageRenderer:
         """The finished message of a collected run."""
         content = [{"type": "text", "text": result.text}] if result.text and not result.calls else []
         content += [_tool_use(call) for call in result.calls]
-        return self.message(content, result.done)
+        return self.message(content, result.ended)
 
     def stream(self) -> Iterator[Any]:
         """Anthropic's events, each ``(type, data)`` (and ``KEEPALIVE``, for which a ``ping`` is sent); a failure
@@ -198,7 +203,8 @@ def _tool_use(call: ToolCall) -> dict[str, Any]:
 
 def _tool_use_events(index: int, call: ToolCall) -> Iterator[tuple[str, dict[str, Any]]]:
     block = _tool_use(call)
-    yield "content_block_start", {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}
+    yield "content_block_start", {"type": "content_block_start", "index": index,
+                                  "content_block": {**block, "input": {}}}
     yield "content_block_delta", {"type": "content_block_delta", "index": index,
                                   "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}}
     yield "content_block_stop", {"type": "content_block_stop", "index": index}

@@ -9,8 +9,9 @@ and Ollama's counts and durations (nanoseconds), or that last object alone.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
-from typing import Any, Iterator
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
 
 from phi_api.errors import APIError, UnsupportedParameterError, ollama_body
 from phi_api.service.choices import Calls, ChoiceResult, Text
@@ -21,7 +22,7 @@ from phi_api.service.tools import ToolCall, new_call_id
 
 def created_at() -> str:
     """Now, as Ollama writes it (RFC 3339, UTC)."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def model_id(name: str) -> str:
@@ -127,7 +128,7 @@ class Reply:
         body = self.part(text)
         if result.calls and self._chat:
             body["message"]["tool_calls"] = [_call(call) for call in result.calls]
-        finished = result.done.finished
+        finished = result.ended.finished
         ttft = finished.time_to_first_token or 0.0
         body.update({
             "done": True,

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from phi_api.errors import APIError, openai_body
 from phi_api.service.choices import Calls, ChoiceResult, Done, Prompt, Text
@@ -94,8 +95,9 @@ class ChatShape(Shape):
     def chunk_calls(self, event: Calls) -> list[dict[str, Any]]:
         chunks = []
         for position, call in enumerate(event.calls):
-            chunks.append(self._chunk(event.index, {"tool_calls": [{"index": position, "id": call.id, "type": "function",
-                                                                    "function": {"name": call.name, "arguments": ""}}]}))
+            opening = {"index": position, "id": call.id, "type": "function",
+                       "function": {"name": call.name, "arguments": ""}}
+            chunks.append(self._chunk(event.index, {"tool_calls": [opening]}))
             chunks.append(self._chunk(event.index, {"tool_calls": [{"index": position,
                                                                     "function": {"arguments": call.arguments}}]}))
         return chunks
@@ -110,7 +112,7 @@ class ChatShape(Shape):
         if result.calls:
             message["tool_calls"] = [call.to_openai() for call in result.calls]
         return {"index": result.index, "message": message, "logprobs": self._content(result.logprobs),
-                "finish_reason": result.done.reason}
+                "finish_reason": result.ended.reason}
 
     def _content(self, records: Any) -> dict[str, Any] | None:
         if not self.logprobs:
@@ -165,7 +167,7 @@ class CompletionShape(Shape):
         generated = self._lists(result.index, result.logprobs)
         if lists is not None and generated is not None:
             lists = {name: lists[name] + generated[name] for name in lists}
-        return self._choice(result.index, self.run.plan.echo + result.text, lists or generated, result.done.reason)
+        return self._choice(result.index, self.run.plan.echo + result.text, lists or generated, result.ended.reason)
 
     def _prompt_lists(self, index: int, records: Any) -> dict[str, list[Any]]:
         """OpenAI's lists for the prompt's tokens: the first has no log-probability (null), as OpenAI and vLLM
@@ -208,7 +210,7 @@ class Answer:
 
     def whole(self, results: list[ChoiceResult]) -> dict[str, Any]:
         """The response object of a finished run."""
-        finished = [result.done.finished for result in results]
+        finished = [result.ended.finished for result in results]
         return self.envelope.wrap(self.shape.object, [self.shape.whole(result) for result in results],
                                   usage=usage(finished), metrics=openarc_metrics(finished))
 

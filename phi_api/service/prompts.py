@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 # whitespace (600 KB of random letters in one run: about a minute of a core,
 # while the same bytes as words take 0.2 s). Longer runs are refused.
 MAX_RUN_CHARS = 4096
-_LONG_RUN = re.compile(r"(?<!\S)\S{%d}" % (MAX_RUN_CHARS + 1))  # anchored at run starts: linear time
+_LONG_RUN = re.compile(rf"(?<!\S)\S{{{MAX_RUN_CHARS + 1}}}")  # anchored at run starts: linear time
 
 # "developer" is OpenAI's newer name for "system"; templates know the older one.
 _ROLE_NAMES = {"developer": "system", "function": "tool"}

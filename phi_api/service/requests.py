@@ -14,7 +14,6 @@ from phi_api.errors import (
     ContextLengthExceededError,
     InvalidJSONSchemaError,
     InvalidParameterError,
-    UnsupportedParameterError,
 )
 from phi_api.service import features
 from phi_api.service.grammar import strict_violation
@@ -49,7 +48,7 @@ class Sampling:
     draft_max: int | None = None  # llama.cpp's speculative.n_max; None: the server's SPECULATIVE_DRAFT_MAX
 
     @classmethod
-    def from_openai(cls, body: dict[str, Any]) -> "Sampling":
+    def from_openai(cls, body: dict[str, Any]) -> Sampling:
         """The sampling fields of a schema-valid OpenAI chat or completion body."""
         limit_param = "max_completion_tokens" if given(body, "max_completion_tokens") is not None else "max_tokens"
         stop = given(body, "stop", ())
@@ -155,7 +154,7 @@ class ChatRequest:
     prompt_param: ClassVar[str] = "messages"
 
     @classmethod
-    def from_openai(cls, body: dict[str, Any], known_fields: set[str]) -> "ChatRequest":
+    def from_openai(cls, body: dict[str, Any], known_fields: set[str]) -> ChatRequest:
         """A schema-valid ``/v1/chat/completions`` body (``known_fields``: its schema's, for the log)."""
         features.check_supported(body, features.CHAT_GATES, known_fields)
         return cls(
@@ -182,7 +181,7 @@ class CompletionRequest:
     prompt_param: ClassVar[str] = "prompt"
 
     @classmethod
-    def from_openai(cls, body: dict[str, Any], known_fields: set[str]) -> "CompletionRequest":
+    def from_openai(cls, body: dict[str, Any], known_fields: set[str]) -> CompletionRequest:
         """A schema-valid ``/v1/completions`` body (``known_fields``: its schema's, for the log)."""
         features.check_supported(body, features.COMPLETION_GATES, known_fields)
         if given(body, "max_tokens") == 0 and not given(body, "echo", False):
@@ -202,7 +201,8 @@ def _include_usage(body: dict[str, Any]) -> bool:
 
 def output_fields(response_format: dict[str, Any] | None) -> dict[str, Any]:
     """OpenAI's ``response_format`` as the schema the answer must match (any JSON object for ``json_object``)."""
-    kind = (response_format or {"type": "text"})["type"]
+    response_format = response_format or {"type": "text"}
+    kind = response_format["type"]
     if kind == "json_object":
         return {"output_schema": {"type": "object"}, "output_param": "response_format"}
     if kind == "json_schema":

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from phi_api.errors import APIError, InvalidParameterError, PreviousResponseNotFoundError, UnsupportedParameterError
 from phi_api.service.choices import Calls, ChoiceResult, Done, Text
@@ -143,7 +144,7 @@ class ResponsesRequest:
     sampling: Sampling = field(default_factory=Sampling)
 
     @classmethod
-    def from_openai(cls, body: dict[str, Any]) -> "ResponsesRequest":
+    def from_openai(cls, body: dict[str, Any]) -> ResponsesRequest:
         """A schema-valid body."""
         _refuse(body)
         tools, choice = _tools(body)
@@ -200,6 +201,8 @@ class ResponseRenderer:
         body = self.request.body
         finished = done.finished if done else None
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        # Absent rather than null, as OpenAI's schema has them: usage until the end; user (deprecated) unless given.
+        optional = {"usage": _usage(finished) if finished else None, "user": given(body, "user")}
         return {
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
             "background": False, "error": error, "incomplete_details": incomplete,
@@ -209,17 +212,19 @@ class ResponseRenderer:
             "previous_response_id": self.request.previous_response_id,
             "reasoning": {"effort": None, "summary": None}, "service_tier": "default", "store": self.request.store,
             "temperature": given(body, "temperature"), "text": given(body, "text", {"format": {"type": "text"}}),
-            "tool_choice": given(body, "tool_choice", "auto"), "tools": given(body, "tools", []),
-            "top_p": given(body, "top_p"), "truncation": given(body, "truncation", "disabled"),
-            "usage": _usage(finished) if finished else None, "user": given(body, "user"),
+            "tool_choice": given(body, "tool_choice", "auto"),
+            "tools": [_echoed(tool) for tool in given(body, "tools", [])], "top_p": given(body, "top_p"),
+            "truncation": given(body, "truncation", "disabled"),
             "metadata": given(body, "metadata", {}),
+            **{name: value for name, value in optional.items() if value is not None},
         }
 
     def whole(self, result: ChoiceResult) -> dict[str, Any]:
         """The finished response object of a collected run."""
-        output = ([_call_item(new_id("fc"), call) for call in result.calls] if result.calls else
-                  [_message_item(new_id("msg"), result.text, _status(result.done))])
-        return self.response(_status(result.done), output, result.done)
+        status = _status(result.ended)
+        output = ([_call_item(new_id("fc"), call, status) for call in result.calls] if result.calls else
+                  [_message_item(new_id("msg"), result.text, status)])
+        return self.response(status, output, result.ended)
 
     # The stream ------------------------------------------------------------------------------------------
 
@@ -230,6 +235,7 @@ class ResponseRenderer:
         yield self._event("response.in_progress", response=self.response("in_progress", []))
         output: list[dict[str, Any]] = []
         message: dict[str, Any] | None = None
+        calls: tuple[ToolCall, ...] = ()  # told at the end: only then is it known whether they were cut short
         try:
             for event in events(self.run):
                 if event is KEEPALIVE:
@@ -242,22 +248,29 @@ class ResponseRenderer:
                     yield self._event("response.output_text.delta", item_id=message["id"], output_index=len(output),
                                       content_index=0, delta=event.text, logprobs=[])
                 elif isinstance(event, Calls):
-                    for call in event.calls:
-                        item = _call_item(new_id("fc"), call)
-                        yield from self._call_events(len(output), item)
-                        output.append(item)
+                    calls = event.calls
                 elif isinstance(event, Done):
-                    if message is not None:
-                        message["status"] = _status(event)
-                        yield from self._close_message(len(output), message)
-                        output.append(message)
-                    response = self.response(_status(event), output, event)
-                    on_done(response)
-                    kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
-                    yield self._event(kind, response=response)
+                    yield from self._finish(event, output, message, calls, on_done)
         except APIError as error:
             failure = {"code": "server_error", "message": error.message}
             yield self._event("response.failed", response=self.response("failed", output, error=failure))
+
+    def _finish(self, done: Done, output: list[dict[str, Any]], message: dict[str, Any] | None,
+                calls: tuple[ToolCall, ...], on_done: Any) -> Iterator[Any]:
+        """The items still open, then ``response.completed`` (or ``.incomplete``)."""
+        status = _status(done)
+        if message is not None:
+            message["status"] = status
+            yield from self._close_message(len(output), message)
+            output.append(message)
+        for call in calls:
+            item = _call_item(new_id("fc"), call, status)
+            yield from self._call_events(len(output), item)
+            output.append(item)
+        response = self.response(status, output, done)
+        on_done(response)
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        yield self._event(kind, response=response)
 
     def _open_message(self, index: int, message: dict[str, Any]) -> Iterator[Any]:
         yield self._event("response.output_item.added", output_index=index, item={**message, "content": []})
@@ -296,9 +309,16 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
 
 
-def _call_item(item_id: str, call: ToolCall) -> dict[str, Any]:
+def _call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
+    """A function call (``incomplete`` when the token limit cut its arguments short)."""
     return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
-            "arguments": call.arguments, "status": "completed"}
+            "arguments": call.arguments, "status": status}
+
+
+def _echoed(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as the response object repeats it (its ``strict`` and ``parameters`` always present)."""
+    return {"type": "function", "name": tool["name"], "description": tool.get("description"),
+            "parameters": tool.get("parameters"), "strict": tool.get("strict")}
 
 
 def _usage(finished: Any) -> dict[str, Any]:

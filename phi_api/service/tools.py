@@ -129,7 +129,8 @@ def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
 
 def _json_objects(text: str) -> list[dict[str, Any]]:
     """Every JSON object in ``text`` (inside <tool_call> tags or bare), outermost first."""
-    found, position = [], 0
+    found: list[dict[str, Any]] = []
+    position = 0
     while True:
         start = text.find("{", position)
         if start < 0:

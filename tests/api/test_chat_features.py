@@ -93,10 +93,12 @@ def test_no_logprobs_unless_asked(client):
     ({"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": {
         "type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"],
         "additionalProperties": False}}},
-     {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"], "additionalProperties": False}),
+     {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"],
+      "additionalProperties": False}),
     ({"type": "json_schema", "json_schema": {"name": "person", "schema": {
         "type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}}},
-     {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"], "additionalProperties": False}),
+     {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"],
+      "additionalProperties": False}),
 ])
 def test_response_format_constrains_the_generator(make_app, response_format, schema):
     client, engine = scripted(make_app, b'{"age": 3}')
@@ -189,7 +191,8 @@ def test_tool_conversations_are_rendered(make_app):
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "20C"},
     ]
     body = client.post("/v1/chat/completions", json={**CHAT, "messages": messages, "tools": [WEATHER]}).get_json()

@@ -21,7 +21,8 @@ def test_logprobs_in_the_completion_format(make_app):
     assert lists["text_offset"] == [0, 4, 6]
     scripted = SCRIPTED_LOGIT - math.log(math.exp(SCRIPTED_LOGIT) + VOCAB - 1)  # 0 but the scripted token's
     assert lists["token_logprobs"] == pytest.approx([scripted] * 3, abs=1e-5)
-    assert all(len(top) >= 2 and entry in top for top, entry in zip(lists["top_logprobs"], lists["tokens"]))
+    assert all(len(top) >= 2 and entry in top
+               for top, entry in zip(lists["top_logprobs"], lists["tokens"], strict=True))
 
 
 def test_streamed_logprobs_continue_their_offsets(make_app):
@@ -56,8 +57,8 @@ def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_reads_it(make_app):
     likely = SCRIPTED_LOGIT - math.log(math.exp(SCRIPTED_LOGIT) + VOCAB - 1)  # the fake: each next token likeliest
     assert lists["token_logprobs"][1:] == pytest.approx([likely] * 3, abs=1e-5)
     # lm-eval's greedy check: each token's log-probability is the best of its top alternatives
-    assert all(logprob == max(top.values()) for logprob, top in zip(lists["token_logprobs"][1:],
-                                                                    lists["top_logprobs"][1:]))
+    assert all(logprob == max(top.values())
+               for logprob, top in zip(lists["token_logprobs"][1:], lists["top_logprobs"][1:], strict=True))
     assert lists["text_offset"] == [0, 4, 6, 11]
     # the same prompt again is scored again (no reused prefix: its logits were never kept)
     again = client.post("/v1/completions", json=body).get_json()

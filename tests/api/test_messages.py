@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from anthropic.types import Message, RawMessageStreamEvent
+from pydantic import TypeAdapter
 
 from tests.support.fakes import fake_engine, text_pieces
 from tests.support.sse import parse_named_sse
@@ -14,6 +16,7 @@ CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 WEATHER = {"name": "get_weather", "description": "Weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 HEADERS = {"x-api-key": "unused", "anthropic-version": "2023-06-01"}
+STREAM_EVENT = TypeAdapter(RawMessageStreamEvent)
 
 
 def scripted(make_app, *pieces: bytes, **config):
@@ -22,9 +25,17 @@ def scripted(make_app, *pieces: bytes, **config):
 
 
 def create(client, **body):
-    return client.post("/v1/messages", headers=HEADERS, json={"model": "test-model", "max_tokens": 32,
-                                                              "messages": [{"role": "user", "content": "Hi"}],
-                                                              **body})
+    """POST /v1/messages; every answer is read strictly (no type coercion) by the anthropic SDK's types."""
+    answer = client.post("/v1/messages", headers=HEADERS, json={"model": "test-model", "max_tokens": 32,
+                                                                "messages": [{"role": "user", "content": "Hi"}],
+                                                                **body})
+    if answer.status_code == 200 and body.get("stream"):
+        for name, data in parse_named_sse(answer.get_data(as_text=True)):
+            if name not in ("ping", "error"):
+                STREAM_EVENT.validate_python(data, strict=True)
+    elif answer.status_code == 200:
+        Message.model_validate(answer.get_json(), strict=True)
+    return answer
 
 
 def test_a_text_answer_as_a_message(make_app):
@@ -55,6 +66,17 @@ def test_the_stream_is_anthropic_s_sequence_of_events(make_app):
     assert events[0][1]["message"]["content"] == [] and events[0][1]["message"]["stop_reason"] is None
     assert "".join(data["delta"]["text"] for name, data in events if name == "content_block_delta") == "Hello"
     assert events[-2][1]["delta"]["stop_reason"] == "end_turn" and events[-2][1]["usage"]["output_tokens"] == 3
+
+
+def test_a_failure_mid_stream_ends_it_with_an_error_event(make_app):
+    engine = fake_engine([1, 2, 3, 0], text_pieces(b"a", b"b", b"c"), fail_at=2)
+    answer = make_app(engine).test_client().post("/v1/messages", headers=HEADERS, json={
+        "model": "test-model", "max_tokens": 32, "messages": [{"role": "user", "content": "Hi"}], "stream": True})
+    events = parse_named_sse(answer.get_data(as_text=True))
+    name, data = events[-1]
+    assert name == "error" and data["type"] == "error" and data["error"]["type"] == "api_error"
+    assert "fake engine failure" not in json.dumps(data)  # the cause is logged, not sent
+    assert "message_stop" not in [name for name, _ in events]
 
 
 def test_a_forced_tool_use_then_its_result(make_app):
@@ -110,3 +132,25 @@ def test_thinking_and_cache_control_are_accepted_without_effect(make_app):
     client, _ = scripted(make_app, b"ok")
     messages = [{"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}]}]
     assert create(client, messages=messages, thinking={"type": "enabled", "budget_tokens": 1024}).status_code == 200
+
+
+def test_structured_output_holds_the_answer_to_its_schema(make_app):
+    client, engine = scripted(make_app, b'{"city": "Paris"}')
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    body = create(client, output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "low"})
+    assert body.status_code == 200 and json.loads(body.get_json()["content"][0]["text"]) == {"city": "Paris"}
+    assert json.loads(engine.model.script.grammars[-1][1])["properties"] == schema["properties"]
+
+
+@pytest.mark.parametrize("output_config", [
+    {"format": {"type": "json_schema"}},  # no schema
+    {"format": {"type": "xml", "schema": {}}},
+    {"effort": "extreme"},
+    {"format": {"type": "json_schema", "schema": {"type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}}}},
+])
+def test_a_bad_output_config_is_anthropic_s_400(make_app, output_config):
+    client, _ = scripted(make_app, b"ok")
+    response = create(client, output_config=output_config)
+    assert response.status_code == 400, response.get_data(as_text=True)
+    error = response.get_json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"

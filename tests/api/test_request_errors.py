@@ -7,7 +7,6 @@ import logging
 import pytest
 
 from phi_api.engine import ChatTemplateError
-
 from tests.support.fakes import fake_engine, text_pieces
 
 ROUTES = {

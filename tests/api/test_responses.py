@@ -1,19 +1,18 @@
 """OpenAI's Responses API with a fake engine: the request as a chat, the response object and its events (validated
-against the openai SDK's types, generated from OpenAI's OpenAPI document), stored responses and follow-ups, and
-what is refused."""
+against OpenAI's published schemas, and read by the openai SDK's types), stored responses and follow-ups, and what
+is refused."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
+from openai.types.responses import Response
 
 from tests.support.fakes import fake_engine, text_pieces
+from tests.support.openai_schemas import validate
 from tests.support.sse import parse_named_sse
 
-STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -25,7 +24,15 @@ def scripted(make_app, *pieces: bytes, **config):
 
 
 def create(client, **body):
-    return client.post("/v1/responses", json={"model": "test-model", **body})
+    """POST /v1/responses; every answer (a response object, or each event of a stream) is checked against
+    OpenAI's published schema."""
+    answer = client.post("/v1/responses", json={"model": "test-model", **body})
+    if answer.status_code == 200 and body.get("stream"):
+        for _, data in parse_named_sse(answer.get_data(as_text=True)):
+            validate("ResponseStreamEvent", data)
+    elif answer.status_code == 200:
+        validate("Response", answer.get_json())
+    return answer
 
 
 def test_a_text_answer_as_a_response_object(make_app):
@@ -33,7 +40,8 @@ def test_a_text_answer_as_a_response_object(make_app):
     answer = create(client, input="Say hello", instructions="Be brief.", max_output_tokens=16, metadata={"k": "v"})
     assert answer.status_code == 200, answer.get_data(as_text=True)
     body = answer.get_json()
-    response = Response.model_validate(body)  # OpenAI's published schema, as the SDK knows it
+    validate("Response", body)
+    response = Response.model_validate(body)
     assert response.output_text == "Hello there" and response.status == "completed"
     assert body["id"].startswith("resp_") and body["output"][0]["id"].startswith("msg_")
     assert body["usage"]["output_tokens"] == 3 and body["usage"]["input_tokens"] > 0
@@ -54,13 +62,26 @@ def test_the_stream_is_the_documented_sequence_of_events(make_app):
     events = parse_named_sse(raw)
     for name, data in events:
         assert name == data["type"]
-        STREAM_EVENT.validate_python(data)
+        validate("ResponseStreamEvent", data)
     assert [name for name, _ in events] == [
         "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
         "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
         "response.content_part.done", "response.output_item.done", "response.completed"]
     assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
     assert events[-1][1]["response"]["output"][0]["content"][0]["text"] == "Hello"
+
+
+def test_a_failure_mid_stream_ends_it_with_response_failed(make_app):
+    engine = fake_engine([1, 2, 3, 0], text_pieces(b"a", b"b", b"c"), fail_at=2)
+    answer = make_app(engine).test_client().post("/v1/responses", json={"model": "test-model", "input": "Go",
+                                                                       "stream": True})
+    events = parse_named_sse(answer.get_data(as_text=True))
+    for _, data in events:
+        validate("ResponseStreamEvent", data)
+    assert events[-1][0] == "response.failed"
+    failed = events[-1][1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    assert "fake engine failure" not in json.dumps(failed)  # the cause is logged, not sent
 
 
 def test_a_forced_function_call_and_its_output(make_app):
@@ -77,6 +98,19 @@ def test_a_forced_function_call_and_its_output(make_app):
     assert "Weather in Paris?" in rendered and "sunny" in rendered  # the conversation went on
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_short_by_the_token_limit_is_incomplete(make_app, stream):
+    client, _ = scripted(make_app, b'{"name": "get_weather", ', b'"arguments": {"city": ', b'"Par', b'is"}}')
+    answer = create(client, input="Weather?", tools=[WEATHER], tool_choice="required", max_output_tokens=3,
+                    stream=stream)
+    if stream:
+        body = parse_named_sse(answer.get_data(as_text=True))[-1][1]["response"]
+    else:
+        body = answer.get_json()
+    assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert [(item["type"], item["status"]) for item in body["output"]] == [("function_call", "incomplete")]
+
+
 def test_function_call_events_in_a_stream(make_app):
     client, _ = scripted(make_app, CALL.encode())
     events = parse_named_sse(create(client, input="Weather?", tools=[WEATHER], tool_choice={
@@ -85,7 +119,7 @@ def test_function_call_events_in_a_stream(make_app):
     assert names[2:6] == ["response.output_item.added", "response.function_call_arguments.delta",
                           "response.function_call_arguments.done", "response.output_item.done"]
     for _, data in events:
-        STREAM_EVENT.validate_python(data)
+        validate("ResponseStreamEvent", data)
 
 
 def test_input_items_become_the_conversation(make_app):

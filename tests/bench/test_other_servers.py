@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import requests
 
-import phi_api.bench as bench
+from phi_api import bench
 from phi_api.bench.client import StreamResult
 from phi_api.bench.report import print_report
 

@@ -82,7 +82,7 @@ def test_multibyte_characters_split_across_tokens_come_out_whole():
 
 
 def test_a_character_cut_by_the_end_of_generation_is_dropped_not_replaced():
-    data = "ok😀".encode("utf-8")
+    data = "ok😀".encode()
     assert "".join(assemble([data[:2], data[2:4]])) == "ok"
 
 

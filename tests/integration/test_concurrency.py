@@ -12,8 +12,8 @@ import pytest
 import requests
 
 from tests.integration.conftest import MODEL_ID
-from tests.support.sse import data_lines
 from tests.support.server import Server, wait_until
+from tests.support.sse import data_lines
 
 LONG = {"model": MODEL_ID, "prompt": "Count to ten thousand:", "max_tokens": 4000, "ignore_eos": True,
         "temperature": 0, "stream": True}

@@ -128,7 +128,8 @@ def test_openarc_endpoints_and_tokenizer(server, reference_token):
     assert status["models"][0]["model_name"] == MODEL_ID and status["models"][0]["status"] == "loaded"
     tokens = requests.post(server.url + "/tokenize", json={"prompt": "Hello world"}).json()
     assert tokens["count"] == len(tokens["tokens"]) == 2
-    assert requests.post(server.url + "/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"] == "Hello world"
+    detokenized = requests.post(server.url + "/detokenize", json={"tokens": tokens["tokens"]}).json()
+    assert detokenized["prompt"] == "Hello world"
     metrics = requests.post(server.url + "/v1/bench", json={"model": MODEL_ID, "input_ids": tokens["tokens"],
                                                             "max_tokens": 16}).json()["metrics"]
     assert metrics["input_token"] == 2 and metrics["new_token"] == 16 and metrics["decode_throughput"] > 0

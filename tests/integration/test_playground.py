@@ -30,7 +30,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 def browser():
     if not shutil.which(CHROMIUM):
         pytest.fail(f"The playground tests need Chromium at {CHROMIUM}: install Debian's package "
-                    "(make test installs it as root: tests/system_packages.sh) or set PHI_API_CHROMIUM to another Chromium.")
+                    "(make test installs it as root: tests/system_packages.sh) or set PHI_API_CHROMIUM to another "
+                    "Chromium.")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -210,7 +211,8 @@ def test_markup_from_the_model_or_the_prompt_is_shown_as_text_never_run(visit, s
     page.ask('<script>alert("prompt")</script>')
     page.wait_for_meta()
     answer = page.last_answer().locator(".body")
-    assert '<img src=x onerror="alert(1)">' in answer.inner_text() and "<script>alert(2)</script>" in answer.inner_text()
+    text = answer.inner_text()
+    assert '<img src=x onerror="alert(1)">' in text and "<script>alert(2)</script>" in text
     assert answer.locator("img, script").count() == 0 and answer.locator("strong").inner_text() == "bold"
     assert answer.locator("a[href^='javascript']").count() == 0
     assert page.page.locator(".message.user .body").inner_text() == '<script>alert("prompt")</script>'

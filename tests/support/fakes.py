@@ -165,7 +165,8 @@ class FakeModel:
         return b"".join(self.pieces.get(int(t), b"") for t in tokens).decode("utf-8", "replace")
 
     def render_chat(self, messages: list[dict[str, Any]], tools: Any = None, add_generation_prompt: bool = True) -> str:
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + ("<assistant>" if add_generation_prompt else "")
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        text += "<assistant>" if add_generation_prompt else ""
         self.rendered.append(text)
         return text
 
