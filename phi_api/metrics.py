@@ -53,6 +53,7 @@ class Metrics:
         self.generated_tokens = Counter("phi_api_generated_tokens", "Tokens generated", **own)
         self.drafted_tokens = Counter("phi_api_draft_tokens", "Prompt-lookup draft tokens verified", **own)
         self.accepted_tokens = Counter("phi_api_draft_accepted_tokens", "Prompt-lookup draft tokens kept", **own)
+        self.draft_checks = Counter("phi_api_draft_checks", "Steps that checked a prompt-lookup draft", **own)
         self.prefill_rate = Histogram("phi_api_prefill_tokens_per_second", "Prefill throughput per generation",
                                       buckets=_RATE_BUCKETS, **own)
         self.decode_rate = Histogram("phi_api_decode_tokens_per_second", "Decode throughput per generation",
@@ -81,6 +82,7 @@ class Metrics:
         self.generated_tokens.inc(finished.completion_tokens)
         self.drafted_tokens.inc(finished.drafted_tokens)
         self.accepted_tokens.inc(finished.accepted_tokens)
+        self.draft_checks.inc(finished.draft_checks)
         ttft = finished.time_to_first_token
         if ttft:
             self.ttft.observe(ttft)

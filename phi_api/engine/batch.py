@@ -416,7 +416,7 @@ class Batch:
             decode_seconds=(now - first) if first is not None else 0.0, error=error, cached_tokens=row.cached,
             index=row.job.index, batch_rows=row.step_rows / row.steps if row.steps else 0.0,
             stop_string=row.text.stop_string, drafted_tokens=row.drafter.drafted,
-            accepted_tokens=row.drafter.accepted))
+            accepted_tokens=row.drafter.accepted, draft_checks=row.drafter.checks))
 
     def _keep(self, row: Sequence) -> bool:
         """Keep a finished row's reusable prefix for later requests; False when it is not worth a row."""

@@ -35,6 +35,7 @@ class Drafter:
         self._next_pause = _PAUSE_STEPS
         self.drafted = 0
         self.accepted = 0
+        self.checks = 0  # drafts checked (each in one step)
         self.extend(tokens)
 
     def extend(self, tokens: list[int]) -> None:
@@ -68,6 +69,7 @@ class Drafter:
         """A draft of ``drafted`` tokens had its first ``accepted`` kept."""
         self.drafted += drafted
         self.accepted += accepted
+        self.checks += 1
         self._recent += 0.5 * (accepted - self._recent)
         if accepted:
             self._failures = 0

@@ -56,6 +56,7 @@ class Finished:
     stop_string: str | None = None  # the stop string that ended it (reason "stop"), if one did
     drafted_tokens: int = 0  # prompt-lookup draft tokens it verified ...
     accepted_tokens: int = 0  # ... and kept
+    draft_checks: int = 0  # steps that checked a draft
 
     @property
     def ok(self) -> bool:

@@ -220,6 +220,9 @@ class Sampler:
                       self._scratch)
 
 
+_TINY = float(np.finfo(np.float32).tiny)  # the smallest temperature a float32 division takes (below: zero)
+
+
 def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator,
            scratch: np.ndarray | None = None) -> int:
     """Draw a token: logits at ``temperature``, restricted to the ``top_k`` most likely (0: all), then to the
@@ -242,7 +245,12 @@ def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng
     rounding (about 1e-7) of a boundary between two tokens
     (tests/engine/test_logits.py).
     """
-    scaled = np.divide(logits, temperature, out=scratch, dtype=np.float32)
+    logits = _capped(logits)
+    # Shifted before the division: a tiny temperature (1e-40) sends every token but the most likely to -inf, its
+    # limit, instead of overflowing them all to +inf.
+    scaled = np.subtract(logits, logits.max(), out=scratch, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        np.divide(scaled, max(temperature, _TINY), out=scaled)
     finite = np.isfinite(scaled)
     pool = None if finite.all() else np.flatnonzero(finite)  # None: every token
     if 0 < top_k < (scaled.size if pool is None else pool.size):
@@ -268,7 +276,10 @@ def distribution(logits: np.ndarray, temperature: float, top_k: int, top_p: floa
     """The tokens :func:`sample` may draw from ``logits`` and their probabilities (float64): the same pool (finite,
     ``top_k``, then ``top_p`` over the most likely first) and the same weights, as arrays a draft is checked
     against."""
-    scaled = logits.astype(np.float64) / temperature
+    shifted = _capped(logits).astype(np.float64)
+    shifted -= shifted.max()
+    with np.errstate(over="ignore"):
+        scaled = shifted / max(temperature, _TINY)
     pool = np.flatnonzero(np.isfinite(scaled))
     if 0 < top_k < pool.size:
         pool = pool[_top(scaled[pool], top_k)]
@@ -279,6 +290,14 @@ def distribution(logits: np.ndarray, temperature: float, top_k: int, top_p: floa
         order = order[:min(int(np.searchsorted(cumulative, top_p)) + 1, order.size)]
         pool, weights = pool[order], weights[order]
     return pool, weights / weights.sum()
+
+
+def _capped(logits: np.ndarray) -> np.ndarray:
+    """``logits``, unless a request's edits pushed some to +inf (a ``repetition_penalty`` of 1e-40 divides a
+    positive logit by almost nothing): then those tokens, equally likely, are all that can be drawn (the limit)."""
+    if logits.max() < np.inf:
+        return logits
+    return np.where(logits == np.inf, np.float32(0), np.float32(-np.inf)).astype(logits.dtype)
 
 
 def _draw(weights: np.ndarray, fraction: float) -> int:

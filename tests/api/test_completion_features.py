@@ -87,3 +87,13 @@ def test_a_streamed_echo_carries_the_prompt_s_logprobs_first(make_app):
     assert first["logprobs"]["token_logprobs"][0] is None
     offsets = [offset for event in events for offset in (event["choices"][0]["logprobs"] or {}).get("text_offset", [])]
     assert offsets == [0, 4, 6, 10]
+
+
+@pytest.mark.parametrize("extreme", [{"temperature": 5e-324}, {"temperature": 1e-45, "top_p": 0.5},
+                                     {"repetition_penalty": 1e-40, "temperature": 1.0}])
+def test_extreme_sampling_values_still_answer(client, extreme):
+    """What schemathesis sent: values the schemas allow whose arithmetic overflows (a 500 before)."""
+    answer = client.post("/v1/completions", json={"model": "test-model", "prompt": "Hello Hello", "max_tokens": 4,
+                                                 **extreme})
+    assert answer.status_code == 200, answer.get_data(as_text=True)
+    assert answer.get_json()["choices"][0]["finish_reason"] in ("stop", "length")

@@ -152,3 +152,24 @@ def test_the_gateway_metrics_show_what_the_engines_hold(make_app):
     held.close()
     wait_until(lambda: gateway() == {"vllm:num_requests_waiting": 0, "vllm:num_requests_running": 0,
                                      "vllm:kv_cache_usage_perc": 0}, timeout=10, message="an idle engine")
+
+
+def test_metrics_count_drafts_checked_and_kept(make_app):
+    from tests.support.fakes import VOCAB, fake_engine
+
+    copied = "the cat sat on the mat and the dog sat on the log"
+    pieces = {1 + ord(ch) % (VOCAB - 1): ch.encode() for ch in copied}  # the fake's own encoding: a token a letter
+    tokens = [1 + ord(ch) % (VOCAB - 1) for ch in copied]  # so its answer is in the prompt
+    engine = fake_engine([*tokens, 0], pieces, draft_max=8)
+    client = make_app(engine).test_client()
+    body = {"model": "test-model", "messages": [{"role": "user", "content": "Copy: " + copied}], "max_tokens": 64}
+    answer = client.post("/v1/chat/completions", json=body).get_json()
+    assert answer["choices"][0]["message"]["content"] == copied
+    deadline = time.monotonic() + 10  # generations reach the metrics on the hub's thread: let it run
+    while samples(client).get(("phi_api_draft_checks_total", ()), 0) == 0:
+        assert time.monotonic() < deadline, "the draft counters never moved"
+        gevent.sleep(0.01)
+    seen = samples(client)
+    drafted, kept = seen[("phi_api_draft_tokens_total", ())], seen[("phi_api_draft_accepted_tokens_total", ())]
+    assert 0 < kept <= drafted
+    assert kept > len(tokens) / 2  # most of the copy came from drafts

@@ -148,6 +148,27 @@ def test_a_low_temperature_sharpens_and_a_high_one_flattens():
     assert (np.abs(flat - 4000 / 3) < 5 * np.sqrt(4000 / 3)).all()
 
 
+@pytest.mark.parametrize("temperature", [1e-30, 1e-45, 5e-324])
+def test_a_vanishing_temperature_draws_the_most_likely_token(temperature):
+    """The fuzzer's 500: logits divided by such a temperature overflowed, all to infinity, and nothing was left to
+    draw from."""
+    logits = np.array([0.5, 3.0, -1.0, 2.9, -np.inf], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    assert {sample(logits.copy(), temperature, 0, 1.0, rng) for _ in range(50)} == {1}
+    pool, probabilities = distribution(logits, temperature, 0, 1.0)
+    assert pool[probabilities.argmax()] == 1 and probabilities.max() == 1.0
+
+
+def test_tokens_pushed_to_infinity_are_all_that_can_be_drawn():
+    """The fuzzer's other 500: a repetition_penalty of 1e-40 divides positive logits to +inf."""
+    logits = np.array([0.5, np.inf, -1.0, np.inf, -np.inf], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    drawn = [sample(logits.copy(), 1.0, 0, 0.9, rng) for _ in range(400)]
+    assert set(drawn) == {1, 3} and 120 < drawn.count(1) < 280
+    pool, probabilities = distribution(logits, 1.0, 0, 1.0)
+    assert sorted(pool[probabilities > 0].tolist()) == [1, 3]
+
+
 def test_a_seed_makes_the_draws_repeatable():
     logits = np.log(np.linspace(1, 2, 50, dtype=np.float32))
 

@@ -1,11 +1,18 @@
 """The API contract: the OpenAPI document covers every route, and schemathesis fuzzes the live server.
 
-Bounded: a few dozen examples per operation, with generation lengths capped so a
-valid request costs a fraction of a second. No 5xx, and every 4xx carries the
-error object the document promises.
+Twice: in this process with its checks of the documented responses (valid data), and with its own command
+line as a user runs it (valid and invalid data, its coverage phase of boundary values, then fuzzing). Bounded:
+generation lengths are capped (tests/support/fuzz_hooks.py) so a valid request costs a fraction of a second. No
+5xx, and every 4xx carries the error object the document promises.
 """
 
 from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import hypothesis
 import pytest
@@ -20,9 +27,10 @@ from schemathesis.checks import (
 )
 
 from tests.integration.conftest import MODEL_ID
+from tests.support.fuzz_hooks import bound
 from tests.support.server import Server
 
-CAPS = {"max_tokens": 8, "max_completion_tokens": 8, "num_predict": 8, "n": 2, "top_logprobs": 3, "logprobs": 3}
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -43,31 +51,6 @@ def test_every_route_is_described(server, make_app):
         "$ref"] == "#/components/schemas/chat_completion"
 
 
-# Fuzzed like the rest, but never aimed at the served model: the fuzzing would unload it.
-UNLOADS = {"/v1/models/unload", "/openarc/unload", "/api/delete"}
-
-
-def _bounded(case) -> None:
-    """Point valid-looking bodies at the served model (unless they would unload it) and keep generations
-    short."""
-    body = case.body
-    if not isinstance(body, dict):
-        return
-    if case.path not in UNLOADS and isinstance(body.get("model"), str) and hash(body["model"]) % 2 == 0:
-        body["model"] = MODEL_ID
-    if body.get("model") == MODEL_ID:
-        body.pop("keep_alive", None)  # 0 unloads the model after the answer (as `ollama stop` does)
-    for key, cap in CAPS.items():
-        if isinstance(body.get(key), int) and not isinstance(body.get(key), bool) and body[key] > cap:
-            body[key] = cap
-    options = body.get("options")
-    if isinstance(options, dict) and isinstance(options.get("num_predict"), int) and options["num_predict"] > 8:
-        options["num_predict"] = 8
-    if body.get("ignore_eos") is True or isinstance(body.get("min_tokens"), int):
-        body.pop("ignore_eos", None)
-        body.pop("min_tokens", None)
-
-
 def test_fuzzed_requests(fuzz_server):
     spec = requests.get(fuzz_server.url + "/openapi.json").json()
     api = schemathesis.openapi.from_dict(spec)
@@ -81,8 +64,22 @@ def test_fuzzed_requests(fuzz_server):
         @hypothesis.settings(max_examples=60, deadline=None, derandomize=True, database=None,
                              suppress_health_check=list(hypothesis.HealthCheck))
         def fuzz(case):
-            _bounded(case)
+            bound(case.path, case.body)
             case.call_and_validate(base_url=fuzz_server.url, timeout=120, checks=checks)
 
         fuzz()
+    assert requests.get(fuzz_server.url + "/v1/models").json()["data"][0]["id"] == MODEL_ID  # still served
+
+
+def test_fuzzed_as_the_command_line_fuzzes(fuzz_server):
+    """The run that found three 500s the in-process fuzzing missed (``tools: [null, null]`` on /api/chat, a model
+    path longer than the file system allows): ``st run --mode all`` with the coverage phase."""
+    environment = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.support.fuzz_hooks", "PHI_API_FUZZ_MODEL": MODEL_ID}
+    command = [str(Path(sys.executable).with_name("st")), "run", fuzz_server.url + "/openapi.json",
+               "--checks", "not_a_server_error", "--mode", "all", "--phases", "examples,coverage,fuzzing",
+               "--max-examples", "25", "--generation-deterministic", "--workers", "2", "--no-color"]
+    ran = subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=1200)
+    assert ran.returncode == 0, ran.stdout[-8000:] + ran.stderr[-2000:]
+    counted = re.search(r"(\d+) generated, (\d+) passed", ran.stdout)
+    assert counted and int(counted[1]) == int(counted[2]) > 1000, ran.stdout[-3000:]
     assert requests.get(fuzz_server.url + "/v1/models").json()["data"][0]["id"] == MODEL_ID  # still served

@@ -1,0 +1,73 @@
+"""lm-evaluation-harness (pinned) against real gunicorn on the real model: its ``local-completions`` client scores a
+small multiple-choice task kept in tests/data (token-id prompts, ``echo``, ``logprobs: 1``, ``max_tokens: 1``), and
+the accuracy it reports is the one ONNX Runtime GenAI's own logits give.
+
+The reference runs each request's tokens through ONNX Runtime GenAI in one pass, as the server prefills a short
+prompt alone (the same shapes and inputs), and reads every position's logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.integration.conftest import MODEL_ID
+
+TASK_FILE = Path(__file__).resolve().parent.parent / "data" / "multiple-choice.jsonl"
+
+
+@pytest.fixture(scope="module")
+def evaluation(server, model_path, tmp_path_factory):
+    """lm-eval's client, and what simple_evaluate returned with every sample logged."""
+    from lm_eval import simple_evaluate
+    from lm_eval.api.registry import get_model
+    from lm_eval.tasks import TaskManager
+
+    task = {"task": "phi_api_multiple_choice", "dataset_path": "json", "test_split": "test",
+            "dataset_kwargs": {"data_files": {"test": str(TASK_FILE)},
+                               "cache_dir": str(tmp_path_factory.mktemp("datasets"))},
+            "output_type": "multiple_choice", "doc_to_text": "Question: {{question}}\nAnswer:",
+            "doc_to_choice": "{{choices}}", "doc_to_target": "{{answer}}",
+            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]}
+    client = get_model("local-completions").create_from_arg_string(
+        f"model={MODEL_ID},base_url={server.url}/v1/completions,tokenizer={model_path},"
+        "tokenizer_backend=huggingface,tokenized_requests=True,num_concurrent=1,max_retries=1")
+    results = simple_evaluate(model=client, tasks=[task], log_samples=True, task_manager=TaskManager())
+    return client, results
+
+
+def reference_scores(model, context: list[int], continuation: list[int]) -> tuple[float, bool]:
+    """(log-likelihood of ``continuation`` after ``context``, whether each of its tokens is the argmax)."""
+    import onnxruntime_genai as og
+
+    tokens = context + continuation
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(tokens) + 1)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array(tokens, dtype=np.int32))
+    logits = generator.get_output("logits")[0].astype(np.float64)  # every position's
+    total, greedy = 0.0, True
+    for position in range(len(context), len(tokens)):
+        row = logits[position - 1]
+        peak = row.max()
+        total += float(row[tokens[position]] - (peak + np.log(np.exp(row - peak).sum())))
+        greedy = greedy and int(row.argmax()) == tokens[position]
+    return total, greedy
+
+
+def test_the_accuracy_is_the_one_onnx_runtime_genai_s_logits_give(evaluation, reference_model):
+    client, results = evaluation
+    model, _ = reference_model
+    samples = results["samples"]["phi_api_multiple_choice"]
+    assert len(samples) == sum(1 for line in TASK_FILE.read_text().splitlines() if line.strip())
+    correct = 0
+    for sample in samples:
+        scored = [client._encode_pair(context, continuation) for context, continuation in sample["arguments"]]
+        expected = [reference_scores(model, context, continuation) for context, continuation in scored]
+        got = sample["filtered_resps"]  # (log-likelihood, is_greedy) of each choice, as lm-eval parsed them
+        assert [loglikelihood for loglikelihood, _ in got] == pytest.approx(
+            [loglikelihood for loglikelihood, _ in expected], abs=1e-4)
+        assert [greedy for _, greedy in got] == [greedy for _, greedy in expected]
+        correct += int(np.argmax([loglikelihood for loglikelihood, _ in expected]) == sample["target"])
+    assert results["results"]["phi_api_multiple_choice"]["acc,none"] == pytest.approx(correct / len(samples))
