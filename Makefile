@@ -10,7 +10,7 @@ REQUIREMENTS := requirements.txt requirements-model.txt requirements-model-nodep
 INSTRUCTOR_VENV := .venv-instructor
 INSTRUCTOR_STAMP := $(INSTRUCTOR_VENV)/.installed
 
-.PHONY: install model serve test bench clean system-packages
+.PHONY: install model serve test bench bench-spec clean system-packages
 
 install: $(STAMP)
 
@@ -57,6 +57,15 @@ test: system-packages install $(INSTRUCTOR_STAMP)
 bench: install
 	model_path="$$($(PY) -m phi_api prepare-model $(if $(SHAPE),--shape $(SHAPE)) | tail -n 1)"; \
 	$(PY) -m phi_api bench --model-path "$$model_path" $(BENCH_ARGS)
+
+# Speculative decoding on against off (docs/benchmarks.md); SHAPE=phi-3.5-mini adds that model's step costs.
+bench-spec: install
+	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
+	shape_args=(); \
+	if [ -n "$(SHAPE)" ]; then \
+		shape_args=(--shape-model-path "$$($(PY) -m phi_api prepare-model --shape $(SHAPE) | tail -n 1)"); \
+	fi; \
+	$(PY) -m phi_api bench-spec --model-path "$$model_path" "$${shape_args[@]}" $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(INSTRUCTOR_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -57,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     kv.add_argument("--out", help="also write the report to this JSON file")
     kv.set_defaults(run=_bench_kv)
 
+    spec = commands.add_parser("bench-spec", help="speculative decoding on against off: copying, chat, 8 streams, "
+                                                  "step costs and the projected speed-up")
+    spec.add_argument("--model-path", required=True, help="model folder the two servers serve")
+    spec.add_argument("--shape-model-path", help="also measure step costs on this (production-shaped) model")
+    spec.add_argument("--runs", type=int, default=3, help="repetitions (medians are reported)")
+    spec.add_argument("--out", default="bench/results", help="folder for bench-spec.json")
+    spec.set_defaults(run=_bench_spec)
+
     load = commands.add_parser("load", help="bursts far beyond the concurrency limit, or a soak (--minutes)")
     load.add_argument("--url", help="a running server (default: start one on --model-path)")
     load.add_argument("--model-path", help="model folder for the server it starts")
@@ -99,6 +107,13 @@ def _bench_kv(args: argparse.Namespace) -> int:
 
     args.threads = args.threads or os.cpu_count() or 1
     kv.run(args)
+    return 0
+
+
+def _bench_spec(args: argparse.Namespace) -> int:
+    from phi_api.bench import speculative
+
+    speculative.run(args)
     return 0
 
 

@@ -61,7 +61,10 @@ def test_an_install_that_does_not_provide_the_command_fails(tmp_path):
 
 
 def test_make_test_checks_the_packages_before_the_minutes_of_set_up():
-    commands = subprocess.run(["make", "-n", "-B", "test"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.splitlines()
+    # Under an outer make (CI runs `make test`, which runs these tests) the inherited MAKEFLAGS and MAKELEVEL
+    # would make this make print "Entering directory" lines: the recipe is read as a top-level make.
+    env = {key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    commands = subprocess.run(["make", "--no-print-directory", "-n", "-B", "test"], cwd=REPO, env=env,
+                              capture_output=True, text=True, check=True).stdout.splitlines()
     assert commands[0] == "tests/system_packages.sh"
     assert any("-m venv" in command for command in commands[1:])

@@ -108,8 +108,9 @@ def unique(body: dict[str, Any]) -> dict[str, Any]:
                                  *body["messages"][1:]]}
 
 
-def concurrent_streams(base_url: str, body: dict[str, Any], concurrency: int) -> LoadResult:
-    """Start ``concurrency`` streams at once (each with a prompt of its own) and wait for all of them."""
+def concurrent_streams(base_url: str, body: dict[str, Any], concurrency: int,
+                       path: str = "/v1/completions") -> LoadResult:
+    """Start ``concurrency`` streams at once (each with a prompt of its own) to ``path`` and wait for all of them."""
     results: list[StreamResult | BaseException] = []
     lock = threading.Lock()
     barrier = threading.Barrier(concurrency)
@@ -118,7 +119,7 @@ def concurrent_streams(base_url: str, body: dict[str, Any], concurrency: int) ->
         session = requests.Session()
         barrier.wait()
         try:
-            result: StreamResult | BaseException = stream_completion(base_url, unique(body), session)
+            result: StreamResult | BaseException = stream_completion(base_url, unique(body), session, path)
         except BaseException as exc:  # reported after the batch
             result = exc
         with lock:

@@ -46,6 +46,7 @@ from phi_api.engine.rows import RowsFull, RowTable
 from phi_api.engine.runtime import ORT_ERRORS
 from phi_api.engine.sequence import LONG, Kept, Occupant, Request, Sequence, row_of
 from phi_api.engine.speculation import Speculation
+from phi_api.engine.stepcost import StepCosts
 
 Publish = Callable[[Job, Finished], None]
 
@@ -79,6 +80,7 @@ class Batch:
         self.prefilling: list[Request] = []
         self._switch = decoder.spec.rope_switch
         self.draft_max = draft_max  # SPECULATIVE_DRAFT_MAX: how far a sequence may draft, unless its request says
+        self.costs = StepCosts()  # what a check must beat (engine.stepcost)
         self.speculation = Speculation(self)
 
     @property
@@ -159,7 +161,7 @@ class Batch:
     def start(self, request: Request, source: Occupant | None, point: int) -> None:
         """Give an admitted request its sequences and its leader's row, starting from ``source``'s prefix."""
         try:
-            request.sequences = [Sequence(job, self.model, self.draft_max) for job in request.jobs]
+            request.sequences = [Sequence(job, self.model, self.draft_max, request.order) for job in request.jobs]
         except Exception as error:  # a stream or sampler that cannot be made ends this request only
             self.end_request(request, "error", _trace(error))
             return
@@ -304,7 +306,9 @@ class Batch:
             for row in rows:
                 self.finish(row, "error", detail)
             return
-        self.planner.observe_decode(len(rows), self.planner.clock() - started)
+        seconds = self.planner.clock() - started
+        self.planner.observe_decode(len(rows), seconds)
+        self.costs.observe_step(len(rows), seconds)
         for row in rows:  # every row holds its new key and value before any row moves
             self.fed(row, len(rows))
         # Rows that want the raw argmax get it for the whole step at once.

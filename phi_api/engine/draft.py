@@ -8,10 +8,13 @@ draft of what comes next. One model step then checks the whole draft
 (:meth:`engine.logits.Sampler.verify`), and keeps the longest accepted run.
 
 :class:`Drafter` decides, per sequence, whether to draft and how far: only when
-an n-gram matches; up to ``max_tokens`` tokens, fewer when recent drafts were
-short-lived (a draft one token longer than the recent accepted runs); and not at
-all for a while after drafts keep failing, longer each time, so that text that
-copies nothing (free chat) is not slowed down.
+an n-gram matches; up to ``max_tokens`` tokens: one more than the last draft
+kept when it was cut short, twice as many after a draft kept whole (a copy
+resumes after the one word an edit changed); and not at all for a while after
+drafts keep failing, longer each time, so that text that copies nothing (free
+chat) is not slowed down. It also tells what a check is worth
+(:attr:`Drafter.expected`), learnt from the drafts checked and from those that
+were not (:meth:`Drafter.decline`), scored against the tokens that came.
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ class Drafter:
         self.max_tokens = max_tokens
         self._tokens: list[int] = []
         self._where: dict[tuple[int, ...], int] = {}  # n-gram -> the position just after its latest occurrence
-        self._recent = float(max_tokens)  # accepted tokens per draft, a running average
+        self.expected = float(max_tokens)  # draft tokens kept per draft, a running average
+        self._limit = max_tokens  # the next draft's length, at most
+        self._declined: list[int] = []  # the rest of a draft that was not checked, to score against what comes
+        self._declined_kept = 0
         self._failures = 0
         self._pause = 0
         self._next_pause = _PAUSE_STEPS
@@ -41,6 +47,7 @@ class Drafter:
     def extend(self, tokens: list[int]) -> None:
         """Index the sequence's tokens as they come: its prompt, then each token chosen (the pending one too)."""
         for token in tokens:
+            self._score_declined(int(token))
             self._tokens.append(int(token))
             end = len(self._tokens)
             for size in NGRAM_SIZES:
@@ -54,7 +61,7 @@ class Drafter:
         if self._pause:
             self._pause -= 1
             return []
-        limit = min(room, self.max_tokens, int(self._recent) + 1)
+        limit = min(room, self._limit)
         for size in NGRAM_SIZES:
             if len(self._tokens) < size:
                 continue
@@ -70,7 +77,7 @@ class Drafter:
         self.drafted += drafted
         self.accepted += accepted
         self.checks += 1
-        self._recent += 0.5 * (accepted - self._recent)
+        self._learn(drafted, accepted)
         if accepted:
             self._failures = 0
             self._next_pause = _PAUSE_STEPS
@@ -79,3 +86,26 @@ class Drafter:
         if self._failures >= _FAIL_LIMIT:  # back off: copying has stopped, for now
             self._pause, self._failures = self._next_pause, 0
             self._next_pause = min(2 * self._next_pause, _PAUSE_MAX)
+
+    def decline(self, draft: list[int]) -> None:
+        """``draft`` was not checked (it did not pay): score it against the tokens that come instead."""
+        if not self._declined:
+            self._declined, self._declined_kept = list(draft), 0
+
+    def _score_declined(self, token: int) -> None:
+        if not self._declined:
+            return
+        if token == self._declined[0]:
+            self._declined.pop(0)
+            self._declined_kept += 1
+            if self._declined:
+                return
+        self._learn(self._declined_kept + len(self._declined), self._declined_kept)
+        self._declined = []
+
+    def _learn(self, drafted: int, accepted: int) -> None:
+        self.expected += 0.5 * (accepted - self.expected)
+        if accepted == drafted:  # kept whole: the copy goes on
+            self._limit = min(self.max_tokens, max(self._limit, 2 * drafted))
+        else:
+            self._limit = accepted + 1

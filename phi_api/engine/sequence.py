@@ -59,8 +59,9 @@ def row_of(occupant: Occupant) -> int:
 class Sequence:
     """One choice of a request: its row in the pool, and how it chooses and spells its tokens."""
 
-    def __init__(self, job: Job, model: Model, draft_max: int = 0) -> None:
+    def __init__(self, job: Job, model: Model, draft_max: int = 0, request: int = 0) -> None:
         self.job = job
+        self.request = request  # the order of the request it is a choice of (its n choices share it)
         self.reserve = min(model.info.context_length, len(job.prompt) + job.params.max_tokens)
         self.booked = 0  # bytes of the key/value budget booked for it (engine.ledger)
         self.tokens: list[int] = [int(token) for token in job.prompt]  # prompt, then every fed token

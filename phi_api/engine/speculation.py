@@ -11,7 +11,10 @@ about the price of one step.
 The attention kernel takes several new tokens on top of past context only
 for a batch of one, so a drafting row's check is a step of its own, before the
 batched step of every row; a LongRoPE group whose every row advanced this way
-is not stepped again (:meth:`engine.batch.Batch.decode`). Every token a check
+is not stepped again (:meth:`engine.batch.Batch.decode`). Among many rows a
+check costs time the whole batch waits: a draft is checked only where and as
+far as that pays (:mod:`engine.stepcost`), and otherwise scored against the tokens that
+come (:meth:`engine.draft.Drafter.decline`). Every token a check
 keeps goes through the same checks as a token from the batched step (end of
 sequence, stop strings, ``max_tokens``, grammar, cancellation), one at a
 time, so a draft never carries a sequence past where it would have stopped.
@@ -29,6 +32,7 @@ import numpy as np
 from phi_api.engine.rows import RowTable
 from phi_api.engine.runtime import ORT_ERRORS
 from phi_api.engine.sequence import Sequence
+from phi_api.engine.stepcost import StepCosts
 
 
 class Stepping(Protocol):
@@ -36,6 +40,8 @@ class Stepping(Protocol):
 
     rows: RowTable
     decoder: Any
+    costs: StepCosts
+    planner: Any  # its clock times the checks
 
     def fed(self, row: Sequence, rows_in_step: int = 1) -> None: ...
     def live(self, row: Sequence) -> bool: ...
@@ -56,9 +62,29 @@ class Speculation:
             if row.slot is None:  # finished by an earlier row's step
                 continue
             draft = row.drafter.propose(self._room(row))
-            if draft and self._verify(row, draft):
+            if not draft:
+                continue
+            group = self._group(row)
+            if self._alone(group, row):
+                length = len(draft)
+            else:
+                length = self.batch.costs.check_length(len(draft), row.drafter.expected, len(group))
+            if not length:
+                row.drafter.decline(draft)
+            elif self._verify(row, draft[:length]):
                 advanced.add(id(row))
         return advanced
+
+    def _group(self, row: Sequence) -> list[Sequence]:
+        """The rows of the batched step ``row`` takes part in (its LongRoPE group)."""
+        rows = self.batch.rows
+        return rows.group(rows.short, rows.running) if row.long else rows.group(0, rows.short)
+
+    @staticmethod
+    def _alone(group: list[Sequence], row: Sequence) -> bool:
+        """Whether only ``row``'s request runs: then every draft is checked, whatever the timings, so that a
+        request alone takes the same steps every time (its answer, seeded samples too, is the same)."""
+        return all(other.request == row.request for other in group)
 
     def _room(self, row: Sequence) -> int:
         """The most draft tokens a check may hold: room for them and one token more, in ``max_tokens``, in the
@@ -73,6 +99,7 @@ class Speculation:
         """Check ``draft`` in one step; act on the tokens it keeps. True while the row goes on."""
         batch = self.batch
         ids = np.array([[row.pending, *draft]], dtype=np.int64)
+        started = batch.planner.clock()
         try:
             # not a prompt chunk: the same tokens as that many decode steps (the fake model tells them apart)
             logits = batch.decoder.step(batch.rows.pool, row.slot, ids, np.array([row.length]), False,
@@ -80,6 +107,7 @@ class Speculation:
         except ORT_ERRORS as error:
             batch.finish(row, "error", "".join(traceback.format_exception(error)))
             return False
+        batch.costs.observe_check(len(draft), batch.planner.clock() - started)
         batch.fed(row)  # the pending token is in
         if not batch.live(row):
             return False

@@ -4,14 +4,17 @@ max_tokens and grammars behave exactly as without drafts."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
 from phi_api.engine import SamplingParams
 from phi_api.engine.draft import Drafter
 from phi_api.engine.logits import Sampler, distribution
+from phi_api.engine.stepcost import StepCosts
 from tests.support.fakes import EOS, fake_engine, text_pieces
-from tests.support.generations import generate
+from tests.support.generations import collect, generate
 
 SCRIPT = list(range(1, 21))  # the fake's answer: 1, 2, ..., 20, then again
 PIECES = text_pieces(*[f" w{token}".encode() for token in SCRIPT])
@@ -152,5 +155,86 @@ def test_the_drafter_matches_the_last_n_gram_and_backs_off():
         drafter.record(4, 0)
     drafter.extend([1, 2])
     assert [drafter.propose(8) for _ in range(4)] == [[]] * 4  # paused after two failures
-    # then tried again, shorter (recent drafts kept nothing), from the latest earlier "1 2"
-    assert drafter.propose(8) == [9, 1]
+    # then tried again, one token (the last draft kept nothing), from the latest earlier "1 2"
+    assert drafter.propose(8) == [9]
+
+
+def test_a_draft_cut_short_limits_the_next_and_one_kept_whole_doubles_it():
+    drafter = Drafter(list(range(40)) + [0, 1, 2], max_tokens=8)
+    assert len(drafter.propose(64)) == 8
+    drafter.record(8, 2)
+    assert len(drafter.propose(64)) == 3  # one more than were kept
+    drafter.record(3, 3)
+    assert len(drafter.propose(64)) == 6  # kept whole: twice as long
+    drafter.record(6, 6)
+    assert len(drafter.propose(64)) == 8  # never past max_tokens
+
+
+def test_a_declined_draft_is_scored_against_the_tokens_that_come():
+    drafter = Drafter([5, 6, 7, 8, 9, 10, 5, 6], max_tokens=4)
+    assert drafter.propose(8) == [7, 8, 9, 10]
+    drafter.decline([7, 8, 9, 10])
+    drafter.extend([7, 8, 1])  # two came true, then another token
+    assert drafter.expected == pytest.approx(4 + 0.5 * (2 - 4))
+    assert drafter.checks == drafter.drafted == 0  # nothing was checked: the counters are the checks'
+    assert drafter.propose(8) == []  # "8 1" never came before
+    drafter.extend([5, 6])
+    assert len(drafter.propose(8)) == 3  # the declined draft, cut short, limits the next
+
+
+def test_step_costs_check_a_draft_only_where_and_as_far_as_it_beats_the_batched_step():
+    costs = StepCosts()
+    assert costs.check_length(4, 3.0, 2) == 0  # no step of two rows timed yet: that is the price to beat
+    costs.observe_step(2, 0.010)
+    assert costs.check_length(4, 3.0, 2) == 4  # a check of 4 not timed yet: tried
+    costs.observe_check(4, 0.015)
+    assert costs.check_length(4, 3.0, 2) == 4  # 4 tokens in 15 ms against 2 in 10 ms
+    assert costs.check_length(4, 1.5, 2) == 0  # 2.5 tokens in 15 ms
+    costs.observe_check(2, 0.011)
+    assert costs.check_length(4, 1.5, 2) == 2  # 2.5 tokens at most in 11 ms: the draft's first two only
+    costs.observe_step(8, 0.025)
+    assert costs.check_length(4, 2.0, 8) == 0  # 3 tokens in 11 or 15 ms against 8 in 25 ms
+    assert costs.check_length(4, 4.0, 8) == 4  # 5 tokens in 15 ms
+    costs.observe_step(16, 0.040)
+    assert costs.check_length(4, 10.0, 16) == 0  # 5 tokens at most (not 11) in 15 ms against 16 in 40 ms
+    costs.observe_check(4, 0.012)
+    assert costs.checks[4] == pytest.approx(0.015 + 0.2 * (0.012 - 0.015))  # a running average
+
+
+def test_checks_that_cost_more_than_the_steps_they_save_are_not_made():
+    script = list(range(1, 61))
+    engine = fake_engine(script, text_pieces(*[f" w{token}".encode() for token in script]), draft_max=8,
+                         prefill_chunk=64)  # each prompt in one step: both rows soon decode together
+    engine.model.script.check_token_seconds = 0.0125  # a check of k tokens costs more than k + 1 steps
+    engine.model.script.gate = threading.Semaphore(0)  # no step until both requests are in
+    choice = SamplingParams(max_tokens=50, temperature=0)
+    try:  # two requests: the rows of a request alone always check their drafts
+        generations = [engine.submit(np.array([70 + index, 71, *script], dtype=np.int32), choice)
+                       for index in range(2)]
+        engine.model.script.gate.release(10_000)
+        finished = [collect(generation)[1] for generation in generations]
+    finally:
+        engine.stop()
+    assert [(end.reason, end.completion_tokens) for end in finished] == [("length", 50)] * 2
+    steps = engine.model.script.steps
+    last = len(steps) - 1 - steps[::-1].index("decode:2")
+    together = steps[steps.index("decode:2"):last]  # while both rows ran (a row alone always checks)
+    checks = [step for step in together if step.startswith("check:")]
+    assert len(checks) == len(set(checks))  # each draft length tried once, its price seen, then declined
+    assert together.count("decode:2") >= 25  # plain batched steps
+
+
+def test_the_rows_of_a_request_alone_check_every_draft_whatever_the_costs():
+    script = list(range(1, 61))
+    engine = fake_engine(script, text_pieces(*[f" w{token}".encode() for token in script]), draft_max=8)
+    engine.model.script.check_token_seconds = 0.0125  # checks that do not pay among other requests' rows
+    choice = SamplingParams(max_tokens=50, temperature=0)
+    try:  # two choices of one request: the same steps every time, whatever the timings
+        generation = engine.submit(np.array([70, 71, *script], dtype=np.int32), [choice, choice])
+        for _ in generation.events():
+            pass
+        generation.close()
+    finally:
+        engine.stop()
+    steps = engine.model.script.steps
+    assert steps.count("check:9") >= 8 and steps.count("decode:2") <= 2  # every draft checked

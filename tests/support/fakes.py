@@ -46,6 +46,7 @@ class Script:
     # or further row. The engine's clock is this script's: chunk plans do not depend on this machine.
     step_seconds: float = 0.01
     token_seconds: float = 0.001
+    check_token_seconds: float = 0.0  # what each draft token adds to a check's step
     now: float = 0.0
 
     def clock(self) -> float:
@@ -66,6 +67,8 @@ class FakeDecoder:
         script.threads.add(threading.get_ident())
         count, new = ids.shape
         script.now += script.step_seconds + script.token_seconds * (new if prefill else count - 1)
+        if not prefill:
+            script.now += script.check_token_seconds * (new - 1)
         marks = kv.keys[0]
         logits = np.zeros((count, VOCAB), dtype=np.float32)
         if script.gate is not None:

@@ -1,0 +1,60 @@
+"""Whether checking a draft pays: what steps cost on this machine, measured as they run.
+
+A drafting row checks its draft in a step of its own (the attention kernel
+takes several new tokens on top of past context only for a batch of one;
+see :mod:`engine.speculation`). Alone, a row's check replaces its decode
+step and gives the kept tokens and one more for little more than a step's
+price. Among many rows the batched step gives every row a token for far
+less than that many one-row steps (at 8 rows, 2.4x to 3.5x one row's
+tokens per second here), and a check costs time the whole batch waits.
+
+So among several rows a draft is checked when the tokens it is expected to
+give per second of its check (its row's recent acceptance,
+:attr:`engine.draft.Drafter.expected`, plus the model's own token) beat what
+the batched step of that many rows gives per second, and only as far as
+pays best: a check's cost grows with its tokens (int4 kernels compute
+several rows as a matrix product, not one as a matrix-vector one), so
+tokens the row is not expected to keep are left out. Both costs are running
+averages of the steps as they ran; until a batch size's step has been timed
+no check is made at that size (the first step tells the price to beat), and
+a draft length not yet timed is tried once.
+
+The rows of a request alone always check their drafts (the drafter's back-off
+alone decides, :class:`engine.speculation.Speculation`): a request alone then
+takes the same steps every time, whatever the timings, so it gets the same
+answer every time (docs/identical-answers.md).
+"""
+
+from __future__ import annotations
+
+_WEIGHT = 0.2  # of a new measurement in the running averages
+
+
+class StepCosts:
+    """Seconds of a batched decode step by its rows, and of a draft's check by the draft's length."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, float] = {}
+        self.checks: dict[int, float] = {}
+
+    def observe_step(self, rows: int, seconds: float) -> None:
+        _observe(self.steps, rows, seconds)
+
+    def observe_check(self, drafted: int, seconds: float) -> None:
+        _observe(self.checks, drafted, seconds)
+
+    def check_length(self, drafted: int, expected: float, rows: int) -> int:
+        """How many of a draft's ``drafted`` tokens to check, ``expected`` of them kept, in a batch of ``rows``:
+        the timed length that gives the most tokens per second, if that beats the batched step (0: none)."""
+        step = self.steps.get(rows)
+        if step is None:
+            return 0
+        if drafted not in self.checks:
+            return drafted
+        rate, best = max(((min(expected, k) + 1) / self.checks[k], k) for k in range(1, drafted + 1)
+                         if k in self.checks)
+        return best if rate > rows / step else 0
+
+def _observe(averages: dict[int, float], key: int, seconds: float) -> None:
+    current = averages.get(key)
+    averages[key] = seconds if current is None else current + _WEIGHT * (seconds - current)

@@ -1,0 +1,33 @@
+"""bench-spec's projection: an answer replayed through the engine's drafter, and the speed-up step costs give."""
+
+from __future__ import annotations
+
+import pytest
+
+from phi_api.bench.speculative import projected_speedup, replay, shared_start
+
+
+def test_a_copied_answer_replays_as_checks_that_keep_its_tokens():
+    copied = list(range(100, 140))
+    steps = replay([1, 2, 3, *copied, 4], copied, draft_max=8)
+    assert sum(kept + 1 for _, kept in steps) == len(copied) - 1  # every token after the first, once
+    assert all(kept == drafted for drafted, kept in steps if drafted)  # a true copy: every draft kept whole
+    assert len(steps) < len(copied) / 4
+
+
+def test_an_answer_that_copies_nothing_replays_as_plain_steps_after_the_first_failures():
+    steps = replay([1, 2, 3, 4, 5], list(range(200, 230)), draft_max=8)
+    assert sum(kept + 1 for _, kept in steps) == 29
+    assert all(kept == 0 for _, kept in steps)
+
+
+def test_the_projected_speed_up_is_tokens_over_step_costs():
+    steps = [(0, 0), (4, 4), (4, 1), (0, 0)]  # 1 + 5 + 2 + 1 = 9 tokens
+    assert projected_speedup(steps, [1.0] * 9) == pytest.approx(9 / 4)
+    assert projected_speedup(steps, [1.0, 1.1, 1.2, 1.3, 1.5]) == pytest.approx(9 / (1 + 1.5 + 1.5 + 1))
+
+
+def test_shared_start_is_the_share_of_an_answer_the_other_begins_with():
+    assert shared_start("abcdef", "abcxyz") == pytest.approx(0.5)
+    assert shared_start("abc", "abc") == 1.0
+    assert shared_start("", "abc") == 0.0
