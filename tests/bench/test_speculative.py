@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from phi_api.bench.speculative import projected_speedup, replay, shared_start
+from phi_api.bench.speculative import project, projected_speedup, replay, shared_start
 
 
 def test_a_copied_answer_replays_as_checks_that_keep_its_tokens():
@@ -31,3 +31,13 @@ def test_shared_start_is_the_share_of_an_answer_the_other_begins_with():
     assert shared_start("abcdef", "abcxyz") == pytest.approx(0.5)
     assert shared_start("abc", "abc") == 1.0
     assert shared_start("", "abc") == 0.0
+
+
+def test_the_projection_gives_each_model_s_and_case_s_speed_up_with_its_arithmetic():
+    traces = [[(0, 0), (2, 2)], [(2, 1)]]  # 1 + 3 + 2 = 6 tokens in 3 steps
+    costs = {"model": {"one row": [1.0, 1.2, 1.5], "8 rows, one step": [1.0, 1.1, 2.0]}}
+    projection = project(traces, costs)
+    assert projection["speedup"] == {"model, one row": pytest.approx(6 / 4), "model, 8 rows, one step":
+                                     pytest.approx(6 / 5)}
+    assert projection["arithmetic"]["model, one row"].startswith("6 tokens / (1 plain steps + 3.0 step-equivalents")
+    assert projection["checked_tokens"] == {2: 2} and projection["accepted_per_check"] == 1.5
