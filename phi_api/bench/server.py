@@ -68,11 +68,11 @@ class Server:
 
     def start(self, wait: bool = True) -> Server:
         """Launch gunicorn; with ``wait``, return once ``GET /health`` says a worker is ready."""
-        self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
-            [str(GUNICORN), "-c", "gunicorn.conf.py", *self.args, self.app],
-            cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        with open(self.log_path, "wb") as log:  # the child writes to its own copy of the descriptor
+            self.process = subprocess.Popen(
+                [str(GUNICORN), "-c", "gunicorn.conf.py", *self.args, self.app],
+                cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
         if wait:
             poll(self._ready, timeout=90, message=f"gunicorn on {self.url} (log: {self.log_path})")
         return self
@@ -92,8 +92,7 @@ class Server:
             return False
 
     def log(self) -> str:
-        """Everything the server wrote so far."""
-        self._log.flush()
+        """Everything the server wrote so far (also after it stopped): gunicorn writes to the file itself."""
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
     def worker_pids(self) -> list[int]:
@@ -161,8 +160,6 @@ class Server:
             os.killpg(self.master.pid, signal.SIGKILL)
             self.process.wait()
             raise ServerError(f"gunicorn did not stop within {timeout}s:\n{self.log()}") from None
-        finally:
-            self._log.close()
 
     def __enter__(self) -> Server:
         return self.start()
