@@ -119,8 +119,8 @@ def _draining_then(models: Any, handler: Any) -> Any:
 def worker_exit(server: Any, worker: Any) -> None:
     """gunicorn hook, in the exiting worker: stop the engine and leave without the hanging interpreter exit.
 
-    gunicorn also calls it in the master, for a worker that is already gone when the master signals it (gevent's
-    child watcher may have reaped it first): there it must neither stop the master's engine nor end the master.
+    gunicorn also calls it in the master (``Arbiter.kill_worker``), for a worker that is already gone when the
+    master signals it, as seen during shutdown: there it must neither stop the master's engine nor end the master.
     """
     if os.getpid() != worker.pid:
         log.info("worker %s had already exited when the master signalled it", worker.pid)

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The Debian packages the test suite needs (`make test` runs this before anything else): Chromium for the
-# playground's browser tests, nginx for the deployment tests. As root they are installed when missing;
-# otherwise this stops at once, naming the one command to run.
+# playground's browser tests, nginx for the deployment tests, curl for the README's examples. As root they are
+# installed when missing; otherwise this stops at once, naming the one command to run.
 set -euo pipefail
 
 # command:package pairs (PHI_API_SYSTEM_PACKAGES replaces them, for this script's own tests)
-needed="${PHI_API_SYSTEM_PACKAGES:-chromium:chromium nginx:nginx}"
+needed="${PHI_API_SYSTEM_PACKAGES:-chromium:chromium nginx:nginx curl:curl}"
 
 missing_packages() {
   local pair command

@@ -103,3 +103,32 @@ def test_one_stream_is_paired_with_the_raw_run_before_it() -> None:
     paired = bench.paired_ratios(results, [raw(100, 0.2), raw(50, 0.2), raw(250, 0.2)])
     assert paired["decode_ratio"] == pytest.approx(1.0)  # ratios 1.0, 1.0, 0.8
     assert paired["ttft_delta_s"] == pytest.approx(0.05)
+
+
+def test_the_models_probe_runs_during_a_batch_of_its_own_not_the_measured_ones(monkeypatch) -> None:
+    # Polling /v1/models takes CPU from the engine, and the ceiling the batches are set against runs without it.
+    from phi_api.bench.client import LoadResult
+
+    probing: list[bool] = []
+    batches: list[tuple[int, bool]] = []
+
+    class FakeProbe:
+        def __init__(self) -> None:
+            self.latencies, self.failures = [0.01, 0.02], 0
+
+        def __enter__(self) -> FakeProbe:
+            probing.append(True)
+            return self
+
+        def __exit__(self, *exc_info: Any) -> None:
+            probing.pop()
+
+    def streams(url: str, body: dict[str, Any], concurrency: int) -> LoadResult:
+        batches.append((concurrency, bool(probing)))
+        return LoadResult(concurrency, [StreamResult(ttft=0.1, tokens=11, decode_seconds=0.1)], 1.0)
+
+    monkeypatch.setattr(bench, "LatencyProbe", lambda url: FakeProbe())
+    monkeypatch.setattr(bench, "concurrent_streams", streams)
+    result = bench.measure_concurrency(bench.Target("phi-api", "http://x", "m"), [1, 4], 8, runs=2, raw=None)
+    assert batches == [(1, False), (1, False), (4, False), (4, False), (4, True)]
+    assert result["models_latency_samples"] == 2
