@@ -120,7 +120,8 @@ def worker_exit(server: Any, worker: Any) -> None:
     """gunicorn hook, in the exiting worker: stop the engine and leave without the hanging interpreter exit.
 
     gunicorn also calls it in the master (``Arbiter.kill_worker``), for a worker that is already gone when the
-    master signals it, as seen during shutdown: there it must neither stop the master's engine nor end the master.
+    master signals it: gunicorn.conf.py monkey-patches the master, so gevent's child watcher may reap a worker
+    before gunicorn does. There it must neither stop the master's engine nor end the master.
     """
     if os.getpid() != worker.pid:
         log.info("worker %s had already exited when the master signalled it", worker.pid)

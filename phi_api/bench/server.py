@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 import requests
 
+from phi_api.config import load_settings
+
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]  # gunicorn.conf.py and wsgi.py live here
@@ -87,9 +89,12 @@ class Server:
         if self.master.poll() is not None:
             raise ServerError(f"gunicorn exited with {self.master.returncode}:\n{self.log()}")
         try:
-            return requests.get(self.url + "/health", timeout=1).status_code == 200
+            healthy = requests.get(self.url + "/health", timeout=1).status_code == 200
         except (requests.ConnectionError, requests.Timeout):  # not listening yet, or a worker still loading
             return False
+        # One ready worker answers /health while gunicorn may not have forked the next: whoever picks a worker
+        # by pid (worker_pids, connected_to) needs them all.
+        return healthy and len(self.worker_pids()) >= load_settings(environ=self.env).workers
 
     def log(self) -> str:
         """Everything the server wrote so far (also after it stopped): gunicorn writes to the file itself."""
