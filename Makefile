@@ -10,7 +10,7 @@ REQUIREMENTS := requirements.txt requirements-model.txt requirements-model-nodep
 INSTRUCTOR_VENV := .venv-instructor
 INSTRUCTOR_STAMP := $(INSTRUCTOR_VENV)/.installed
 
-.PHONY: install model serve test bench bench-spec clean system-packages
+.PHONY: install model serve test bench bench-spec bench-quality clean system-packages
 
 install: $(STAMP)
 
@@ -66,6 +66,12 @@ bench-spec: install
 		shape_args=(--shape-model-path "$$($(PY) -m phi_api prepare-model --shape $(SHAPE) | tail -n 1)"); \
 	fi; \
 	$(PY) -m phi_api bench-spec --model-path "$$model_path" "$${shape_args[@]}" $(BENCH_ARGS)
+
+# The served default model's perplexity and top-1 agreement against a float32 build of the same GGUF (built once).
+bench-quality: install
+	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
+	reference_path="$$($(PY) -m phi_api prepare-model --reference | tail -n 1)"; \
+	$(PY) -m phi_api bench-quality --model-path "$$model_path" --reference-path "$$reference_path" $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(INSTRUCTOR_VENV) .pytest_cache .mypy_cache .ruff_cache

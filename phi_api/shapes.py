@@ -25,14 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from phi_api.prepare import (
-    BUILDER_RECIPE,
-    BUILDER_STEP,
+    PHI35_RECIPE,
     Progress,
     _stderr,
     _timed,
     build_into,
+    builder_step,
     cache_root,
     is_ready,
+    recipe_tag,
     run_builder,
 )
 
@@ -80,7 +81,7 @@ SHAPES = {PHI35_MINI.name: PHI35_MINI}
 
 def shape_model_dir(shape: Phi3Shape, root: Path | None = None) -> Path:
     """Where the random-weight model of ``shape`` is prepared unless told otherwise."""
-    return (root or cache_root()) / "models" / f"{shape.name}-shape-random-cpu-int4-block-128-acc-level-4"
+    return (root or cache_root()) / "models" / f"{shape.name}-shape-random-{recipe_tag(PHI35_RECIPE)}"
 
 
 def prepare_shape_model(shape: Phi3Shape, tokenizer_source: Path, output: Path | None = None,
@@ -101,7 +102,7 @@ def prepare_shape_model(shape: Phi3Shape, tokenizer_source: Path, output: Path |
         hf_dir = staging / "hf"
         _timed(say, f"1/3 Making random weights of {shape.name}'s shape ({shape.dtype}, seed 0)",
                lambda: write_phi3_folder(shape, tokenizer_source, hf_dir))
-        _timed(say, BUILDER_STEP.format(step="2/3"),
+        _timed(say, builder_step("2/3", PHI35_RECIPE),
                lambda: run_builder(hf_dir, onnx_dir, staging / "builder-cache", staging / "builder.log"))
         _timed(say, "3/3 Removing the chat template (phi-api serves the Phi-3.5 format)",
                lambda: drop_chat_template(onnx_dir))
@@ -113,7 +114,7 @@ def prepare_shape_model(shape: Phi3Shape, tokenizer_source: Path, output: Path |
 
 
 def _marker(shape: Phi3Shape) -> dict[str, Any]:
-    return {"recipe_version": SHAPE_RECIPE_VERSION, "builder": BUILDER_RECIPE, "shape": shape.name}
+    return {"recipe_version": SHAPE_RECIPE_VERSION, "builder": PHI35_RECIPE, "shape": shape.name}
 
 
 def write_phi3_folder(shape: Phi3Shape, tokenizer_source: Path, out_dir: Path, seed: int = 0) -> None:

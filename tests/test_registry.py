@@ -147,6 +147,13 @@ def test_models_file_declares_several_models(tmp_path):
     assert [spec.id for spec in declared(Settings(MODEL_ID="solo", MODEL_PATH="/m/solo"))] == ["solo"]
 
 
+def test_a_models_file_path_may_start_with_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    listing = tmp_path / "models.json"
+    listing.write_text(json.dumps([{"id": "a", "path": "~/.cache/phi-api/models/a"}]))
+    assert declared(Settings(MODELS_FILE=str(listing)))[0].path == str(tmp_path / "home/.cache/phi-api/models/a")
+
+
 @pytest.mark.parametrize("content", ['{"models": []}', '[{"id": "a"}]', '[{"id": "a", "path": "/m"}, {"id": "a", '
                                      '"path": "/n"}]', '[{"id": "a", "path": "/m", "options": {"LOG_LEVEL": "x"}}]',
                                      "not json"])
