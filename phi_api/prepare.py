@@ -5,11 +5,14 @@ it (dequantizing to float32), we save a plain Hugging Face folder, and ONNX
 Runtime GenAI's own model builder turns that into a CPU model.
 
 The default model's recipe is 8-bit weights (``MatMulNBits`` with 8 bits,
-blocks of 128, accuracy level 4): it keeps the GGUF's quality (perplexity
-within 1.01x of a float32 build, ``make bench-quality``). Quantizing the
-dequantized Q4_1 weights again to 4 bits in blocks of 128 (the Phi-3.5
-folder's recipe, whose AWQ protects Phi-3.5 and not this model) lost most of
-it: 1.66x the float32 perplexity. The production models (Phi-3.5-mini's
+blocks of 128, accuracy level 4) but for the MLPs' down projections, kept in
+float32: it keeps the GGUF's quality (perplexity 1.01x a float32 build's,
+``make bench-quality``). Accuracy level 4 quantizes each matmul's input to
+int8 as well, and the down projections' inputs (the gated products) carry
+outliers: quantized, they flipped most greedy answers of simple questions.
+Quantizing the dequantized Q4_1 weights again to 4 bits in blocks of 128 (the
+Phi-3.5 folder's recipe, whose AWQ protects Phi-3.5 and not this model) lost
+most of the model: 1.70x the float32 perplexity. The production models (Phi-3.5-mini's
 shape and the tiny Phi-3 of the tests) keep the Phi-3.5 folder's recipe,
 :data:`PHI35_RECIPE`. ``prepare-model --reference`` builds the float32
 folder the quality figure is measured against.
@@ -39,14 +42,16 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # shape and the tiny Phi-3 fixture are built with it.
 PHI35_RECIPE: dict[str, Any] = {
     "precision": "int4", "execution_provider": "cpu", "accuracy_level": 4, "block_size": 128}
-# The default model's: 8-bit weights keep the GGUF's quality (module docstring; docs/quality.md).
+# The default model's: 8-bit weights keep the GGUF's quality, the down projections float32 (module docstring;
+# docs/quality.md).
 DEFAULT_RECIPE: dict[str, Any] = {
-    "precision": "int8", "execution_provider": "cpu", "accuracy_level": 4, "block_size": 128}
+    "precision": "int8", "execution_provider": "cpu", "accuracy_level": 4, "block_size": 128,
+    "float_matmuls": "mlp/down_proj"}
 # The float32 build of the same GGUF that quality is measured against (no MatMulNBits at all).
 REFERENCE_RECIPE: dict[str, Any] = {
     "precision": "fp32", "execution_provider": "cpu", "accuracy_level": 0, "block_size": 0}
 # 2: the builder of onnxruntime-genai 0.18 silently ignores the older int4_block_size/int4_accuracy_level names
-# (version 1 got block size 32). 3: 8-bit weights instead of int4 (every prepared default model is rebuilt).
+# (version 1 got block size 32). 3: 8-bit weights, float32 down projections (every prepared model is rebuilt).
 RECIPE_VERSION = 3
 _BITS = {"int4": 4, "int8": 8}
 READY_MARKER = ".phi-api-ready.json"
@@ -72,8 +77,10 @@ def recipe_tag(recipe: dict[str, Any]) -> str:
     """A recipe's part of a folder name: ``cpu-int8-block-128-acc-level-4``, ``cpu-fp32``."""
     if recipe["precision"] not in _BITS:
         return f"{recipe['execution_provider']}-{recipe['precision']}"
+    float_part = f"-{recipe['float_matmuls'].rsplit('/', 1)[-1].replace('_', '-')}-fp32" \
+        if recipe.get("float_matmuls") else ""
     return (f"{recipe['execution_provider']}-{recipe['precision']}-block-{recipe['block_size']}"
-            f"-acc-level-{recipe['accuracy_level']}")
+            f"-acc-level-{recipe['accuracy_level']}{float_part}")
 
 
 def default_model_dir(root: Path | None = None, reference: bool = False) -> Path:
@@ -181,6 +188,9 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, log_file: Path,
     if recipe["precision"] in _BITS:
         command += ["--extra_options", f"accuracy_level={recipe['accuracy_level']}",
                     f"block_size={recipe['block_size']}"]
+        if recipe.get("float_matmuls"):
+            layers = int(json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"])
+            command.append("nodes_to_exclude=" + ",".join(float_matmul_names(recipe, layers)))
     with open(log_file, "wb") as log:
         finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
     if finished.returncode != 0:
@@ -189,9 +199,15 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, log_file: Path,
     check_quantization(out_dir / "model.onnx", recipe)
 
 
+def float_matmul_names(recipe: dict[str, Any], layers: int) -> list[str]:
+    """The builder's names of the matmuls ``recipe`` keeps in float32, in a model of ``layers`` layers."""
+    kind = recipe.get("float_matmuls")
+    return [f"/model/layers.{layer}/{kind}/MatMul" for layer in range(layers)] if kind else []
+
+
 def check_quantization(model_file: Path, recipe: dict[str, Any] | None = None) -> None:
     """Fail unless every MatMulNBits node of ``model_file`` uses the recipe's bits, block size and accuracy level
-    (a float recipe: unless there is none)."""
+    (a float recipe: unless there is none), and the matmuls the recipe keeps in float32 are plain ``MatMul``s."""
     import onnx
 
     recipe = recipe or PHI35_RECIPE
@@ -206,6 +222,11 @@ def check_quantization(model_file: Path, recipe: dict[str, Any] | None = None) -
     if found != wanted:
         raise PreparationError(f"the builder quantized with (bits, block size, accuracy level) {sorted(found)}, "
                                f"not {wanted}")
+    kind = recipe.get("float_matmuls")
+    if kind:
+        kept = [node for node in graph.node if node.name.endswith(f"/{kind}/MatMul")]
+        if not kept or any(node.op_type != "MatMul" for node in kept):
+            raise PreparationError(f"the builder did not keep the {kind} matmuls in float32")
 
 
 def _find_gguf() -> Path:

@@ -5,7 +5,9 @@ which may be copied verbatim) is fed to each build in prompt chunks, and at
 every position the log-probability of the text's next token is read. Reported
 per build: the perplexity over those tokens, its ratio to the float32
 reference build of the same source, the share of positions whose most likely
-token is the reference's (top-1 agreement), and the decode speed of one row
+token is the reference's (top-1 agreement), the share of a dozen simple chat
+questions whose greedy answer (its first tokens) is the reference's, and the
+decode speed of one row
 (our own decoder, one token a step). Builds are measured side by side in one
 run: speeds are medians of ``--runs`` alternating runs.
 """
@@ -26,6 +28,15 @@ import numpy as np
 DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "tests" / "data" / "quality-text.txt"
 CHUNK = 256  # prompt tokens per step: the positions' logits come from prefill, as a prompt's do
 DECODE_STEPS = 64
+ANSWER_TOKENS = 24
+# Simple questions whose greedy answers a build should give as the float32 build does (the answers are not read).
+QUESTIONS = (
+    "What is the capital of France?", "What are the primary colors?", "At what temperature does water boil?",
+    "How many days are in a leap year?", "Who wrote Romeo and Juliet?",
+    "What is the largest planet in our solar system?", "Translate 'good morning' into Spanish.", "What is 12 times 12?",
+    "Name a mammal that can fly.",
+    "What gas do plants absorb from the air?", "Write a haiku about autumn.", "What does a thermometer measure?",
+)
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,32 @@ def compare(reference: np.ndarray, build: np.ndarray, ids: np.ndarray) -> Qualit
     return Quality(round(own, 3), round(own / base, 4), round(agreement, 4))
 
 
+def greedy_answer(model: Any, question: str, threads: int, tokens: int = ANSWER_TOKENS) -> list[int]:
+    """The first ``tokens`` token ids of the greedy answer to ``question`` (a one-message chat)."""
+    from phi_api.engine.kvpool import KVPool
+
+    prompt = np.asarray(model.encode(model.render_chat([{"role": "user", "content": question}])), dtype=np.int64)
+    decoder = model.new_decoder(threads)
+    pool = KVPool(decoder.spec, 1, len(prompt) + tokens + 1)
+    answer: list[int] = []
+    try:
+        logits = decoder.step(pool, 0, prompt[None, :], np.array([0]), True)
+        for position in range(len(prompt), len(prompt) + tokens):
+            answer.append(int(np.argmax(logits[0])))
+            if answer[-1] in model.info.eos_token_ids:
+                break
+            logits = decoder.step(pool, 0, np.array([[answer[-1]]]), np.array([position]), False)
+        return answer
+    finally:
+        decoder.unbind()
+        pool.close()
+
+
+def answer_agreement(reference: list[list[int]], build: list[list[int]]) -> float:
+    """The share of the questions whose greedy answer is the reference's, token for token."""
+    return sum(ours == theirs for ours, theirs in zip(build, reference, strict=True)) / len(reference)
+
+
 def decode_rate(model: Any, ids: np.ndarray, threads: int, steps: int = DECODE_STEPS) -> float:
     """Tokens per second of one row decoding ``steps`` tokens (teacher-forced from ``ids``) after a short prompt."""
     from phi_api.engine.kvpool import KVPool
@@ -104,6 +141,8 @@ def decode_rate(model: Any, ids: np.ndarray, threads: int, steps: int = DECODE_S
 def measure(builds: dict[str, Any], reference: str, ids: np.ndarray, threads: int, runs: int) -> dict[str, Any]:
     """Every build's quality against ``reference``'s, and every build's decode speed (medians of ``runs``)."""
     logprobs = {name: position_logprobs(model, ids, threads) for name, model in builds.items()}
+    answers = {name: [greedy_answer(model, question, threads) for question in QUESTIONS]
+               for name, model in builds.items()}
     rates: dict[str, list[float]] = {name: [] for name in builds}
     for _ in range(runs):  # alternating, so that a busy moment of the machine touches every build alike
         for name, model in builds.items():
@@ -111,7 +150,9 @@ def measure(builds: dict[str, Any], reference: str, ids: np.ndarray, threads: in
     report: dict[str, Any] = {}
     for name in builds:
         quality = compare(logprobs[reference], logprobs[name], ids)
-        report[name] = {**quality.__dict__, "decode_tokens_per_second": round(statistics.median(rates[name]), 1)}
+        report[name] = {**quality.__dict__,
+                        "greedy_answers_as_float32": round(answer_agreement(answers[reference], answers[name]), 3),
+                        "decode_tokens_per_second": round(statistics.median(rates[name]), 1)}
     return report
 
 
@@ -140,9 +181,11 @@ def run(args: Any) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     """The report as a Markdown table."""
-    lines = ["| build | perplexity | x float32 | top-1 agreement with float32 | decode, one row (tok/s) |",
-             "|---|---|---|---|---|"]
+    lines = ["| build | perplexity | x float32 | top-1 agreement with float32 | greedy answers as float32's "
+             f"(first {ANSWER_TOKENS} tokens, {len(QUESTIONS)} questions) | decode, one row (tok/s) |",
+             "|---|---|---|---|---|---|"]
     for name, row in report["builds"].items():
         lines.append(f"| {name} | {row['perplexity']:.1f} | {row['perplexity_ratio']:.2f}x | "
-                     f"{row['top1_agreement']:.2f} | {row['decode_tokens_per_second']:.0f} |")
+                     f"{row['top1_agreement']:.2f} | {row['greedy_answers_as_float32']:.2f} | "
+                     f"{row['decode_tokens_per_second']:.0f} |")
     return "\n".join(lines)
