@@ -72,6 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     quality.add_argument("--out", default="bench/results/bench-quality.json", help="the JSON report")
     quality.set_defaults(run=_bench_quality)
 
+    structured = commands.add_parser("bench-structured", help="forced tool calls and json_schema answers: the share "
+                                                              "that comes out whole and valid (greedy)")
+    structured.add_argument("--url", help="a running server (default: start one on --model-path)")
+    structured.add_argument("--model-path", help="model folder for the server it starts")
+    structured.add_argument("--model", default="smollm2-135m-instruct", help="the served model id")
+    structured.add_argument("--cases", default=None, help="the cases (default: tests/data/structured-cases.json)")
+    structured.set_defaults(run=_bench_structured)
+
     spec = commands.add_parser("bench-spec", help="speculative decoding on against off: copying, chat, 8 streams, "
                                                   "step costs and the projected speed-up")
     spec.add_argument("--model-path", required=True, help="model folder the two servers serve")
@@ -130,6 +138,17 @@ def _bench_quality(args: argparse.Namespace) -> int:
 
     args.text = args.text or str(quality.DEFAULT_TEXT)
     quality.run(args)
+    return 0
+
+
+def _bench_structured(args: argparse.Namespace) -> int:
+    from phi_api.bench import structured
+
+    if not args.url and not args.model_path:
+        print("bench-structured needs --url or --model-path", file=sys.stderr)
+        return 2
+    args.cases = args.cases or str(structured.DEFAULT_CASES)
+    structured.run(args)
     return 0
 
 

@@ -75,12 +75,17 @@ class ToolPlan:
         return json_schema_grammar(options[0] if len(options) == 1 else {"anyOf": options}, "tools")
 
     def system_prompt(self) -> str:
-        """The tools and the calling convention, for templates that cannot render tools."""
+        """The tools and the calling convention, for templates that cannot render tools: an example call of the
+        first tool with a value of the right type for each required argument (a small model copies placeholders
+        such as ``<function name>`` into its call and never finishes it)."""
         specs = json.dumps([{"name": f["name"], "description": f.get("description", ""),
                              "parameters": f.get("parameters", {"type": "object", "properties": {}})}
                             for f in self.functions], ensure_ascii=False)
-        return ("You can call these functions:\n" + specs + "\nTo call one, answer with only a JSON object: "
-                '{"name": "<function name>", "arguments": {<arguments>}}.')
+        first = self.functions[0]
+        example = json.dumps({"name": first["name"], "arguments": example_arguments(first.get("parameters") or {})},
+                             ensure_ascii=False)
+        return ("You can call these functions:\n" + specs + "\nTo call one, answer with only a JSON object, for "
+                "example: " + example)
 
     def parse(self, text: str) -> list[ToolCall]:
         """The calls to known functions in ``text`` (only the first unless parallel calls are allowed)."""
@@ -110,6 +115,38 @@ class ToolPlan:
             return None
         arguments = _ARGUMENTS.search(text)
         return ToolCall(name, text[arguments.end():] if arguments else "", new_call_id())
+
+
+_EXAMPLES = {"string": "text", "integer": 1, "number": 1.5, "boolean": True, "null": None}
+
+
+def example_arguments(schema: dict[str, Any]) -> dict[str, Any]:
+    """A value of the right type for each required argument of a function's ``parameters`` schema."""
+    found = schema.get("properties")
+    properties: dict[str, Any] = found if isinstance(found, dict) else {}
+    required = [name for name in schema.get("required") or [] if isinstance(name, str)]
+    return {name: example_value(properties.get(name), name) for name in required}
+
+
+def example_value(schema: Any, name: str = "") -> Any:
+    """A plausible value of ``schema``: its own example, default or first choice, else one of its type (a string
+    says what it holds: its property's name)."""
+    if not isinstance(schema, dict):
+        return name.replace("_", " ") or "text"
+    for key in ("examples", "enum"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return schema[key][0]
+    if "default" in schema or "const" in schema:
+        return schema.get("const", schema.get("default"))
+    kind = schema.get("type")
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    if kind == "array":
+        return [example_value(schema.get("items"), name)]
+    if kind == "object":
+        return example_arguments(schema)
+    if kind == "string" or kind not in _EXAMPLES:
+        return name.replace("_", " ") or "text"
+    return _EXAMPLES[kind]
 
 
 def new_call_id() -> str:

@@ -78,3 +78,26 @@ def test_templates_with_tool_support_get_the_messages_as_they_are_but_parsed_arg
         {"id": "c", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}]}]
     rendered = template_messages(messages, plan(), template_knows_tools=True)
     assert rendered[0]["tool_calls"][0]["function"]["arguments"] == {"zone": "UTC"}
+
+
+EMAIL = {"type": "function", "function": {"name": "send_email", "parameters": {
+    "type": "object", "required": ["to", "priority", "cc", "urgent", "attempts", "meta"],
+    "properties": {"to": {"type": "string"}, "priority": {"type": "string", "enum": ["low", "high"]},
+                   "cc": {"type": "array", "items": {"type": "string"}}, "urgent": {"type": "boolean"},
+                   "attempts": {"type": "integer"}, "meta": {"type": "object", "required": ["tag"],
+                                                               "properties": {"tag": {"type": "string"}}},
+                   "body": {"type": "string"}}}}}
+
+
+def test_tool_instructions_show_a_concrete_call_of_the_first_tool_not_placeholders():
+    import jsonschema
+
+    plan = tool_plan([EMAIL, {"type": "function", "function": {"name": "other"}}], "required", True)
+    prompt = plan.system_prompt()
+    assert "<" not in prompt  # a small model copied "<function name>" into its calls
+    example = json.loads(prompt[prompt.rindex("example: ") + len("example: "):])
+    assert example["name"] == "send_email"
+    arguments = example["arguments"]
+    jsonschema.validate(arguments, EMAIL["function"]["parameters"])  # every required argument, of its type
+    assert arguments["priority"] == "low" and "body" not in arguments  # an enum's first choice; only the required
+    assert arguments["to"] == "to" and arguments["meta"] == {"tag": "tag"}  # a string says what it holds
