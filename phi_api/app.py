@@ -52,15 +52,17 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
     limiter.init_app(app, settings.MAX_CONCURRENT_REQUESTS, folder)
     store.init_app(app, folder, settings.RESPONSES_STORE_MAX, settings.RESPONSES_STORE_SECONDS)
     observe = metrics.init_app(app).observe_generation
+    memory = extensions.init_memory(app, settings)
     if loader is None:
-        loader = (lambda spec: engine) if engine is not None else functools.partial(extensions.load_engine, settings)
+        loader = (lambda spec: engine) if engine is not None else \
+            functools.partial(extensions.load_engine, settings, memory=memory.shared)
 
     def load(spec: ModelSpec) -> Engine:
         loaded = loader(spec)
         loaded.observers.append(observe)
         return loaded
 
-    extensions.init_models(app, settings, load, folder)
+    extensions.init_models(app, settings, load, folder, memory)
 
     CORS(app, origins=settings.cors_origins, methods=["GET", "POST", "DELETE", "OPTIONS"],
          allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-Id", "anthropic-version",

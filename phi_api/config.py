@@ -113,8 +113,14 @@ class Settings:
     MAX_REQUEST_SIZE_MB: float = setting(10.0, _number(0.0, 1024.0, exclusive_low=True), "Larger bodies get 413")
     LOG_LEVEL: str = setting("INFO", _text(choices=LOG_LEVELS, upper=True), "Logging level")
     INTRA_OP_THREADS: int = setting(0, _integer(0, 256), "ONNX Runtime threads per worker; 0: cores / workers")
+    MEMORY_LIMIT_MB: float = setting(0.0, _number(0.0, 10_000_000.0),
+                                     "Memory of the whole server: weights, processes, keys and values of every model "
+                                     "in every worker; 0: three quarters of the machine's or container's memory")
     KV_CACHE_MB: float = setting(0.0, _number(0.0, 10_000_000.0),
-                                 "Key/value memory per worker for running generations; 0: a quarter of memory")
+                                 "Key/value memory one model may hold in one worker at most; 0: the worker's share "
+                                 "of MEMORY_LIMIT_MB")
+    KV_IDLE_SECONDS: float = setting(600.0, _number(0.0, exclusive_low=True),
+                                     "Kept prefixes no request used for this long give their memory back")
     MAX_BATCH_ROWS: int = setting(32, _integer(1, 1024), "Sequences one worker advances together at most")
     PREFILL_CHUNK_TOKENS: int = setting(64, _integer(1, 1_000_000), "Prompt tokens per engine step")
     PREFIX_CACHE: str = setting("on", _text(choices=("on", "exact", "off")),
@@ -174,12 +180,19 @@ class Settings:
         return self.INTRA_OP_THREADS or self._cores_per_worker
 
     @property
+    def memory_limit_bytes(self) -> int:
+        """The whole server's memory (``MEMORY_LIMIT_MB``; 0: three quarters of the machine's or container's)."""
+        if self.MEMORY_LIMIT_MB:
+            return int(self.MEMORY_LIMIT_MB * 2**20)
+        return int(_memory_bytes() * 0.75)  # the rest: the system, the page cache, the VM's other services
+
+    @property
     def kv_budget_bytes(self) -> int:
-        """Key/value memory each worker's running generations may hold (``KV_CACHE_MB``; 0: a quarter of the
-        machine's memory, split between the workers)."""
+        """Key/value memory one model may hold in one worker at most (``KV_CACHE_MB``; 0: no cap of its own, the
+        worker's share of the memory limit bounds it)."""
         if self.KV_CACHE_MB:
             return int(self.KV_CACHE_MB * 2**20)
-        return _memory_bytes() // 4 // self.workers
+        return self.memory_limit_bytes
 
 
 def _memory_bytes() -> int:

@@ -55,8 +55,8 @@ from gunicorn.http import errors as http
 from werkzeug.exceptions import HTTPException
 
 from phi_api.engine.guidance import GuidanceError
+from phi_api.engine.loop import CapacityError, RetiredError
 from phi_api.engine.model import ChatTemplateError
-from phi_api.engine.scheduler import CapacityError, RetiredError
 
 GENERIC_SERVER_ERROR = "The server had an error while processing your request."
 

@@ -12,19 +12,22 @@ from pathlib import Path
 
 from flask import Flask
 
+from phi_api.budget import ServerMemory, measured_here
 from phi_api.config import Settings
-from phi_api.engine import Engine
+from phi_api.engine import Engine, EngineConfig, SharedBudget
+from phi_api.engine.native import give_back_memory
 from phi_api.errors import ModelLoadingError
 from phi_api.registry import Loader, Models, ModelSpec, declared
 from phi_api.resources import keep, kept
 
 _SETTINGS = "phi_api.settings"
 _MODELS = "phi_api.models"
+_MEMORY = "phi_api.memory"
 
 
-def load_engine(settings: Settings, spec: ModelSpec) -> Engine:
-    """Load the model ``spec`` names, with its own engine options over ``settings``; raises
-    :class:`ModelLoadingError` with the model, its path and the cause."""
+def load_engine(settings: Settings, spec: ModelSpec, memory: SharedBudget | None = None) -> Engine:
+    """Load the model ``spec`` names, with its own engine options over ``settings``, its keys and values in the
+    worker's ``memory``; raises :class:`ModelLoadingError` with the model, its path and the cause."""
     from google.protobuf.message import DecodeError
 
     from phi_api.engine import oga
@@ -47,10 +50,15 @@ def load_engine(settings: Settings, spec: ModelSpec) -> Engine:
         raise ModelLoadingError(path, str(exc), spec.id) from exc
     except ORT_ERRORS + (DecodeError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadingError(path, f"unreadable model ({type(exc).__name__}: {exc})", spec.id) from exc
-    return Engine(model, prefill_chunk=settings.PREFILL_CHUNK_TOKENS, timeout=settings.GENERATION_TIMEOUT,
-                  threads=settings.intra_op_threads, kv_budget_bytes=settings.kv_budget_bytes,
-                  max_rows=settings.MAX_BATCH_ROWS, prefix_cache=settings.PREFIX_CACHE,
-                  prefill_slice=settings.PREFILL_SLICE_SECONDS, draft_max=settings.SPECULATIVE_DRAFT_MAX)
+    return Engine(model, engine_config(settings, spec.id), memory)
+
+
+def engine_config(settings: Settings, name: str = "") -> EngineConfig:
+    """A model's engine configuration, from the server's settings with the model's own options applied."""
+    return EngineConfig(name=name, prefill_chunk=settings.PREFILL_CHUNK_TOKENS, timeout=settings.GENERATION_TIMEOUT,
+                        threads=settings.intra_op_threads, kv_budget_bytes=settings.kv_budget_bytes,
+                        max_rows=settings.MAX_BATCH_ROWS, prefix_cache=settings.PREFIX_CACHE,
+                        prefill_slice=settings.PREFILL_SLICE_SECONDS, draft_max=settings.SPECULATIVE_DRAFT_MAX)
 
 
 def init_settings(app: Flask, settings: Settings) -> None:
@@ -63,11 +71,27 @@ def get_settings(app: Flask | None = None) -> Settings:
     return kept(_SETTINGS, app)
 
 
-def init_models(app: Flask, settings: Settings, loader: Loader, folder: Path) -> Models:
+def init_memory(app: Flask, settings: Settings) -> ServerMemory:
+    """Keep the app's memory budget (``MEMORY_LIMIT_MB``) and this process's key/value share of it."""
+    shared = SharedBudget(0, settings.KV_IDLE_SECONDS)
+    return keep(app, _MEMORY, ServerMemory(settings.memory_limit_bytes, settings.workers, shared=shared))
+
+
+def get_memory(app: Flask | None = None) -> ServerMemory:
+    """The app's memory budget."""
+    return kept(_MEMORY, app)
+
+
+def init_models(app: Flask, settings: Settings, loader: Loader, folder: Path, memory: ServerMemory) -> Models:
     """Keep the app's models: the declared ones, loaded now (or those the server already serves); their
-    registry in the server's state ``folder``."""
-    models = keep(app, _MODELS, Models(settings, folder, loader))
+    registry in the server's state ``folder``. The declared models must fit ``memory`` with room for one request
+    (else :class:`InsufficientMemoryError`: start-up stops); what this process then takes is measured."""
+    models = keep(app, _MODELS, Models(settings, folder, loader, memory))
     models.declare(declared(settings))
+    give_back_memory()  # what loading (a prepack, say) freed goes back to the system before it is measured
+    memory.master_private = measured_here()
+    models.check_memory("the declared models")
+    memory.refresh(models.weights())  # the workers' first share, until each measures its own memory
     return models
 
 

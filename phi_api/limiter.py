@@ -74,10 +74,6 @@ class ConcurrencyLimiter:
         self._local.release()
         return None
 
-    def in_use_here(self) -> int:
-        """Slots held by this process."""
-        return len(self._held) if self._pid == os.getpid() else 0
-
     def remove_file(self) -> None:
         """Delete the lock file (by the process that created it, at shutdown)."""
         if self._owns_file and os.getpid() == self._owner_pid:

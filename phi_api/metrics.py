@@ -72,7 +72,27 @@ class Metrics:
                              "counted)", **live)
         self.kv_budget = Gauge("phi_api_kv_cache_budget_bytes", "Key/value budget (KV_CACHE_MB), every worker's",
                                **live)
+        # The memory budget (MEMORY_LIMIT_MB) and its parts (docs/memory.md).
+        self.memory_limit = Gauge("phi_api_memory_limit_bytes", "The whole server's memory budget (MEMORY_LIMIT_MB)",
+                                  multiprocess_mode="max", **own)
+        self.memory_weights = Gauge("phi_api_memory_weights_bytes", "The loaded models' weights, counted once",
+                                    multiprocess_mode="max", **own)
+        self.memory_master = Gauge("phi_api_memory_master_private_bytes",
+                                   "The gunicorn master's own memory, measured after it loaded the models",
+                                   multiprocess_mode="max", **own)
+        self.memory_process = Gauge("phi_api_memory_worker_private_bytes",
+                                    "Each worker's own memory beyond keys and values (measured), summed",
+                                    multiprocess_mode="livesum", **own)
+        self.kv_share = Gauge("phi_api_kv_cache_share_bytes", "Each worker's share of the budget for keys and values, "
+                              "summed", multiprocess_mode="livesum", **own)
+        self.kv_kept = Gauge("phi_api_kv_cache_kept_bytes", "Key/value memory kept prefixes hold (they give way)",
+                             **live)
+        self.kv_evictions = Counter("phi_api_kv_cache_evictions", "Kept prefixes given up to make room or unused",
+                                    ["model_name"], **own)
+        self.memory_waiting = Gauge("phi_api_engine_requests_waiting_for_memory",
+                                    "Engines whose next request waits for key/value memory", **live)
         self._published: set[str] = set()
+        self._evictions: dict[str, int] = {}
 
     def observe_generation(self, job: Job, finished: Finished) -> None:
         """Record a finished generation (called on the hub's thread)."""
@@ -97,14 +117,35 @@ class Metrics:
         served (called on the hub's thread, periodically: see serving.post_worker_init)."""
         gauges = (self.engine_waiting, self.engine_running, self.kv_used, self.kv_budget)
         for model in self._published - set(engines):
-            for gauge in gauges:
-                gauge.remove(model)
+            for gauge in (*gauges, self.kv_kept, self.memory_waiting):
+                try:
+                    gauge.remove(model)
+                except KeyError:  # never published for this model
+                    pass
         for model, engine in engines.items():
             load = engine.load
             values = (load.waiting, load.running, load.kv_reserved, load.kv_budget)
             for gauge, value in zip(gauges, values, strict=True):
                 gauge.labels(model).set(value)
         self._published = set(engines)
+
+    def observe_memory(self, usage: dict[str, Any], books: dict[str, Any], weights: int,
+                       waiting: dict[str, bool]) -> None:
+        """Publish the memory budget's parts (``ServerMemory.usage``), this worker's key/value books by model
+        (``SharedBudget.usage``) and which engines wait for memory (called with :meth:`observe_engines`)."""
+        self.memory_limit.set(usage["limit"])
+        self.memory_weights.set(weights)
+        self.memory_master.set(usage["master_private"])
+        self.memory_process.set(usage["worker_private"])
+        self.kv_share.set(usage["kv_share"])
+        for model, (_, kept_bytes, evictions) in books["engines"].items():
+            self.kv_kept.labels(model).set(kept_bytes)
+            new = evictions - self._evictions.get(model, 0)
+            if new > 0:
+                self.kv_evictions.labels(model).inc(new)
+            self._evictions[model] = evictions
+        for model, flag in waiting.items():
+            self.memory_waiting.labels(model).set(int(flag))
 
     def exposition(self) -> Response:
         """The text exposition of every worker's samples, and the gateway metrics derived from them."""

@@ -243,7 +243,12 @@ def _find_gguf() -> Path:
 
 
 def _check_output(folder: Path) -> None:
-    missing = [name for name in MODEL_FILES if not (folder / name).is_file()]
+    from phi_api.engine.folder import FolderError, ModelFolder
+
+    try:
+        missing = ModelFolder.read(folder).missing_files(MODEL_FILES)
+    except FolderError:
+        missing = list(MODEL_FILES)
     if missing:
         raise PreparationError(f"the builder did not write {', '.join(missing)} in {folder}")
 

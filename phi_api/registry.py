@@ -33,14 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phi_api.budget import MIN_REQUEST_TOKENS, InsufficientMemoryError, ServerMemory, measured_here
 from phi_api.config import ConfigError, Settings, parse_option
 from phi_api.engine import Engine
+from phi_api.engine.folder import CONFIG_FILE, REQUIRED_FILES, FolderError, ModelFolder
+from phi_api.engine.ledger import row_bytes
 from phi_api.errors import InvalidParameterError, InvalidRequestError, ModelLoadingError, ModelNotFoundError
 
 log = logging.getLogger(__name__)
 
 STATE_DIR_VARIABLE = "PHI_API_STATE_DIR"
-MODEL_FILES = ("genai_config.json", "tokenizer.json")
 
 
 class ModelExistsError(InvalidRequestError):
@@ -97,18 +99,36 @@ def check_folder(path: str) -> None:
         raise InvalidParameterError(f"The file system refuses that path ({reason}).", param="path") from None
     if not found:
         raise InvalidParameterError(f"No folder {path} on the server.", param="path")
-    missing = [name for name in MODEL_FILES if not (folder / name).is_file()]
-    try:
-        config = json.loads((folder / "genai_config.json").read_text(encoding="utf-8")) if not missing else {}
-        graph = config["model"]["decoder"].get("filename", "model.onnx") if config else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise InvalidParameterError(f"{path} has no readable genai_config.json: not a model folder.",
-                                    param="path") from None
-    if graph and not (folder / graph).is_file():
-        missing.append(graph)
+    if not (folder / CONFIG_FILE).is_file():
+        missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    else:
+        try:
+            missing = ModelFolder.read(folder).missing_files()
+        except FolderError:
+            raise InvalidParameterError(f"{path} has no readable genai_config.json: not a model folder.",
+                                        param="path") from None
     if missing:
         raise InvalidParameterError(f"{path} is not an ONNX Runtime GenAI model folder: {', '.join(missing)} "
                                     "missing.", param="path")
+
+
+def folder_bytes(path: str) -> int:
+    """Bytes of the files of a model folder (its weights, as they will be mapped)."""
+    try:
+        return sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file())
+    except OSError:
+        return 0
+
+
+def _request_bytes(engine: Engine) -> int:
+    """Keys and values of one request of ``MIN_REQUEST_TOKENS`` (or the whole context, when shorter)."""
+    spec = getattr(engine.model, "spec", None)
+    return row_bytes(spec, min(engine.info.context_length, MIN_REQUEST_TOKENS)) if spec is not None else 0
+
+
+def _idle(engine: Engine) -> bool:
+    load = engine.load
+    return not (load.waiting or load.running)
 
 
 def declared(settings: Settings) -> list[ModelSpec]:
@@ -150,6 +170,7 @@ class Served:
     spec: ModelSpec
     engine: Engine
     loaded_at: int
+    used_at: float = field(default_factory=time.monotonic)  # when a request of this process last asked for it
 
 
 Loader = Callable[[ModelSpec], Engine]
@@ -158,8 +179,9 @@ Loader = Callable[[ModelSpec], Engine]
 class Models:
     """This process's models, kept in step with the server's registry file (see the module's docstring)."""
 
-    def __init__(self, settings: Settings, folder: Path, loader: Loader) -> None:
+    def __init__(self, settings: Settings, folder: Path, loader: Loader, memory: ServerMemory | None = None) -> None:
         self._settings = settings
+        self._memory = memory
         self._file = folder / "models.json"
         self._lock_path = folder / "models.lock"
         self._load = loader
@@ -181,6 +203,7 @@ class Models:
         if served is None:
             raise ModelNotFoundError(f"The model '{model_id}' does not exist; this server serves: "
                                      f"{', '.join(self.ids()) or 'no model'}.")
+        served.used_at = time.monotonic()
         return served
 
     def get(self, model_id: str) -> Served | None:
@@ -229,9 +252,11 @@ class Models:
         self.sync()
 
     def load(self, spec: ModelSpec) -> Served:
-        """Load ``spec`` on this server: 400 for an id already served, past ``MAX_MODELS`` or for a folder that
-        is not a model; 500 (with the cause) for a model that fails to load. Nothing changes on failure."""
+        """Load ``spec`` on this server: 400 for an id already served, past ``MAX_MODELS``, for a folder that
+        is not a model, or for a model that does not fit the memory budget even once idle models are unloaded;
+        500 (with the cause) for a model that fails to load. Nothing changes on failure."""
         check_folder(spec.path)
+        self._make_room(spec)
         with self._in_step, self._locked():
             self._sync_now()
             if spec.id in self._served:
@@ -261,6 +286,52 @@ class Models:
         served.engine.retire()
         log.info("model %s unloaded", model_id)
         return served
+
+    # Memory ---------------------------------------------------------------------------------------
+
+    def weights(self) -> int:
+        """Bytes of the loaded models' files, each folder once: their weights, which the workers share."""
+        return sum({served.engine.info.path: served.engine.info.size_bytes for served in self._served.values()}
+                   .values())  # a folder served under several ids is mapped once
+
+    def check_memory(self, what: str, weights: int = 0, kv: int = 0, without: tuple[Served, ...] = ()) -> None:
+        """:class:`InsufficientMemoryError` unless the loaded models (but ``without``), ``weights`` more and room
+        for one request (of ``kv`` bytes, or the loaded models' largest) in every worker fit the memory budget."""
+        if self._memory is None:
+            return
+        kept = [served for served in self._served.values() if served not in without]
+        request = max([kv, *(_request_bytes(served.engine) for served in kept)])
+        loaded = sum({served.engine.info.path: served.engine.info.size_bytes for served in kept}.values())
+        self._memory.check_fits(loaded + weights, request, what)
+
+    def _make_room(self, spec: ModelSpec) -> None:
+        """Unload idle models, least recently used first (as Ollama does), until ``spec`` fits the memory budget;
+        :class:`InsufficientMemoryError` naming what it needs and what is free when it cannot, even with every idle
+        model unloaded (then none is)."""
+        weights = folder_bytes(spec.path)
+        try:
+            self.check_memory(f"loading {spec.id}", weights)
+            return
+        except InsufficientMemoryError:
+            idle = sorted((served for served in self.all() if _idle(served.engine)), key=lambda s: s.used_at)
+        self.check_memory(f"loading {spec.id}", weights, without=tuple(idle))  # raises: it could never fit now
+        for served in idle:
+            log.info("model %s unloaded to make room for %s", served.spec.id, spec.id)
+            self.unload(served.spec.id, missing_ok=True)
+            try:
+                self.check_memory(f"loading {spec.id}", weights)
+                return
+            except InsufficientMemoryError:
+                continue
+
+    def observe_memory(self) -> None:
+        """In a worker: measure its own memory once its engines are ready, and set its key/value share for the
+        models now loaded."""
+        if self._memory is None:
+            return
+        if self._memory.worker_private is None and self._served and self.ready:
+            self._memory.worker_private = measured_here()
+        self._memory.refresh(self.weights())
 
     # This process ---------------------------------------------------------------------------------
 

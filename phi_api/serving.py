@@ -47,6 +47,7 @@ def settings_or_exit() -> Settings:
 def build_wsgi_app() -> Flask:
     """``create_app()``, or exit: a model that fails to load is logged as the error object, one JSON line."""
     from phi_api.app import create_app
+    from phi_api.budget import InsufficientMemoryError
     from phi_api.errors import ModelLoadingError, openai_body
 
     try:
@@ -54,7 +55,7 @@ def build_wsgi_app() -> Flask:
     except ConfigError as exc:
         print(f"phi-api: configuration error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG_ERROR)
-    except ModelLoadingError as exc:
+    except (ModelLoadingError, InsufficientMemoryError) as exc:
         print(json.dumps(openai_body(exc)), file=sys.stderr, flush=True)
         sys.exit(EXIT_MODEL_LOADING_FAILED)
 
@@ -81,7 +82,7 @@ def post_worker_init(worker: Any) -> None:
     models = extensions.get_models(app)
     models.start()
     gevent.spawn(_keep_in_step, models)
-    gevent.spawn(_publish_load, models, get_metrics(app))
+    gevent.spawn(_publish_load, models, get_metrics(app), extensions.get_memory(app))
     for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
         previous = signal.getsignal(signum)
         if callable(previous):
@@ -98,12 +99,17 @@ def _keep_in_step(models: Any) -> None:
             log.exception("could not catch up with the server's models")
 
 
-def _publish_load(models: Any, metrics: Any) -> None:
-    """Keep this worker's share of the gateway metrics (waiting, running, key/value memory) current."""
+def _publish_load(models: Any, metrics: Any, memory: Any) -> None:
+    """Keep this worker's key/value share of the memory budget, and its share of the gateway and memory metrics
+    (waiting, running, key/value memory), current."""
     while True:
         gevent.sleep(LOAD_SECONDS)
         try:
-            metrics.observe_engines({served.spec.id: served.engine for served in models.all()})
+            models.observe_memory()
+            engines = {served.spec.id: served.engine for served in models.all()}
+            metrics.observe_engines(engines)
+            metrics.observe_memory(memory.usage(), memory.shared.usage(), models.weights(),
+                                   {model: engine.waiting_for_memory for model, engine in engines.items()})
         except Exception:  # a metrics hiccup must not end the loop
             log.exception("could not publish the engines' load")
 

@@ -69,11 +69,12 @@ def test_each_worker_computes_with_its_share_of_the_cores(monkeypatch):
     assert load_settings(environ={"INTRA_OP_THREADS": "3"}).intra_op_threads == 3
 
 
-def test_the_key_value_budget_is_a_setting_or_a_share_of_the_memory(monkeypatch):
-    assert load_settings(environ={"KV_CACHE_MB": "512"}).kv_budget_bytes == 512 * 2**20
+def test_the_memory_limit_is_a_setting_or_three_quarters_of_the_memory_and_kv_cache_mb_a_cap(monkeypatch):
     monkeypatch.setattr("phi_api.config._memory_bytes", lambda: 16 * 2**30)
-    assert load_settings(environ={}).kv_budget_bytes == 4 * 2**30
-    assert load_settings(environ={"WEB_CONCURRENCY": "2"}).kv_budget_bytes == 2 * 2**30
+    assert load_settings(environ={}).memory_limit_bytes == 12 * 2**30
+    assert load_settings(environ={"MEMORY_LIMIT_MB": "2048"}).memory_limit_bytes == 2 * 2**30
+    assert load_settings(environ={"KV_CACHE_MB": "512"}).kv_budget_bytes == 512 * 2**20
+    assert load_settings(environ={}).kv_budget_bytes == 12 * 2**30  # no cap of its own: the memory limit bounds it
 
 
 @pytest.mark.parametrize("raw,expected", [("true", True), ("0", False), ("off", False), ("YES", True)])

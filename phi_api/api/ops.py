@@ -21,10 +21,13 @@ bp = Blueprint("ops", __name__)
 @bp.get("/health")
 @operation("200 when this worker can serve, 503 while it starts or drains", errors="health", statuses=(503,))
 def health() -> Response:
-    """200 once this worker can generate with every model it serves (also with none: it can load one);
-    503 while it is starting or shutting down."""
+    """200 once this worker can generate with every model it serves (also with none: it can load one), naming
+    the models whose requests wait for key/value memory; 503 while it is starting or shutting down."""
     models = get_models()
     if models.ready:
+        waiting = [served.spec.id for served in models.all() if served.engine.waiting_for_memory]
+        if waiting:  # still serving: requests of these models wait, in order, for key/value memory to be given back
+            return jsonify({"status": "ok", "waiting_for_memory": waiting})
         return jsonify({"status": "ok"})
     response = jsonify({"status": "draining" if models.draining else "starting"})
     response.status_code = 503

@@ -1,7 +1,7 @@
 """The inference engine: an extension stored on the Flask app.
 
 ``Engine`` bundles the loaded model (shared, loaded once before gunicorn
-forks) with this process's scheduler: the engine thread, started after the
+forks) with this process's engine loop: the engine thread, started after the
 fork, that runs every generation of the worker in one continuous batch.
 """
 
@@ -14,11 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from phi_api.engine.config import EngineConfig
 from phi_api.engine.job import Event, Finished, Job, PromptLogprobs, TextDelta
+from phi_api.engine.loop import CapacityError, EngineLoad, EngineLoop, RetiredError
+from phi_api.engine.memory import SharedBudget
 from phi_api.engine.model import ChatTemplateError, ModelInfo
 from phi_api.engine.native import off_hub
 from phi_api.engine.params import SamplingParams
-from phi_api.engine.scheduler import CapacityError, EngineLoad, RetiredError, Scheduler
 from phi_api.engine.wakeup import HubWaker
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,7 @@ __all__ = [
     "CapacityError",
     "ChatTemplateError",
     "Engine",
+    "EngineConfig",
     "EngineLoad",
     "Event",
     "Finished",
@@ -35,6 +38,7 @@ __all__ = [
     "PromptLogprobs",
     "RetiredError",
     "SamplingParams",
+    "SharedBudget",
     "TextDelta",
 ]
 
@@ -76,19 +80,17 @@ class Generation:
 
 
 class Engine:
-    """The model, its tokenizer and this process's scheduler."""
+    """The model, its tokenizer and this process's engine loop."""
 
-    def __init__(self, model: Any, *, prefill_chunk: int, timeout: float, threads: int = 1,
-                 kv_budget_bytes: int = 1 << 30, max_rows: int = 64, prefix_cache: str = "on",
-                 prefill_slice: float = 0.2, **scheduler_options: Any) -> None:
+    def __init__(self, model: Any, config: EngineConfig, memory: SharedBudget | None = None) -> None:
+        """``memory``: the worker's key/value budget, shared with its other engines (one of its own if none)."""
         self.model = model
+        self.config = config
         self.observers: list[Callable[[Job, Finished], None]] = [log_generation]
-        self.scheduler = Scheduler(model, prefill_chunk=prefill_chunk, report=self._report, threads=threads,
-                                   kv_budget_bytes=kv_budget_bytes, max_rows=max_rows, prefix_cache=prefix_cache,
-                                   prefill_slice=prefill_slice, **scheduler_options)
+        self.loop = EngineLoop(model, config, report=self._report, memory=memory)
         self.draining = False  # set when this worker starts shutting down
         self.loaded_at = int(time.time())
-        self._timeout = timeout
+        self._timeout = config.timeout
         self._token_table: dict[int, bytes] | None = None
 
     @property
@@ -129,7 +131,7 @@ class Engine:
 
     def check_capacity(self, prompt_tokens: int, max_tokens: int, choices: int) -> None:
         """Raise :class:`CapacityError` for a request the key/value budget could never hold."""
-        self.scheduler.check_capacity(prompt_tokens, max_tokens, choices)
+        self.loop.check_capacity(prompt_tokens, max_tokens, choices)
 
     def submit(self, prompt: np.ndarray, params: SamplingParams | list[SamplingParams],
                request_id: str = "-") -> Generation:
@@ -144,17 +146,24 @@ class Engine:
         jobs = [Job(prompt, choice, timeout=self._timeout, notify=waker.notify, request_id=request_id, index=index,
                     guide=guide)
                 for index, (choice, guide) in enumerate(zip(choices, guides, strict=True))]
-        self.scheduler.submit(jobs)
+        self.loop.submit(jobs)
         return Generation(jobs, waker)
 
     def start(self) -> None:
         """Start this process's engine thread (call after forking); it loads its decoder session."""
-        self.scheduler.start()
+        self.loop.start()
 
     @property
     def load(self) -> EngineLoad:
         """What this process's engine holds now: waiting requests, running sequences, booked key/value memory."""
-        return self.scheduler.load
+        return self.loop.load
+
+    @property
+    def waiting_for_memory(self) -> bool:
+        """Whether this engine's next request waits for key/value memory (its own or the worker's budget)."""
+        batch = self.loop.batch
+        account = batch.ledger.account if batch is not None else None
+        return bool(account is not None and account.waiting_for_room and batch is not None and batch.waiting)
 
     @property
     def kv_dtype(self) -> str:
@@ -166,7 +175,7 @@ class Engine:
     @property
     def ready(self) -> bool:
         """Whether this process can generate: engine thread up with its session, not shutting down."""
-        return self.scheduler.running and not self.draining
+        return self.loop.running and not self.draining
 
     def _report(self, job: Job, finished: Finished) -> None:
         for observer in self.observers:
@@ -174,12 +183,12 @@ class Engine:
 
     def stop(self) -> None:
         """Cancel running generations and stop the engine thread."""
-        self.scheduler.stop()
+        self.loop.stop()
 
     def retire(self) -> None:
         """The model is unloaded: take nothing new, finish what runs, then free the session."""
         self.draining = True
-        self.scheduler.retire()
+        self.loop.retire()
 
 
 def log_generation(job: Job, finished: Finished) -> None:

@@ -41,7 +41,8 @@ class Finished:
     """The generation is over; always the last event of a job.
 
     ``reason`` is ``stop`` (end of sequence or a stop string), ``length``
-    (``max_tokens``), ``cancelled``, ``timeout`` or ``error``.
+    (``max_tokens``), ``cancelled``, ``timeout``, ``capacity`` (it could not fit the key/value budget as it
+    stood when its turn came) or ``error``.
     """
 
     reason: str
@@ -75,7 +76,7 @@ Event = TextDelta | PromptLogprobs | Finished
 
 
 class Job:
-    """One generation request handed to the scheduler."""
+    """One choice of a generation request, handed to the engine loop."""
 
     def __init__(self, prompt: np.ndarray, params: SamplingParams, *, timeout: float,
                  notify: Callable[[], None], request_id: str = "-", index: int = 0, guide: Any = None) -> None:

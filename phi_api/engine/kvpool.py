@@ -62,11 +62,6 @@ class KVPool:
         """Address space the pool reserves (none of it is memory until written)."""
         return 2 * self.spec.layers * self.rows * self.row_span
 
-    def row_bytes(self, length: int) -> int:
-        """Memory a row holding ``length`` tokens takes, in whole pages of every head of every layer."""
-        pages = -(-length * self._token_bytes // PAGE) if length > 0 else 0
-        return 2 * self.spec.layers * self.spec.kv_heads * pages * PAGE
-
     def copy(self, source: int, target: int, length: int) -> None:
         """Copy row ``source``'s first ``length`` tokens over row ``target``'s."""
         if source == target or length <= 0:

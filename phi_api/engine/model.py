@@ -14,6 +14,7 @@ import numpy as np
 
 import phi_api.engine.oga as oga  # the submodules, not the package (which imports this module)
 import phi_api.engine.vocab as vocab
+from phi_api.engine.folder import CONFIG_FILE, ModelFolder
 from phi_api.engine.native import new_lock
 
 # The Phi-3.5 chat format of the specification, for model folders that ship no
@@ -47,7 +48,6 @@ class ModelInfo:
     eos_token_ids: frozenset[int]
     has_chat_template: bool
     fingerprint: str
-    kv_bytes_per_token: int = 0
     template_knows_tools: bool = False
     chat_template: str = ""
     size_bytes: int = 0
@@ -58,14 +58,11 @@ class ModelInfo:
     @classmethod
     def read(cls, folder: str) -> ModelInfo:
         """Read the folder's configuration; raises ``OSError``/``ValueError`` if it is not a model folder."""
-        root = Path(folder)
-        config = json.loads((root / "genai_config.json").read_text(encoding="utf-8"))
-        model = config["model"]
-        decoder = model.get("decoder", {})
+        read = ModelFolder.read(folder)
+        root, model = read.root, read.model
         eos = model.get("eos_token_id", [])
-        template = _chat_template(root)
-        decoder_file = str(decoder.get("filename", "model.onnx"))
-        graph = _graph_facts(root / decoder_file)
+        template = read.chat_template()
+        decoder_file = read.decoder_file
         return cls(
             path=str(root),
             model_type=str(model.get("type", "unknown")),
@@ -76,25 +73,15 @@ class ModelInfo:
             template_knows_tools="tools" in template,
             chat_template=template or PHI3_CHAT_TEMPLATE,
             size_bytes=sum(entry.stat().st_size for entry in os.scandir(root) if entry.is_file()),
-            modified_at=(root / "genai_config.json").stat().st_mtime,
-            fingerprint=_fingerprint(root, config),
-            # keys and values, per layer, in the graph's key/value type
-            kv_bytes_per_token=2 * graph.kv_itemsize * int(decoder.get("num_hidden_layers", 0))
-            * int(decoder.get("num_key_value_heads", 0)) * int(decoder.get("head_size", 0)),
+            modified_at=(root / CONFIG_FILE).stat().st_mtime,
+            fingerprint=_fingerprint(root, read.config),
             decoder_file=decoder_file,
-            rope_switch=graph.rope_switch,
+            rope_switch=_rope_switch(root / decoder_file),
         )
 
 
-@dataclass(frozen=True)
-class _GraphFacts:
-    kv_itemsize: int = 4
-    rope_switch: int | None = None
-
-
-def _graph_facts(graph_file: Path) -> _GraphFacts:
-    """What the decoder graph itself says (its weights are not read): the key/value element size, and where
-    LongRoPE switches to its long factors.
+def _rope_switch(graph_file: Path) -> int | None:
+    """Where the decoder graph switches LongRoPE to its long factors (its weights are not read; None: it does not).
 
     The model builder makes LongRoPE models pick their rotary caches with
     ``If(Greater(attention mask width, original_max_position_embeddings))``;
@@ -104,9 +91,6 @@ def _graph_facts(graph_file: Path) -> _GraphFacts:
     import onnx
 
     graph = onnx.load(str(graph_file), load_external_data=False).graph
-    sizes = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.BFLOAT16: 2}
-    past = next((value for value in graph.input if value.name.startswith("past_key_values")), None)
-    itemsize = sizes.get(past.type.tensor_type.elem_type, 4) if past is not None else 4
     producers = {output: node for node in graph.node for output in node.output}
     constants = {node.output[0]: node for node in graph.node if node.op_type == "Constant"}
     switch = None
@@ -117,7 +101,7 @@ def _graph_facts(graph_file: Path) -> _GraphFacts:
         if condition is not None and condition.op_type == "Greater" and condition.input[1] in constants:
             value = onnx.numpy_helper.to_array(constants[condition.input[1]].attribute[0].t)
             switch = int(value.reshape(-1)[0])
-    return _GraphFacts(itemsize, switch)
+    return switch
 
 
 
@@ -131,20 +115,6 @@ def _longest_token_bytes(tokenizer_json: Path) -> int:
         return max((len(piece) for piece in vocab.token_bytes(tokenizer_json).values()), default=0)
     except (OSError, ValueError):
         return 0
-
-
-def _chat_template(root: Path) -> str:
-    """The folder's own chat template text ("" when it has none)."""
-    if (root / "chat_template.jinja").is_file():
-        return (root / "chat_template.jinja").read_text(encoding="utf-8")
-    try:
-        tokenizer_config = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ""
-    template = tokenizer_config.get("chat_template")
-    if isinstance(template, list):  # named templates: the default one
-        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
-    return template if isinstance(template, str) else ""
 
 
 def _fingerprint(root: Path, config: dict[str, Any]) -> str:

@@ -58,6 +58,12 @@ def new_lock() -> Any:
     return monkey.get_original("_thread", "allocate_lock")()
 
 
+def new_rlock() -> Any:
+    """A plain OS-level re-entrant lock (``_thread.RLock``): gevent's, which ``threading.RLock`` is in a
+    monkey-patched process, hangs when native threads contend for it."""
+    return monkey.get_original("_thread", "RLock")()
+
+
 class Signal:
     """A wake-up flag one OS thread waits on and any thread sets.
 

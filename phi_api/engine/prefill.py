@@ -21,24 +21,19 @@ keys must all be computed with the long factors.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from phi_api.engine.stepcost import MIN_TIMED_TOKENS, StepCosts
 
-MIN_TOKENS = 8  # below this a chunk costs nearly a full step and computes almost nothing
-_WEIGHT = 0.3  # of a new measurement in the running averages
+MIN_TOKENS = MIN_TIMED_TOKENS  # below this a chunk costs nearly a full step and computes almost nothing
 
 
 class ChunkPlanner:
-    """Chunk ends for prompts, and the step costs they are planned from (measured on the engine thread)."""
+    """Chunk ends for prompts, planned from the engine's measured step costs (:mod:`engine.stepcost`)."""
 
-    def __init__(self, chunk: int, *, grid: bool, slice_seconds: float,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.clock = clock  # what steps are timed with
+    def __init__(self, chunk: int, *, grid: bool, slice_seconds: float, costs: StepCosts) -> None:
         self.chunk = max(1, chunk)
         self.grid = grid
         self.slice = slice_seconds
-        self.step_floor: float | None = None  # seconds of a 1-row decode step: the fixed cost of any step
-        self.per_token: float | None = None  # seconds per prompt token beyond that
+        self.costs = costs
 
     def end(self, start: int, length: int, first_chunk: int, crowded: bool) -> int:
         """Where the chunk of a prompt of ``length`` tokens prefilled up to ``start`` ends."""
@@ -53,22 +48,8 @@ class ChunkPlanner:
 
     def bounded_tokens(self) -> int:
         """Prompt tokens that fit in the time slice, by the costs measured so far."""
-        if self.step_floor is None or self.per_token is None:
+        floor, per_token = self.costs.step_floor, self.costs.per_token
+        if floor is None or per_token is None:
             return self.chunk
-        room = (self.slice - self.step_floor) / self.per_token
+        room = (self.slice - floor) / per_token
         return max(MIN_TOKENS, min(self.chunk, int(room + 1e-6)))  # 1e-6: 0.1 / 0.01 is 9.999...
-
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
-        """A prompt chunk of ``tokens`` took ``seconds``."""
-        if tokens < MIN_TOKENS or self.step_floor is None:
-            return
-        self.per_token = _average(self.per_token, max(seconds - self.step_floor, 0.0) / tokens)
-
-    def observe_decode(self, rows: int, seconds: float) -> None:
-        """A decode step of ``rows`` rows took ``seconds`` (only 1-row steps tell the fixed cost)."""
-        if rows == 1:
-            self.step_floor = _average(self.step_floor, seconds)
-
-
-def _average(current: float | None, measured: float) -> float:
-    return measured if current is None else current + _WEIGHT * (measured - current)

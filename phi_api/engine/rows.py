@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from phi_api.engine.kvpool import KVPool
-from phi_api.engine.sequence import LONG, Kept, Occupant, Sequence
+from phi_api.engine.sequence import LONG, Kept, Occupant, Phase, Sequence
 
 
 class RowsFull(RuntimeError):
@@ -133,6 +133,7 @@ class RowTable:
                 self._vacate(target)
         if row.slot != target:
             self.move(row, target)
+        row.phase = Phase.RUNNING
         self.running += 1
         if not row.long:
             self.short += 1
@@ -169,6 +170,8 @@ class RowTable:
         for index in range(self.running):
             item = self.slots[index]
             assert item is not None and not isinstance(item, Kept), f"running row {index} holds {item!r}"
+            phase = getattr(item, "phase", None)
+            assert phase is Phase.RUNNING, f"running row {index} is {phase}"
             assert (item.regime == LONG) == (index >= self.short), f"row {index} is in the wrong LongRoPE group"
         assert self.occupied <= len(self.slots) - 1, "the spare row is taken"
         assert len({id(item) for item in self.occupants()}) == self.occupied, "an occupant holds two rows"

@@ -20,7 +20,6 @@ graph the same way). ``run_with_iobinding`` releases the GIL for the step.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,8 +72,10 @@ class DecoderSpec:
     @classmethod
     def read(cls, folder: Path, rope_switch: int | None = None) -> DecoderSpec:
         """The layout ``genai_config.json`` describes (tensor types are read from the graph when it loads)."""
-        model = json.loads((folder / "genai_config.json").read_text(encoding="utf-8"))["model"]
-        decoder = model["decoder"]
+        from phi_api.engine.folder import ModelFolder
+
+        read = ModelFolder.read(folder)
+        model, decoder = read.model, read.decoder
         inputs, outputs = decoder.get("inputs", {}), decoder.get("outputs", {})
         return cls(
             layers=int(decoder["num_hidden_layers"]), kv_heads=int(decoder["num_key_value_heads"]),

@@ -1,233 +1,135 @@
-"""The per-worker engine thread: it owns the decoder session, the key/value pool and the batch.
+"""The scheduling decisions of one engine's batch: which waiting requests start, and which prompt is prefilled next.
 
-One native OS thread per worker owns the decoder session (made in that
-thread, after the fork, so it computes with every core the worker is given),
-the key/value pool (:mod:`engine.kvpool`) and the continuous batch
-(:mod:`engine.batch`), and runs the batch's iterations while there is work.
-Requests come in through a thread-safe inbox; finished generations go back
-to the hub's thread through a relay, because the engine thread never logs
-(under gevent a logging handler's lock is a gevent lock, unsafe from another
-OS thread).
+- Admission: waiting requests start in arrival order while they fit the
+  key/value budget (:mod:`engine.kvcache` makes room by giving up kept
+  prefixes); each starts from the longest prefix any row holds. One that can
+  never fit, with nothing else in progress, ends with an error (the service
+  refuses those before they are queued); one that could fit later waits, and
+  so do those behind it.
+- The next prompt chunk: the prompt with the least left, but never twice in a
+  row ahead of the oldest, so that no prompt waits forever behind a stream of
+  shorter ones; a request waiting for an older one to compute the prefix it
+  will copy is passed over; how long the chunk is, :mod:`engine.prefill` says.
 
-Model steps go through ONNX Runtime with the GIL released, so the worker's
-gevent hub keeps serving while the thread computes.
+Everything here runs on the engine thread.
 """
 
 from __future__ import annotations
 
 import collections
-import logging
-import os
-import time
-import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple
 
-from phi_api.engine.batch import Batch, Decoder
-from phi_api.engine.job import Finished, Job
-from phi_api.engine.kvpool import KVPool
-from phi_api.engine.ledger import CapacityError, Ledger
-from phi_api.engine.native import Signal, give_back_memory, start_thread
+from phi_api.engine.kvcache import KVCache
+from phi_api.engine.outputs import Outputs, trace
 from phi_api.engine.prefill import ChunkPlanner
-from phi_api.engine.reuse import ReusePolicy
-from phi_api.engine.sequence import Request
-from phi_api.engine.wakeup import HubRelay
-
-__all__ = ["CapacityError", "EngineLoad", "Model", "RetiredError", "Scheduler"]
-
-log = logging.getLogger(__name__)  # used on the hub's thread only
-_THREAD_ENDED = object()  # the engine thread's last message to the hub (see HubRelay.close)
-Report = Callable[[Job, Finished], None]
+from phi_api.engine.reuse import common_prefix
+from phi_api.engine.sequence import LONG, Occupant, Request, Sequence
 
 
-class Model(Protocol):
-    """What the scheduler needs from a model (``LanguageModel``, or a fake in tests)."""
+class Chunk(NamedTuple):
+    """A prompt chunk planned for this iteration: tokens ``[start, end)`` of ``request``'s prompt."""
 
-    info: Any
-    spec: Any  # the decoder's layout, key/value type included
-
-    def new_decoder(self, threads: int) -> Decoder: ...
-    def create_stream(self) -> Any: ...
-
-
-class RetiredError(RuntimeError):
-    """The engine's model was unloaded: it takes nothing new."""
-
-
-@dataclass(frozen=True)
-class EngineLoad:
-    """What the engine holds now (read on the hub while the engine thread works): requests waiting to start,
-    sequences prefilling or running, and the key/value memory they have booked, of the budget."""
-
-    waiting: int = 0
-    running: int = 0
-    kv_reserved: int = 0
-    kv_budget: int = 0
-
-    @property
-    def kv_usage(self) -> float:
-        return self.kv_reserved / self.kv_budget if self.kv_budget else 0.0
-
-
-def _discard(job: Job, finished: Finished) -> None:
-    """The report of an engine that has ended (it reports nothing more)."""
-
-
-def _ended() -> None:
-    """On the hub, once an engine thread has ended and its relay is closed."""
-    give_back_memory()
-    log.info("engine stopped; its memory is given back")
+    request: Request
+    start: int
+    end: int
 
 
 class Scheduler:
-    """Owns this process's engine thread, its decoder session, and the batch it runs."""
+    """The waiting and prefilling requests of a batch, and the decisions about them."""
 
-    def __init__(self, model: Model, *, prefill_chunk: int, report: Report, threads: int = 1,
-                 kv_budget_bytes: int = 1 << 30, max_rows: int = 64, prefix_cache: str = "on",
-                 prefill_slice: float = 0.2, draft_max: int = 0, idle_wait: float = 1.0,
-                 clock: Callable[[], float] = time.perf_counter, checked: bool = False) -> None:
-        self._model = model
-        self._chunk = prefill_chunk
-        self._report = report
-        self._threads = threads
-        self._budget = kv_budget_bytes
-        self._max_rows = max_rows
-        self._policy = ReusePolicy(prefix_cache, prefill_chunk)
-        self._slice = prefill_slice
-        self._draft_max = draft_max
-        self._idle_wait = idle_wait
-        self._clock = clock
-        self._checked = checked  # tests: check the batch's invariants after every iteration
-        # Made on the hub, for capacity checks before anything is queued; the engine thread makes its own.
-        self._capacity = Ledger(model.spec, kv_budget_bytes, max_rows, model.info.context_length)
-        self._inbox: collections.deque[list[Job]] = collections.deque()
-        self._signal = Signal()
-        self._relay: HubRelay | None = None
-        self._started_pid: int | None = None
-        self._ready = False
-        self._stopping = False
-        self._retiring = False
-        self._arrivals = 0
-        self.load = EngineLoad(kv_budget=kv_budget_bytes)
-        self.batch: Batch | None = None  # the engine thread's, for a look from tests
-        self.failure: str | None = None  # why the engine thread could not start, for the log
+    def __init__(self, model: Any, kv: KVCache, planner: ChunkPlanner, outputs: Outputs, draft_max: int = 0) -> None:
+        self.model = model
+        self.kv = kv
+        self.planner = planner
+        self.outputs = outputs
+        self.draft_max = draft_max  # SPECULATIVE_DRAFT_MAX: how far a sequence may draft, unless its request says
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.prefilling: list[Request] = []
+        self.passed_oldest = False  # whether the last prompt chunk was a shorter prompt's, ahead of the oldest
 
-    # The hub's side ---------------------------------------------------------------------------------
+    def plan_chunk(self) -> Chunk | None:
+        """The prompt chunk this iteration computes: the next prompt's (:meth:`next_prompt`), from the longest prefix
+        any row now holds, as long as :mod:`engine.prefill` says; None when that request has ended meanwhile."""
+        request = self.next_prompt()
+        self.prefilling.remove(request)
+        ended = request.over()
+        if ended:
+            self.outputs.end_request(request, ended)
+            return None
+        if request.prompt_logprobs is None:
+            self.kv.catch_up(request)
+        crowded = bool(self.kv.rows.running or self.prefilling or self.waiting)
+        end = self.planner.end(request.prefilled, len(request.prompt), request.first_chunk, crowded)
+        return Chunk(request, request.prefilled, end)
 
-    @property
-    def running(self) -> bool:
-        """Whether this process's engine thread is up and its decoder loaded."""
-        return self._started_pid == os.getpid() and self._ready and not self._stopping
-
-    def start(self) -> None:
-        """Start the engine thread in this process (after a fork, a new one); call from the hub's thread."""
-        if self._started_pid != os.getpid():
-            self._started_pid = os.getpid()
-            self._stopping = self._ready = False
-            self._inbox.clear()
-            self._relay = HubRelay(self._deliver)
-            start_thread(self._run)
-
-    def kv_tokens_for(self, rows: int) -> int:
-        """The most tokens a request of ``rows`` choices may reserve per choice within the budget, alone."""
-        return self._capacity.tokens_for(rows)
-
-    def check_capacity(self, prompt_tokens: int, max_tokens: int, rows: int) -> None:
-        """Raise :class:`CapacityError` if such a request could never fit the key/value budget."""
-        self._capacity.check_capacity(min(self._model.info.context_length, prompt_tokens + max_tokens), rows)
-
-    def submit(self, jobs: list[Job]) -> None:
-        """Queue a request's jobs (its choices); they start within one iteration if there is room."""
-        if self._retiring:
-            raise RetiredError("this model has been unloaded")
-        self.start()
-        self._inbox.append(jobs)
-        self._signal.set()
-
-    def stop(self) -> None:
-        """Ask the engine thread to cancel what it runs and exit."""
-        self._stopping = True
-        self._signal.set()
-
-    def retire(self) -> None:
-        """Take nothing new; let what runs finish, then exit and free the session and the pool."""
-        self._retiring = True
-        self._signal.set()
-
-    def _deliver(self, item: Any) -> None:
-        if item is _THREAD_ENDED:
-            # Break the cycles (relay -> this scheduler -> relay; engine -> this scheduler -> engine) so that
-            # reference counting frees the engine now: a full gc.collect() here stalled the hub 70-85 ms.
-            relay, self._relay = self._relay, None
-            assert relay is not None, "the thread ends once"
-            relay.close(then=_ended)
-            self._report = _discard
-            return
-        if isinstance(item, str):
-            self.failure = item
-            log.error("the engine could not start:\n%s", item)
-            return
-        self._report(*item)
-
-    # The engine thread ------------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            decoder = self._model.new_decoder(self._threads)
-            ledger = Ledger(decoder.spec, self._budget, self._max_rows, self._model.info.context_length)
-            # Rows for the running and starting sequences, as many for kept prefixes, and a spare for moves.
-            pool = KVPool(decoder.spec, 2 * self._max_rows + 1, ledger.row_tokens)
-        except BaseException as error:  # reported on the hub; the worker then answers 503
-            self._send("".join(traceback.format_exception(error)))
-            return
-        planner = ChunkPlanner(self._chunk, grid=self._policy.exact, slice_seconds=self._slice, clock=self._clock)
-        batch = self.batch = Batch(self._model, decoder, pool, ledger, self._policy, planner, self._publish,
-                                   draft_max=self._draft_max)
-        self._ready = True
-        while not self._stopping:
-            try:
-                worked = self._iterate(batch)
-            except Exception as error:  # a bug of ours: end what runs, with the cause, and keep serving
-                batch.fail_everything("".join(traceback.format_exception(error)))
+    def admit(self) -> None:
+        """Start the waiting requests, in order, while they fit."""
+        while self.waiting:
+            request = self.waiting[0]
+            ended = request.over()
+            if ended:
+                self.waiting.popleft()
+                self.outputs.end_request(request, ended)
                 continue
-            if not worked:
-                if self._retiring and not self._inbox and not batch.waiting:
-                    break  # unloaded, and nothing left to finish
-                self._signal.wait(self._idle_wait)
-        self._ready = False
-        batch.cancel_everything("cancelled")
-        self.load = EngineLoad(kv_budget=self._budget)
-        if hasattr(decoder, "unbind"):
-            decoder.unbind()
-        self.batch = None
-        del batch, decoder  # the session, its threads and its memory go with them ...
-        pool.close()  # ... and the pool's reservations
-        self._send(_THREAD_ENDED)
+            source, point = self.kv.source(request)
+            with self.kv.ledger.shared.lock:  # decided and booked at once: other engines book the same budget
+                fits = self.kv.make_room(request, source)
+                if fits:
+                    self.waiting.popleft()
+                    self.start(request, source, point)
+                    continue
+            if self.nothing_in_progress() and self._never_fits(request):
+                self.waiting.popleft()  # the service refuses these before they are queued
+                self.outputs.end_request(request, "capacity")
+                continue
+            return
 
-    def _iterate(self, batch: Batch) -> bool:
-        """Take new requests in, then one iteration of the batch; False when there was nothing to do."""
-        while self._inbox:
-            self._arrivals += 1
-            batch.waiting.append(Request(self._inbox.popleft(), self._model, self._chunk,
-                                         batch.decoder.spec.rope_switch, self._arrivals))
-        worked = batch.iterate(after_admission=lambda: self._observe(batch))
-        if self._checked:
-            batch.check()
-        self._observe(batch)
-        return worked
+    def _never_fits(self, request: Request) -> bool:
+        """Whether ``request`` could not run even with no other request of any engine running."""
+        ledger = self.kv.ledger
+        return (len(request.jobs) > ledger.max_rows
+                or len(request.jobs) * ledger.reserve_bytes(request.reserve) > ledger.budget)
 
-    def _observe(self, batch: Batch) -> None:
-        """What the engine holds now, for the hub to read (one assignment: never half-updated)."""
-        self.load = EngineLoad(waiting=len(batch.waiting) + len(self._inbox),
-                               running=len(batch.prefilling) + batch.rows.running, kv_reserved=batch.ledger.reserved,
-                               kv_budget=batch.ledger.budget)
+    def nothing_in_progress(self) -> bool:
+        """Whether no request of this engine prefills or runs."""
+        return not (self.prefilling or self.kv.rows.running)
 
-    def _publish(self, job: Job, finished: Finished) -> None:
-        job.emit(finished)
-        self._send((job, finished))
+    def start(self, request: Request, source: Occupant | None, point: int) -> None:
+        """Give an admitted request its sequences and its leader's row, starting from ``source``'s prefix."""
+        try:
+            request.sequences = [Sequence(job, self.model, self.draft_max, request.order) for job in request.jobs]
+        except Exception as error:  # a stream or sampler that cannot be made ends this request only
+            self.outputs.end_request(request, "error", trace(error))
+            return
+        for sequence in request.sequences:
+            sequence.booked = self.kv.ledger.take(sequence.reserve)
+        request.leader.long = request.regime == LONG
+        request.prefilled = self.kv.start_from(request.leader, source, point)
+        self.prefilling.append(request)
 
-    def _send(self, item: Any) -> None:
-        """To the hub's thread (the relay is closed only once this thread has ended)."""
-        assert self._relay is not None
-        self._relay.send(item)
+    def next_prompt(self) -> Request:
+        """The prompt whose chunk comes next: the one with the least left (short questions answer soon), but never
+        twice in a row ahead of the oldest (so no prompt waits forever behind a stream of shorter ones: it gets at
+        least every other chunk); passing over those waiting for an older request's prefix (:meth:`_defers`)."""
+        candidates = [candidate for candidate in self.prefilling if not self._defers(candidate)]
+        oldest = min(candidates, key=lambda r: r.order)
+        shortest = min(candidates, key=lambda r: (r.remaining, r.order))
+        if shortest is oldest or self.passed_oldest:
+            self.passed_oldest = False
+            return oldest
+        self.passed_oldest = True
+        return shortest
+
+    def _defers(self, request: Request) -> bool:
+        """Whether an older request still prefilling is computing a prefix this one will copy instead (a system
+        prompt shared by a burst of requests is computed once)."""
+        if not self.kv.policy.enabled or request.prompt_logprobs is not None:
+            return False
+        for other in self.prefilling:
+            if other.order >= request.order or other.regime != request.regime:
+                continue
+            point = self.kv.policy.resume_point(common_prefix(other.prompt, request.prompt), len(request.prompt),
+                                             request.first_chunk)
+            if point > request.prefilled and other.prefilled < point:
+                return True
+        return False

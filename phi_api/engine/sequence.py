@@ -15,6 +15,7 @@ prefilled once into its leader's row, then ``n`` choices.
 
 from __future__ import annotations
 
+import enum
 import time
 from typing import Any, Protocol
 
@@ -26,6 +27,23 @@ from phi_api.engine.logits import Sampler
 from phi_api.engine.text import TextAssembler
 
 SHORT, LONG = "short", "long"  # LongRoPE regimes (every sequence is short in other models)
+
+
+class Phase(enum.Enum):
+    """Where a sequence is in its life (as llama.cpp's server's slot states)."""
+
+    STARTING = "starting"  # made for an admitted request; a choice other than the leader has no row yet
+    PREFILLING = "prefilling"  # the request's leader: its prompt goes into its row chunk by chunk
+    RUNNING = "running"  # among the running rows: one token (or a draft's) per iteration
+    FINISHED = "finished"  # ended; its row was kept for reuse or freed
+
+
+class Reuse(Protocol):
+    """What a sequence asks the reuse mode (:class:`engine.reuse.ReusePolicy`): which of its tokens are reusable."""
+
+    def prompt_reusable(self, prefilled: int, exact_upto: int) -> int: ...
+    def exact_after(self, exact_upto: int, start: int, end: int, prompt_length: int) -> int: ...
+    def decoded_reusable(self, length: int, exact_upto: int) -> int: ...
 
 
 class Model(Protocol):
@@ -51,7 +69,7 @@ class Occupant(Protocol):
 
 
 def row_of(occupant: Occupant) -> int:
-    """The row of an occupant that holds one (asking of one that holds none is a scheduler bug)."""
+    """The row of an occupant that holds one (asking of one that holds none is a bug of the batch)."""
     assert occupant.slot is not None, f"{occupant!r} holds no row"
     return occupant.slot
 
@@ -74,6 +92,7 @@ class Sequence:
         self.cached = 0
         self.first_token_at: float | None = None
         self.long = False
+        self.phase = Phase.STARTING
         self.steps = 0  # batched steps this sequence was advanced in ...
         self.step_rows = 0  # ... and their rows, summed
         self.sampler = Sampler(job.params, job.prompt, model.info.eos_token_ids, guide=job.guide)
@@ -90,6 +109,48 @@ class Sequence:
         """The tokens whose keys and values may be reused."""
         return np.asarray(self.tokens[:self.reusable], dtype=np.int64)
 
+    # How a sequence moves: these keep length, cached, exact_upto and reusable in agreement.
+
+    def resume(self, point: int, exact_upto: int, policy: Reuse) -> None:
+        """Its row now holds its prompt's first ``point`` tokens, taken from another row (``exact_upto`` of them
+        computed as a cold prompt alone is): they count as cached. The leader of a starting request begins its
+        prefill so."""
+        assert self.phase in (Phase.STARTING, Phase.PREFILLING), self.phase
+        self.phase = Phase.PREFILLING
+        self.length = self.cached = point
+        self.exact_upto = exact_upto
+        self.reusable = policy.prompt_reusable(point, exact_upto)
+
+    def prefilled(self, start: int, end: int, policy: Reuse) -> None:
+        """A prompt chunk ``[start, end)`` is in its row."""
+        assert self.phase is Phase.PREFILLING and start == self.length, (self.phase, start, self.length)
+        self.length = end
+        self.exact_upto = policy.exact_after(self.exact_upto, start, end, len(self.job.prompt))
+        self.reusable = policy.prompt_reusable(end, self.exact_upto)
+
+    def copied_from(self, leader: Sequence) -> None:
+        """Another choice of the same request: its row holds a copy of the leader's prompt."""
+        self.length, self.cached, self.long = leader.length, leader.cached, leader.long
+        self.exact_upto, self.reusable = leader.exact_upto, leader.reusable
+
+    def fed(self, policy: Reuse, rows_in_step: int = 1) -> None:
+        """Its pending token is in: the step just taken (of ``rows_in_step`` rows) wrote its key and value."""
+        assert self.pending is not None and self.phase is Phase.RUNNING
+        self.tokens.append(self.pending)
+        self.length += 1
+        self.reusable = policy.decoded_reusable(self.length, self.exact_upto)
+        self.steps += 1
+        self.step_rows += rows_in_step
+
+    def prefilled_again(self, policy: Reuse) -> None:
+        """LongRoPE: every token and the pending one were prefilled again whole, with the long factors (not on the
+        grid: nothing of it is exact any more)."""
+        assert self.pending is not None
+        self.tokens.append(self.pending)
+        self.length = len(self.tokens)
+        self.exact_upto = 0
+        self.reusable = policy.decoded_reusable(self.length, self.exact_upto)
+
 
 class Kept:
     """A finished sequence's row, kept so that requests sharing its start reuse its keys and values."""
@@ -100,7 +161,8 @@ class Kept:
         self.exact_upto = min(exact_upto, len(tokens))
         self.regime = regime
         self.slot: int | None = slot
-        self.used_at = used_at  # for least-recently-used eviction
+        self.used_at = used_at  # for least-recently-used eviction, across the worker's engines
+        self.touched = time.monotonic()  # when a request last used it: kept too long unused, it leaves
 
     def prefix(self) -> np.ndarray:
         return self.tokens

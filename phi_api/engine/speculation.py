@@ -24,29 +24,32 @@ the row's next step.
 
 from __future__ import annotations
 
-import traceback
 from typing import Any, Protocol
 
 import numpy as np
 
+from phi_api.engine.outputs import Outputs, trace
 from phi_api.engine.rows import RowTable
 from phi_api.engine.runtime import ORT_ERRORS
-from phi_api.engine.sequence import Sequence
+from phi_api.engine.sequence import Phase, Reuse, Sequence, row_of
 from phi_api.engine.stepcost import StepCosts
 
 
 class Stepping(Protocol):
-    """What speculation needs of a batch (:class:`engine.batch.Batch`)."""
+    """What speculation needs of a batch (:class:`engine.batch.Batch`): its rows, its decoder, the step costs and
+    the clock that times them, the reuse mode (which of a row's tokens are reusable) and the output handling every
+    kept token goes through."""
 
     rows: RowTable
     decoder: Any
     costs: StepCosts
-    planner: Any  # its clock times the checks
+    outputs: Outputs
 
-    def fed(self, row: Sequence, rows_in_step: int = 1) -> None: ...
-    def live(self, row: Sequence) -> bool: ...
-    def act(self, row: Sequence, token: int, record: Any) -> bool: ...
-    def finish(self, row: Sequence, reason: str, error: str | None = None, *, flush: bool = True) -> None: ...
+    @property
+    def policy(self) -> Reuse: ...
+
+    def step(self, first: int, ids: np.ndarray, past: np.ndarray, *, prefill: bool, every_position: bool = False,
+             timed: bool = True) -> np.ndarray: ...
 
 
 class Speculation:
@@ -59,7 +62,7 @@ class Speculation:
         """Check every running row that has a draft; the ids of the rows that advanced and still run."""
         advanced = set()
         for row in list(self.batch.rows.group(0, self.batch.rows.running)):
-            if row.slot is None:  # finished by an earlier row's step
+            if row.phase is not Phase.RUNNING:  # an earlier row's step finished it (it timed out, say)
                 continue
             draft = row.drafter.propose(self._room(row))
             if not draft:
@@ -97,30 +100,27 @@ class Speculation:
 
     def _verify(self, row: Sequence, draft: list[int]) -> bool:
         """Check ``draft`` in one step; act on the tokens it keeps. True while the row goes on."""
-        batch = self.batch
+        batch, outputs = self.batch, self.batch.outputs
         ids = np.array([[row.pending, *draft]], dtype=np.int64)
-        started = batch.planner.clock()
         try:
             # not a prompt chunk: the same tokens as that many decode steps (the fake model tells them apart)
-            logits = batch.decoder.step(batch.rows.pool, row.slot, ids, np.array([row.length]), False,
-                                        every_position=True)
+            logits = batch.step(row_of(row), ids, np.array([row.length]), prefill=False, every_position=True)
         except ORT_ERRORS as error:
-            batch.finish(row, "error", "".join(traceback.format_exception(error)))
+            outputs.finish(row, "error", trace(error))
             return False
-        batch.costs.observe_check(len(draft), batch.planner.clock() - started)
-        batch.fed(row)  # the pending token is in
-        if not batch.live(row):
+        row.fed(batch.policy)  # the pending token is in
+        if not outputs.still_wanted(row):
             return False
         try:
             chosen = row.sampler.verify(logits, draft)
         except Exception as error:  # one sequence's sampler or grammar failing ends that sequence only
-            batch.finish(row, "error", "".join(traceback.format_exception(error)))
+            outputs.finish(row, "error", trace(error))
             return False
         accepted = len(chosen) - 1  # verify() stops at the first token of the model's own, which it always gives
         row.drafter.record(len(draft), accepted)
         for index, (token, record) in enumerate(chosen):
-            if not batch.act(row, token, record):
+            if not outputs.accept(row, token, record):
                 return False
             if index < accepted:  # a kept draft token: the check wrote its key and value
-                batch.fed(row)
+                row.fed(batch.policy)
         return True

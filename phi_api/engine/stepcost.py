@@ -1,4 +1,11 @@
-"""Whether checking a draft pays: what steps cost on this machine, measured as they run.
+"""What steps cost on this machine, measured as they run: the one cost model of an engine, and its clock.
+
+Every step the engine takes is timed here (:meth:`StepCosts.timed`): a
+batched decode step by its rows, a prompt chunk by its tokens, a draft's
+check by the draft's length. Two decisions read these running averages: how
+long a prompt chunk may be while others wait (:mod:`engine.prefill`, from a
+one-row step's cost and the cost of a prompt token), and whether checking a
+draft pays (below).
 
 A drafting row checks its draft in a step of its own (the attention kernel
 takes several new tokens on top of past context only for a batch of one;
@@ -27,21 +34,43 @@ answer every time (docs/identical-answers.md).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 _WEIGHT = 0.2  # of a new measurement in the running averages
+_TOKEN_WEIGHT = 0.3  # of a new prompt chunk's cost per token
+MIN_TIMED_TOKENS = 8  # a shorter prompt chunk costs nearly a whole step and tells little of a token's cost
 
 
 class StepCosts:
-    """Seconds of a batched decode step by its rows, and of a draft's check by the draft's length."""
+    """Seconds of a batched decode step by its rows, of a draft's check by the draft's length, and of a prompt token
+    beyond a step's fixed cost; ``clock`` times them (a test's fake clock makes plans independent of the machine)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
         self.steps: dict[int, float] = {}
         self.checks: dict[int, float] = {}
+        self.per_token: float | None = None
+
+    @property
+    def step_floor(self) -> float | None:
+        """Seconds of a one-row decode step: the fixed cost of any step."""
+        return self.steps.get(1)
 
     def observe_step(self, rows: int, seconds: float) -> None:
         _observe(self.steps, rows, seconds)
 
     def observe_check(self, drafted: int, seconds: float) -> None:
         _observe(self.checks, drafted, seconds)
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """A prompt chunk of ``tokens`` took ``seconds``."""
+        floor = self.step_floor
+        if tokens < MIN_TIMED_TOKENS or floor is None:
+            return
+        measured = max(seconds - floor, 0.0) / tokens
+        self.per_token = measured if self.per_token is None else \
+            self.per_token + _TOKEN_WEIGHT * (measured - self.per_token)
 
     def check_length(self, drafted: int, expected: float, rows: int) -> int:
         """How many of a draft's ``drafted`` tokens to check, ``expected`` of them kept, in a batch of ``rows``:

@@ -23,6 +23,7 @@ from phi_api.engine import Engine, Finished, Generation, PromptLogprobs, Samplin
 from phi_api.errors import (
     APIError,
     ClientClosedRequestError,
+    ContextLengthExceededError,
     GenerationTimeoutError,
     InternalError,
     RateLimitError,
@@ -173,6 +174,10 @@ def failure(finished: Finished) -> APIError:
     """The error for a generation that ended without an answer."""
     if finished.reason == "timeout":
         return GenerationTimeoutError("The generation took longer than the server's GENERATION_TIMEOUT.")
+    if finished.reason == "capacity":  # the budget shrank (another model loaded, a worker measured) while it waited
+        return ContextLengthExceededError("This request needs more key/value memory than this server holds now "
+                                          "(MEMORY_LIMIT_MB, KV_CACHE_MB): lower max_tokens or the prompt.",
+                                          param="max_tokens")
     return InternalError()
 
 

@@ -84,8 +84,7 @@ class ToolPlan:
         first = self.functions[0]
         example = json.dumps({"name": first["name"], "arguments": example_arguments(first.get("parameters") or {})},
                              ensure_ascii=False)
-        return ("You can call these functions:\n" + specs + "\nTo call one, answer with only a JSON object, for "
-                "example: " + example)
+        return "You can call these functions:\n" + specs + "\nTo call one, answer with only JSON like: " + example
 
     def parse(self, text: str) -> list[ToolCall]:
         """The calls to known functions in ``text`` (only the first unless parallel calls are allowed)."""

@@ -10,14 +10,15 @@ import pytest
 
 from phi_api.engine import SamplingParams
 from phi_api.engine.prefill import MIN_TOKENS, ChunkPlanner
+from phi_api.engine.stepcost import StepCosts
 from tests.support.fakes import fake_engine, text_pieces
 from tests.support.generations import collect, generate
 
 
 def planner(**options) -> ChunkPlanner:
-    made = ChunkPlanner(64, grid=False, slice_seconds=0.2, **options)
-    made.observe_decode(1, 0.1)  # a step's fixed cost: 0.1 s
-    made.observe_prefill(64, 0.1 + 64 * 0.01)  # 10 ms a prompt token beyond it
+    made = ChunkPlanner(64, grid=False, slice_seconds=0.2, costs=StepCosts(), **options)
+    made.costs.observe_step(1, 0.1)  # a step's fixed cost: 0.1 s
+    made.costs.observe_prefill(64, 0.1 + 64 * 0.01)  # 10 ms a prompt token beyond it
     return made
 
 
@@ -33,18 +34,18 @@ def test_crowded_a_chunk_fits_the_time_slice():
 
 
 def test_never_less_than_a_few_tokens_and_never_more_than_a_chunk():
-    slow = ChunkPlanner(64, grid=False, slice_seconds=0.2)
-    slow.observe_decode(1, 0.5)
-    slow.observe_prefill(64, 0.5 + 64)
+    slow = ChunkPlanner(64, grid=False, slice_seconds=0.2, costs=StepCosts())
+    slow.costs.observe_step(1, 0.5)
+    slow.costs.observe_prefill(64, 0.5 + 64)
     assert slow.bounded_tokens() == MIN_TOKENS
-    fast = ChunkPlanner(64, grid=False, slice_seconds=10)
-    fast.observe_decode(1, 0.001)
-    fast.observe_prefill(64, 0.002)
+    fast = ChunkPlanner(64, grid=False, slice_seconds=10, costs=StepCosts())
+    fast.costs.observe_step(1, 0.001)
+    fast.costs.observe_prefill(64, 0.002)
     assert fast.bounded_tokens() == 64
 
 
 def test_the_exact_grid_whatever_the_crowd():
-    exact = ChunkPlanner(64, grid=True, slice_seconds=0.2)
+    exact = ChunkPlanner(64, grid=True, slice_seconds=0.2, costs=StepCosts())
     assert [exact.end(start, 300, 0, crowded=True) for start in (0, 64, 256)] == [64, 128, 300]
 
 

@@ -1,4 +1,4 @@
-"""Prefix reuse: where a request may resume (by mode), which row serves it, and reuse through the real scheduler on
+"""Prefix reuse: where a request may resume (by mode), which row serves it, and reuse through the real engine loop on
 the fake model: next turns (answers included, or exactly), kept prefixes living in the key/value budget, and a
 shared prefix computed once."""
 
@@ -154,7 +154,7 @@ def test_kept_prefixes_leave_least_recently_used_first_when_a_request_needs_the_
     prompts = [list(range(start, start + 20)) for start in (1, 21, 41)]
     for prompt in prompts[:2]:
         run(engine, prompt, max_tokens=20, temperature=0)
-    batch = engine.scheduler.batch
+    batch = engine.loop.batch
     assert len(batch.ledger.kept) == 2  # both kept: nothing needed their room
     run(engine, prompts[0] + [9], max_tokens=20, temperature=0)  # the first is used again (and kept again)
     run(engine, prompts[2], max_tokens=20, temperature=0)  # needs room: the least recently used leaves

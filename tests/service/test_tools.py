@@ -95,7 +95,7 @@ def test_tool_instructions_show_a_concrete_call_of_the_first_tool_not_placeholde
     plan = tool_plan([EMAIL, {"type": "function", "function": {"name": "other"}}], "required", True)
     prompt = plan.system_prompt()
     assert "<" not in prompt  # a small model copied "<function name>" into its calls
-    example = json.loads(prompt[prompt.rindex("example: ") + len("example: "):])
+    example = json.loads(prompt[prompt.rindex("like: ") + len("like: "):])
     assert example["name"] == "send_email"
     arguments = example["arguments"]
     jsonschema.validate(arguments, EMAIL["function"]["parameters"])  # every required argument, of its type

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from phi_api.engine import Engine, ModelInfo
+from phi_api.engine import Engine, EngineConfig, ModelInfo
 from phi_api.engine.kvpool import KVPool
 from phi_api.engine.runtime import DecoderSpec
 
@@ -37,6 +37,7 @@ class Script:
     fail_at: int | None = None  # raise at this decode step (counted over the whole engine)
     steps: list[str] = field(default_factory=list)  # "prefill:N" and "decode:ROWS", in order
     chunks: list[tuple[int, int]] = field(default_factory=list)  # (offset, length) of every prompt step
+    chunk_firsts: list[int] = field(default_factory=list)  # the first token id of every prompt step
     logits_seen: list[np.ndarray] = field(default_factory=list)  # each row's logits, as the sampler left them
     params: list[Any] = field(default_factory=list)  # the SamplingParams of every submitted choice
     grammars: list[tuple[str, str]] = field(default_factory=list)
@@ -76,6 +77,7 @@ class FakeDecoder:
         if prefill:
             script.steps.append(f"prefill:{new}")
             script.chunks.append((int(past[0]), new))
+            script.chunk_firsts.append(int(ids[0, 0]))
             chosen = [0]
         elif new > 1:  # a draft's check: as many decode steps of one row, in one
             return self._check(kv, first, ids, int(past[0]), every_position)
@@ -148,7 +150,6 @@ class FakeModel:
         self.info = ModelInfo(
             path="/fake", model_type="fake", context_length=context_length, vocab_size=VOCAB,
             eos_token_ids=frozenset({EOS}), has_chat_template=has_chat_template, fingerprint="fp_fake",
-            kv_bytes_per_token=FakeDecoder(script).spec.kv_bytes_per_token,
         )
         self.spec = FakeDecoder(script, rope_switch).spec
         self.rendered: list[str] = []  # every prompt the chat template produced
@@ -190,7 +191,8 @@ class RecordingEngine(Engine):
     batch's invariants checked after every iteration."""
 
     def __init__(self, model: FakeModel, **options: Any) -> None:
-        super().__init__(model, clock=model.script.clock, checked=True, **options)
+        """``options``: :class:`EngineConfig`'s fields."""
+        super().__init__(model, EngineConfig(clock=model.script.clock, checked=True, **options))
 
     def submit(self, prompt: np.ndarray, params: Any, request_id: str = "-") -> Any:
         self.model.script.params.extend(params if isinstance(params, list) else [params])

@@ -1,4 +1,4 @@
-"""Running generations on an engine (real scheduler, fake model) to the end, for the engine's tests."""
+"""Running generations on an engine (the real engine loop and batch, fake model) to the end, for the engine's tests."""
 
 from __future__ import annotations
 

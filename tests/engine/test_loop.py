@@ -1,4 +1,4 @@
-"""The engine thread: continuous batching, stopping rules, cancellation, failures (real scheduler, fake model)."""
+"""The engine thread: continuous batching, stopping rules, cancellation, failures (the real loop, fake model)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import gevent
 import numpy as np
 import pytest
 
-from phi_api.engine import CapacityError, Engine, Finished, SamplingParams, TextDelta
+from phi_api.engine import CapacityError, Engine, EngineConfig, Finished, SamplingParams, TextDelta
 from phi_api.engine.ledger import row_bytes
-from phi_api.engine.scheduler import RetiredError
+from phi_api.engine.loop import RetiredError
 from tests.support.fakes import EOS, FakeDecoder, FakeModel, RecordingEngine, Script, text_pieces
 from tests.support.generations import collect, generate
 from tests.support.server import wait_until
@@ -229,14 +229,14 @@ def test_the_engine_thread_makes_its_session_with_the_worker_s_threads(engine_fo
 def test_finished_rows_give_their_pages_back(engine_for):
     engine, _ = engine_for([1, EOS])
     run(engine, max_tokens=3)
-    batch = engine.scheduler.batch
+    batch = engine.loop.batch
     wait_until(lambda: batch.idle, timeout=5, message="the engine idle")
     assert list(batch.rows.occupants()) == [] and batch.ledger.reserved == 0
 
 
 def test_a_retired_engine_finishes_what_runs_takes_nothing_new_then_is_freed():
     gate = threading.Semaphore(0)
-    engine = Engine(FakeModel(Script([1, 2, 3], gate=gate), PIECES), prefill_chunk=4, timeout=60.0)
+    engine = Engine(FakeModel(Script([1, 2, 3], gate=gate), PIECES), EngineConfig(prefill_chunk=4, timeout=60.0))
     running = engine.submit(prompt(3), SamplingParams(max_tokens=4))
     engine.retire()
     with pytest.raises(RetiredError):
@@ -305,16 +305,48 @@ class CountingGate:
             self._semaphore.release()
 
 
-def test_the_shortest_prompt_left_is_prefilled_first(engine_for):
+def _held_engine(engine_for):
+    """An engine with one request running, its steps held by a gate: requests submitted now are all waiting
+    when the gate opens."""
     gate = CountingGate()
     engine, script = engine_for([1, 2, 3], gate=gate, prefill_chunk=4)
-    running = engine.submit(prompt(2), SamplingParams(max_tokens=40))
+    running = engine.submit(prompt(2), SamplingParams(max_tokens=400))
     gate.release(2)  # its prompt, and one step
     wait_until(lambda: gate.waiting == 1 and len(script.steps) == 2, timeout=5, message="the engine in a step")
-    requests = [engine.submit(prompt(length, 10 * length), SamplingParams(max_tokens=1)) for length in (20, 3, 8)]
+    return engine, script, gate, running
+
+
+def _prefill_owners(script: Script, firsts: dict[int, str]) -> list[str]:
+    """Which request each prompt chunk after the running one's was (by the first token of each chunk)."""
+    return [firsts.get(first, "?") for first in script.chunk_firsts[1:]]
+
+
+def test_a_shorter_prompt_passes_the_oldest_at_most_once_in_a_row(engine_for):
+    engine, script, gate, running = _held_engine(engine_for)
+    # Every token of a prompt is distinct (ids 1..60), so a chunk's first token tells whose chunk it is.
+    prompts = {"long": np.arange(1, 21), "short": np.arange(21, 24), "medium": np.arange(24, 32)}
+    requests = [engine.submit(tokens.astype(np.int32), SamplingParams(max_tokens=1)) for tokens in prompts.values()]
     gate.release(100)
     for request in requests:
         collect(request)
     running.close()
-    prefills = [step for step in script.steps[2:] if step.startswith("prefill")]
-    assert prefills == ["prefill:3", "prefill:4", "prefill:4"] + ["prefill:4"] * 5  # short, medium, long
+    firsts = {int(tokens[start]): name for name, tokens in prompts.items() for start in range(0, len(tokens), 4)}
+    # The shortest left first, but never twice in a row ahead of the oldest: short, long, medium, long, medium ...
+    assert _prefill_owners(script, firsts) == ["short", "long", "medium", "long", "medium", "long", "long", "long"]
+
+
+def test_a_long_prompt_keeps_its_place_while_short_prompts_keep_arriving(engine_for):
+    engine, script, gate, running = _held_engine(engine_for)
+    long_prompt = np.arange(1, 41)  # 10 chunks of 4
+    shorts = [np.full(3, 41 + index % 19) for index in range(30)]  # shorter than any rest of the long prompt
+    requests = [engine.submit(long_prompt.astype(np.int32), SamplingParams(max_tokens=1))]
+    requests += [engine.submit(tokens.astype(np.int32), SamplingParams(max_tokens=1)) for tokens in shorts]
+    gate.release(1000)
+    for request in requests:
+        collect(request)
+    running.close()
+    firsts = {int(long_prompt[start]): "long" for start in range(0, 40, 4)}
+    owners = _prefill_owners(script, firsts)
+    assert owners.count("long") == 10 and len(owners) == 40
+    # Shortest-first alone would prefill all 30 short prompts first; by turns the long one gets every other chunk.
+    assert max(index for index, owner in enumerate(owners) if owner == "long") <= 20, owners

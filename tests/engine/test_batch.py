@@ -1,0 +1,174 @@
+"""The batch driven iteration by iteration, synchronously, on the fake model: no engine thread, no gevent.
+
+Each test builds a :class:`Batch` as the engine loop does, queues requests, calls :meth:`Batch.iterate` and
+looks at what the fake decoder was asked (``script.steps``, ``script.chunks``) and what was published. The
+batch's invariants (:meth:`Batch.check`) are checked after every iteration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from phi_api.engine.batch import Batch
+from phi_api.engine.job import Finished, Job
+from phi_api.engine.kvpool import KVPool
+from phi_api.engine.ledger import Ledger, row_bytes
+from phi_api.engine.memory import SharedBudget
+from phi_api.engine.params import SamplingParams
+from phi_api.engine.prefill import ChunkPlanner
+from phi_api.engine.reuse import ReusePolicy
+from phi_api.engine.sequence import Kept, Phase, Request
+from phi_api.engine.stepcost import StepCosts
+from tests.support.fakes import EOS, FakeModel, Script, text_pieces
+
+PIECES = text_pieces(b"a", b"b", b"c")
+
+
+@dataclass
+class Bench:
+    """A batch, its fake model's script, and what it published."""
+
+    batch: Batch
+    script: Script
+    chunk: int
+    finished: list[tuple[Job, Finished]] = field(default_factory=list)
+    arrivals: int = 0
+
+    def submit(self, prompt, n: int = 1, **params) -> list[Job]:
+        params = {"max_tokens": 4, "temperature": 0.0, **params}
+        tokens = np.asarray(prompt, dtype=np.int32)
+        jobs = [Job(tokens, SamplingParams(**params), timeout=60, notify=lambda: None, index=index)
+                for index in range(n)]
+        self.arrivals += 1
+        self.batch.waiting.append(Request(jobs, self.batch.model, self.chunk, None, self.arrivals))
+        return jobs
+
+    def iterate(self, times: int = 1) -> None:
+        for _ in range(times):
+            self.batch.iterate()
+            self.batch.check()
+
+    def run(self, limit: int = 500) -> None:
+        for _ in range(limit):
+            if self.batch.idle:
+                return
+            self.iterate()
+        raise AssertionError("the batch never went idle")
+
+    def reasons(self) -> list[str]:
+        return [finished.reason for _, finished in self.finished]
+
+
+def bench(tokens=(1, 2, 3), *, chunk: int = 4, budget: int = 1 << 20, max_rows: int = 8, mode: str = "on",
+          draft_max: int = 0, shared: SharedBudget | None = None, name: str = "") -> Bench:
+    """A batch as the engine loop makes one (``shared``: the worker's budget it books from, with others)."""
+    script = Script(list(tokens))
+    model = FakeModel(script, PIECES)
+    decoder = model.new_decoder(1)
+    ledger = Ledger(decoder.spec, budget, max_rows, model.info.context_length, shared=shared, name=name)
+    pool = KVPool(decoder.spec, 2 * max_rows + 1, ledger.row_tokens)
+    policy = ReusePolicy(mode, chunk)
+    planner = ChunkPlanner(chunk, grid=policy.exact, slice_seconds=0.2, costs=StepCosts(script.clock))
+    made = Bench(None, script, chunk)  # type: ignore[arg-type]
+    made.batch = Batch(model, decoder, pool, ledger, policy, planner,
+                       lambda job, finished: made.finished.append((job, finished)), draft_max=draft_max)
+    return made
+
+
+def test_a_request_is_admitted_prefilled_in_chunks_then_decodes_one_token_a_step():
+    b = bench()
+    b.submit(np.arange(1, 11), max_tokens=3)
+    b.iterate()  # admitted, first chunk
+    assert b.script.chunks == [(0, 4)] and b.batch.prefilling and not b.batch.rows.running
+    b.iterate(2)  # the rest of the prompt: its last chunk starts it running, and it decodes in the same iteration
+    assert b.script.chunks == [(0, 4), (4, 4), (8, 2)]
+    assert b.script.steps[-1] == "decode:1" and b.batch.rows.running == 1
+    b.run()
+    assert b.reasons() == ["length"] and b.finished[0][1].completion_tokens == 3
+
+
+def test_admission_waits_for_room_in_arrival_order():
+    tokens = 10 + 40  # prompt + max_tokens: each request books a row of 50 tokens
+    b = bench(budget=row_bytes(bench().batch.decoder.spec, tokens) * 2, mode="off")
+    for first in (1, 11, 21):
+        b.submit(np.arange(first, first + 10), max_tokens=40)
+    b.iterate()
+    assert len(b.batch.prefilling) == 2 and len(b.batch.waiting) == 1  # two fit; the third waits
+    b.run()
+    assert b.reasons() == ["length"] * 3
+
+
+def test_a_request_that_cannot_fit_even_alone_ends_with_an_error():
+    b = bench(budget=row_bytes(bench().batch.decoder.spec, 20), mode="off")
+    b.submit(np.arange(1, 11), max_tokens=100)
+    b.iterate()
+    assert b.reasons() == ["capacity"]
+
+
+def test_n_choices_share_one_prefill_then_run_as_rows():
+    b = bench()
+    b.submit(np.arange(1, 9), n=3, max_tokens=5)
+    b.iterate(2)
+    assert [step for step in b.script.steps if step.startswith("prefill")] == ["prefill:4", "prefill:4"]
+    assert b.batch.rows.running == 3 and b.script.steps[-1] == "decode:3"
+    b.run()
+    assert sorted(job.index for job, _ in b.finished) == [0, 1, 2]
+
+
+def test_a_finished_row_is_kept_and_the_next_turn_resumes_from_it():
+    b = bench(tokens=[1, 2, 3, EOS])
+    conversation = np.arange(1, 25)
+    b.submit(conversation, max_tokens=8)
+    b.run()
+    kept = [item for item in b.batch.rows.occupants() if isinstance(item, Kept)]
+    assert len(kept) == 1 and len(kept[0].tokens) >= 24
+    answer = [1, 2, 3]
+    b.submit(np.concatenate([conversation, answer, [40, 41, 42, 43, 44]]), max_tokens=1)
+    b.run()
+    assert b.finished[-1][1].cached_tokens >= 24  # the conversation and the answer were not computed again
+
+
+def test_kept_prefixes_leave_least_recently_used_first_when_a_request_needs_room():
+    spec = bench().batch.decoder.spec
+    b = bench(tokens=[EOS], budget=row_bytes(spec, 40) * 2)
+    for first in (1, 21):  # two conversations, each kept after it ends
+        b.submit(np.arange(first, first + 20), max_tokens=1)
+        b.run()
+    assert sorted(int(kept.tokens[0]) for kept in b.batch.ledger.kept) == [1, 21]
+    b.submit(np.arange(41, 61), max_tokens=20)  # needs the room of one kept prefix: the older one leaves
+    b.iterate()
+    assert [int(kept.tokens[0]) for kept in b.batch.ledger.kept] == [21]
+
+
+def test_a_cancelled_request_ends_before_its_next_chunk_and_frees_its_booking():
+    b = bench()
+    jobs = b.submit(np.arange(1, 21), max_tokens=4)
+    b.iterate()
+    jobs[0].cancel()
+    b.iterate()
+    assert b.reasons() == ["cancelled"] and b.batch.ledger.reserved == 0 and not b.batch.prefilling
+
+
+def test_a_sequence_moves_through_its_phases():
+    b = bench()
+    b.submit(np.arange(1, 9), max_tokens=5)
+    b.iterate()
+    leader = b.batch.prefilling[0].leader
+    assert leader.phase is Phase.PREFILLING
+    b.iterate()
+    assert leader.phase is Phase.RUNNING
+    b.run()
+    assert leader.phase is Phase.FINISHED
+
+
+def test_speculation_keeps_draft_tokens_through_the_same_output_handling():
+    # The prompt repeats "1 2 3": the drafter proposes the continuation the script then writes.
+    b = bench(tokens=[1, 2, 3], draft_max=4)
+    b.submit(np.array([1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1]), max_tokens=9)
+    b.run()
+    [(_, finished)] = b.finished
+    assert finished.reason == "length" and finished.completion_tokens == 9  # drafts never carry it past
+    assert finished.accepted_tokens > 0 and finished.draft_checks > 0
+    assert any(step.startswith("check") for step in b.script.steps)

@@ -1,0 +1,32 @@
+"""The one generation path's accounting: usage (the prompt counted once, cached tokens), OpenArc's figures, and
+the error for a generation that gave no answer."""
+
+from __future__ import annotations
+
+from phi_api.engine import Finished
+from phi_api.errors import ContextLengthExceededError, GenerationTimeoutError, InternalError
+from phi_api.service.generation import failure, openarc_metrics, usage
+
+
+def choice(completion: int, cached: int = 0, ttft: float | None = 0.5, decode: float = 2.0) -> Finished:
+    return Finished("stop", 100, completion, ttft, decode, cached_tokens=cached)
+
+
+def test_usage_counts_the_prompt_once_and_every_choice_s_tokens():
+    assert usage([choice(10, cached=64), choice(5, cached=32)]) == {
+        "prompt_tokens": 100, "completion_tokens": 15, "total_tokens": 115,
+        "prompt_tokens_details": {"cached_tokens": 64}}
+
+
+def test_openarc_metrics_compute_only_the_prompt_tokens_not_reused():
+    metrics = openarc_metrics([choice(11, cached=60, ttft=0.4, decode=2.0)])
+    assert metrics["prefill_throughput"] == 100.0  # 40 computed tokens in 0.4 s
+    assert metrics["decode_throughput"] == 5.0 and metrics["tpot"] == 0.2  # 10 tokens after the first, in 2 s
+    assert (metrics["input_token"], metrics["new_token"], metrics["total_token"]) == (100, 11, 111)
+
+
+def test_a_timeout_is_a_timeout_error_a_request_that_no_longer_fits_a_400_and_anything_else_an_internal_one():
+    assert isinstance(failure(Finished("timeout", 1, 0, None, 0.0)), GenerationTimeoutError)
+    capacity = failure(Finished("capacity", 1, 0, None, 0.0))
+    assert isinstance(capacity, ContextLengthExceededError) and capacity.status == 400
+    assert isinstance(failure(Finished("error", 1, 0, None, 0.0, "trace")), InternalError)

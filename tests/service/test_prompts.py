@@ -1,0 +1,58 @@
+"""Prompts: chat content into plain text for templates, completion prompts, and what is refused before tokenizing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from phi_api.errors import (
+    ContextLengthExceededError,
+    InvalidMessagesError,
+    InvalidParameterError,
+    UnsupportedParameterError,
+)
+from phi_api.service.prompts import MAX_RUN_CHARS, chat_messages, check_token_ids, completion_prompt, text_tokens
+from tests.support.fakes import fake_engine, text_pieces
+
+
+@pytest.fixture(scope="module")
+def engine():
+    made = fake_engine([1, 0], text_pieces(b"a"))
+    yield made
+    made.stop()
+
+
+def test_chat_content_parts_are_joined_and_roles_get_the_names_templates_know():
+    messages = chat_messages([{"role": "developer", "content": [{"type": "text", "text": "a"},
+                                                                 {"type": "text", "text": "b"}]},
+                              {"role": "assistant", "content": None, "tool_calls": [{"id": "x"}]}])
+    assert messages == [{"role": "system", "content": "a\nb"},
+                        {"role": "assistant", "content": "", "tool_calls": [{"id": "x"}]}]
+
+
+def test_an_image_part_is_refused_naming_the_message():
+    with pytest.raises(UnsupportedParameterError, match=r"messages\[0\]"):
+        chat_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+
+
+def test_a_text_that_cannot_fit_or_a_run_without_spaces_is_refused_before_tokenizing(engine):
+    with pytest.raises(ContextLengthExceededError):
+        text_tokens(engine, "a " * (engine.info.context_length * engine.longest_token_bytes), "prompt")
+    with pytest.raises(InvalidParameterError):
+        text_tokens(engine, "x" * (MAX_RUN_CHARS + 1), "prompt", must_fit=False)
+    with pytest.raises(InvalidMessagesError):
+        text_tokens(engine, "x" * (MAX_RUN_CHARS + 1), "messages", must_fit=False)
+    assert len(text_tokens(engine, "x" * MAX_RUN_CHARS, "prompt", must_fit=False)) == MAX_RUN_CHARS
+
+
+def test_completion_prompts_as_text_or_ids_one_at_a_time(engine):
+    ids, text = completion_prompt(engine, ["hi"])
+    assert text == "hi" and len(ids) == 2
+    ids, _ = completion_prompt(engine, [1, 2, 3])
+    assert ids.tolist() == [1, 2, 3] and ids.dtype == np.int32
+    with pytest.raises(UnsupportedParameterError):
+        completion_prompt(engine, ["a", "b"])
+    with pytest.raises(InvalidParameterError, match="empty"):
+        completion_prompt(engine, "")
+    with pytest.raises(InvalidParameterError, match="vocabulary"):
+        check_token_ids(engine, [1, 10**6], "prompt")
