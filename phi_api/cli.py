@@ -100,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--max-tokens", type=int, default=16, help="tokens per request in a burst (default 16)")
     load.add_argument("--minutes", type=float, help="soak for this long instead of bursting")
     load.add_argument("--concurrency", type=int, default=4, help="soak clients (default 4)")
+    load.add_argument("--mixed", action="store_true",
+                      help="a mixed load (long prompts, conversations, short questions, n 3, abandoned streams) for "
+                           "--minutes (default 5): peak PSS against MEMORY_LIMIT_MB, the longest first-token wait "
+                           "by kind, generations ended by timeout")
+    load.add_argument("--memory-limit-mb", type=float, default=0, help="MEMORY_LIMIT_MB of the server it starts")
     load.set_defaults(run=_load)
 
     args = parser.parse_args(argv)

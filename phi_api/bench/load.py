@@ -206,11 +206,19 @@ def run(args: Any) -> int:
         import tempfile
         from pathlib import Path
 
+        extra = {"MEMORY_LIMIT_MB": args.memory_limit_mb} if args.memory_limit_mb else {}
         server = Server(Path(tempfile.mkdtemp(prefix="phi-api-load-")), MODEL_PATH=args.model_path,
                         MODEL_ID=args.model, MAX_CONCURRENT_REQUESTS=args.limit,
-                        WEB_CONCURRENCY=args.workers).start()
+                        WEB_CONCURRENCY=args.workers, **extra).start()
         url, pid = server.url, server.master.pid
     try:
+        if args.mixed:
+            from phi_api.bench.mixed import report, run_mixed
+
+            if pid is None:
+                print("load --mixed with --url needs --pid (the gunicorn master's)", flush=True)
+                return 2
+            return 0 if report(run_mixed(url, args.model, args.minutes or 5, args.concurrency, pid)) else 1
         if args.minutes:
             samples = soak(url, args.model, args.minutes, args.concurrency, pid)
             summary = soak_summary(samples)

@@ -19,6 +19,7 @@ its own :class:`Sampler`, in this order:
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -59,7 +60,16 @@ class LogitsEditor:
                               if params.min_p > 0 and not params.greedy else None)
         self._top = params.logprobs
         self._counts: dict[int, int] = {}
+        window = params.penalty_window
+        if window == 0:  # Ollama's repeat_last_n 0: no repetition penalty
+            self._repetition = 1.0
+        # The last ``window`` tokens (prompt, then generated) when the penalty has a window; None: every token seen.
+        self._recent: collections.deque[int] | None = None
+        if self._repetition != 1.0 and window is not None and window > 0:
+            self._recent = collections.deque((int(token) for token in prompt), maxlen=window)
         self._seen: set[int] = {int(token) for token in prompt} if self._repetition != 1.0 else set()
+        if self._recent is not None:
+            self._seen = set(self._recent)
         self._raw: np.ndarray | None = None
         self._normalizer = 0.0
         self._alternatives: tuple[tuple[int, float], ...] = ()
@@ -89,7 +99,10 @@ class LogitsEditor:
     def observe(self, token: int) -> TokenLogprob | None:
         """Record the token that was chosen; its log-probability record when asked for."""
         self._counts[token] = self._counts.get(token, 0) + 1
-        if self._repetition != 1.0:
+        if self._recent is not None:
+            self._recent.append(token)
+            self._seen = set(self._recent)
+        elif self._repetition != 1.0:
             self._seen.add(token)
         if self._top is None or self._raw is None:
             return None

@@ -26,6 +26,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # the same for every prompt token (echo); None: none
     guidance: tuple[str, str] | None = None  # (kind, grammar): "json_schema" (llguidance)
     draft_max: int | None = None  # prompt-lookup draft tokens a step may verify; None: the server's setting
+    penalty_window: int | None = None  # the repetition penalty looks at the last this many tokens; None: all
 
     @property
     def greedy(self) -> bool:

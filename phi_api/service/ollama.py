@@ -8,6 +8,7 @@ and Ollama's counts and durations (nanoseconds), or that last object alone.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -18,6 +19,8 @@ from phi_api.service.choices import Calls, ChoiceResult, Text
 from phi_api.service.generation import KEEPALIVE, Run, events
 from phi_api.service.requests import ChatRequest, CompletionRequest, Sampling, given
 from phi_api.service.tools import ToolCall, new_call_id
+
+log = logging.getLogger(__name__)
 
 
 def created_at() -> str:
@@ -36,16 +39,29 @@ def keeps_alive(body: dict[str, Any]) -> bool:
     return given(body, "keep_alive", -1) not in (0, "0", "0s", "0m", "0h")
 
 
+# Ollama's documented options that have a meaning here (the rest are accepted and logged: see _sampling).
+APPLIED_OPTIONS = frozenset({"temperature", "top_p", "top_k", "min_p", "num_predict", "stop", "seed", "repeat_penalty",
+                             "repeat_last_n", "presence_penalty", "frequency_penalty", "num_ctx"})
+OLLAMA_PENALTY_WINDOW = 64  # Ollama's default repeat_last_n
+
+
 def _sampling(body: dict[str, Any]) -> Sampling:
-    """Ollama's ``options`` (already checked against their schema)."""
+    """Ollama's ``options`` (already checked against their schema): those with a meaning here applied, the others
+    (``mirostat``, ``num_thread``, ``typical_p``, ...) accepted, as Ollama does, and named in one log line."""
     options = given(body, "options", {}) or {}
 
     def option(name: str) -> Any:
         return options.get(name)
 
+    ignored = sorted(name for name, value in options.items() if name not in APPLIED_OPTIONS and value is not None)
+    if ignored:
+        log.info("Ollama options without effect here, ignored: %s", ", ".join(ignored))
+    window = option("repeat_last_n")
     stop = option("stop") or ()
     num_predict = option("num_predict")
     return Sampling(
+        penalty_window=OLLAMA_PENALTY_WINDOW if window is None else (None if window == -1 else window),
+        context_limit=option("num_ctx"),
         max_tokens=num_predict if num_predict is not None and num_predict >= 0 else None,  # -1, -2: no limit
         limit_param="num_predict", temperature=option("temperature"), top_p=option("top_p"), top_k=option("top_k"),
         min_p=option("min_p"), seed=option("seed"), stop=(stop,) if isinstance(stop, str) else tuple(stop),

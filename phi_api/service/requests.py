@@ -46,6 +46,8 @@ class Sampling:
     ignore_eos: bool = False
     n: int = 1
     draft_max: int | None = None  # llama.cpp's speculative.n_max; None: the server's SPECULATIVE_DRAFT_MAX
+    penalty_window: int | None = None  # Ollama's repeat_last_n: the repetition penalty's last tokens; None: all
+    context_limit: int | None = None  # Ollama's num_ctx: the context this request may use, within the model's
 
     @classmethod
     def from_openai(cls, body: dict[str, Any]) -> Sampling:
@@ -97,22 +99,26 @@ class Sampling:
             prompt_logprobs=prompt_logprobs,
             guidance=guidance,
             draft_max=self.draft_max,
+            penalty_window=self.penalty_window,
         )
         if self.n == 1 or params.seed is None:
             return [params] * self.n
         return [dataclasses.replace(params, seed=params.seed + index) for index in range(self.n)]
 
     def _max_tokens(self, prompt_tokens: int, prompt_param: str, model: ModelInfo, default: int) -> int:
-        room = model.context_length - prompt_tokens
+        context = min(model.context_length, self.context_limit or model.context_length)
+        named = "This model's maximum context length" if context == model.context_length else \
+            "This request's context (num_ctx)"
+        room = context - prompt_tokens
         if room < 1:
             raise ContextLengthExceededError(
-                f"This model's maximum context length is {model.context_length} tokens, "
-                f"and the {prompt_param} alone use {prompt_tokens} tokens.", param=prompt_param)
+                f"{named} is {context} tokens, and the {prompt_param} alone use {prompt_tokens} tokens.",
+                param=prompt_param)
         if self.max_tokens is None:
             return min(default, room)
         if self.max_tokens > room:
             raise ContextLengthExceededError(
-                f"This model's maximum context length is {model.context_length} tokens. However, you requested "
+                f"{named} is {context} tokens. However, you requested "
                 f"{prompt_tokens + self.max_tokens} tokens ({prompt_tokens} in the {prompt_param}, "
                 f"{self.max_tokens} in the completion). Please reduce the length of the {prompt_param} or of "
                 f"{self.limit_param}.", param=self.limit_param)

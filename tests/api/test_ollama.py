@@ -58,6 +58,41 @@ def test_options_map_to_the_engine(make_app):
     assert body["eval_count"] == 3 and body["done_reason"] == "length"
 
 
+OPEN_WEBUI_OPTIONS = {"temperature": 0, "num_predict": 24, "num_ctx": 2048, "repeat_last_n": 32, "num_thread": 2,
+                      "mirostat": 0, "num_keep": 4, "num_gpu": 0, "typical_p": 0.9, "use_mmap": True,
+                      "some_future_option": 1}
+
+
+@pytest.mark.parametrize("path,request_body", [("/api/chat", {**CHAT, "stream": False}),
+                                               ("/api/generate", {**GENERATE, "stream": False}),
+                                               ("/v1/generate", {**GENERATE, "stream": False})])
+def test_every_documented_option_is_accepted_the_meaningful_ones_applied(make_app, caplog, path, request_body):
+    engine = fake_engine([1, 1, 1, 1, 0], text_pieces(b"a"))
+    client = make_app(engine).test_client()
+    with caplog.at_level("INFO", logger="phi_api.service.ollama"):
+        answer = client.post(path, json={**request_body, "options": OPEN_WEBUI_OPTIONS})
+    assert answer.status_code == 200, answer.get_json()
+    used = engine.model.script.params[-1]
+    assert (used.temperature, used.max_tokens, used.penalty_window) == (0.0, 24, 32)
+    assert "ignored: mirostat, num_gpu, num_keep, num_thread, some_future_option, typical_p, use_mmap" in caplog.text
+
+
+def test_repeat_last_n_defaults_to_ollama_s_64_and_minus_one_means_every_token(make_app):
+    engine = fake_engine([1, 0], text_pieces(b"a"))
+    client = make_app(engine).test_client()
+    for options, window in (({}, 64), ({"repeat_last_n": -1}, None), ({"repeat_last_n": 0}, 0)):
+        client.post("/api/chat", json={**CHAT, "stream": False, "options": options})
+        assert engine.model.script.params[-1].penalty_window == window
+
+
+def test_num_ctx_bounds_the_context(make_app):
+    client = make_app().test_client()
+    long_chat = {**CHAT, "stream": False, "messages": [{"role": "user", "content": "word " * 60}]}
+    refused = client.post("/api/chat", json={**long_chat, "options": {"num_ctx": 32}})
+    assert refused.status_code == 400 and "num_ctx" in refused.get_json()["error"]
+    assert client.post("/api/chat", json={**long_chat, "options": {"num_ctx": 4096}}).status_code == 200
+
+
 def test_format_json_is_a_grammar(make_app):
     engine = fake_engine([1, 0], text_pieces(b"{}"))
     client = make_app(engine).test_client()
@@ -107,7 +142,8 @@ def test_show_and_version(client):
     ("/api/show", {"model": "llama3"}, 404),
     ("/api/generate", {"prompt": "hi"}, 400),
     ("/api/generate", {**GENERATE, "options": {"temperature": 9}}, 400),
-    ("/api/generate", {**GENERATE, "options": {"mirostat": 2}}, 400),
+    ("/api/generate", {**GENERATE, "options": {"mirostat": "2"}}, 400),  # the wrong type
+    ("/api/chat", {**CHAT, "options": {"num_ctx": "2048"}}, 400),
     ("/api/generate", {**GENERATE, "images": ["aGk="]}, 400),
     ("/api/chat", {**CHAT, "messages": []}, 400),
     ("/v1/generate", {**GENERATE, "think": True}, 400),

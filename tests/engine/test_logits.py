@@ -85,6 +85,18 @@ def test_the_repetition_penalty_divides_positive_and_multiplies_negative_logits_
     assert logits.tolist() == [4.0, 2.0, -8.0, 4.0]  # the prompt's token 1 and the generated token 2
 
 
+def test_a_penalty_window_penalizes_only_the_last_tokens():
+    editor = LogitsEditor(SamplingParams(max_tokens=1, repetition_penalty=2.0, penalty_window=2), prompt=[0, 1])
+    editor.observe(2)  # the last two tokens are now 1 and 2; token 0 fell out of the window
+    logits = np.array([4.0, 4.0, 4.0, 4.0], dtype=np.float32)
+    editor(logits)
+    assert logits.tolist() == [4.0, 2.0, 2.0, 4.0]
+    off = LogitsEditor(SamplingParams(max_tokens=1, repetition_penalty=2.0, penalty_window=0), prompt=[0, 1])
+    logits = np.array([4.0, 4.0, 4.0, 4.0], dtype=np.float32)
+    off(logits)
+    assert logits.tolist() == [4.0, 4.0, 4.0, 4.0]  # Ollama's repeat_last_n 0: no repetition penalty
+
+
 def draws(probabilities, count=4000, **options):
     logits = np.log(np.array(probabilities, dtype=np.float32))
     rng = np.random.default_rng(0)

@@ -45,6 +45,21 @@ def test_the_ollama_client_unchanged(server):
     assert missing.value.status_code == 404
 
 
+def test_open_webui_s_options_through_the_ollama_client_streamed_and_not(server):
+    """What Open WebUI forwards when a user sets the chat's "Context Length" (and other options it may send)."""
+    client = ollama.Client(host=server.url)
+    options = {"temperature": 0, "num_predict": 24, "num_ctx": 2048, "repeat_last_n": 64, "num_thread": 2,
+               "mirostat": 0, "num_keep": 5, "num_gpu": 0, "typical_p": 1.0}
+    messages = [{"role": "user", "content": "Name a fruit."}]
+    whole = client.chat(model=MODEL_ID, messages=messages, options=options)
+    streamed = list(client.chat(model=MODEL_ID, messages=messages, options=options, stream=True))
+    assert whole.message.content and whole.eval_count <= 24
+    assert "".join(part.message.content for part in streamed) == whole.message.content and streamed[-1].done
+    with pytest.raises(ollama.ResponseError) as wrong:
+        client.chat(model=MODEL_ID, messages=messages, options={"num_ctx": "big"})
+    assert wrong.value.status_code == 400 and "num_ctx" in wrong.value.error
+
+
 def test_ndjson_framing_byte_by_byte(server):
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     connection.request("POST", "/v1/generate", body=json.dumps({"model": MODEL_ID, "prompt": "Count to three.",

@@ -1,0 +1,131 @@
+"""``python -m phi_api load --mixed --minutes M``: a mixed load that reports memory against the budget and waits.
+
+Clients send, in turn: long prompts (a RAG-like ~1,000-token document and a
+question), conversations (~300 tokens, each its own), short questions, three
+choices at once (``n`` 3), and streams abandoned after their first token; each
+prompt is new, so prefix reuse helps no client but a conversation's own next
+turn. Measured: every answer's status, the first token's wait by kind (the
+longest), generations ended by ``GENERATION_TIMEOUT`` (a 504, or an error event
+in a stream), and the server's PSS (master and workers) every second, against
+``phi_api_memory_limit_bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import requests
+
+KINDS = ("long", "conversation", "short", "n3", "abandoned")
+_DOCUMENT = ("The committee met on {day} to review the budget of district {n}. It noted that transport costs rose by "
+             "{a} percent, that schools asked for {b} new teachers, and that the library's roof needs repair. ")
+
+
+def body(kind: str, index: int, model: str) -> dict[str, Any]:
+    """The chat request of ``kind`` for client round ``index``."""
+    if kind == "long":
+        text = "".join(_DOCUMENT.format(day=f"day {index}-{n}", n=n, a=(index + n) % 17, b=(3 * n + index) % 11)
+                       for n in range(24))
+        messages = [{"role": "user", "content": f"{text}\nWhich district asked for the most teachers?"}]
+        return {"model": model, "messages": messages, "max_tokens": 32, "stream": True}
+    if kind == "conversation":
+        turns = " ".join(f"Note {index}.{n}: the parcel {n} left depot {(index * 7 + n) % 13}." for n in range(18))
+        messages = [{"role": "system", "content": f"You help courier {index}."}, {"role": "user", "content": turns}]
+        return {"model": model, "messages": messages, "max_tokens": 48, "stream": True}
+    if kind == "n3":
+        return {"model": model, "messages": [{"role": "user", "content": f"Name a color ({index})."}],
+                "max_tokens": 16, "n": 3, "stream": True}
+    question = f"What is {index} plus {index * 3}?"
+    return {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 24, "stream": True}
+
+
+def one(url: str, kind: str, index: int, model: str) -> tuple[str, float | None, bool]:
+    """(status, seconds to the first token, ended by timeout) of one request."""
+    started = time.monotonic()
+    first, timed_out = None, False
+    try:
+        with requests.post(url + "/v1/chat/completions", json=body(kind, index, model), stream=True,
+                           timeout=900) as response:
+            if response.status_code != 200:
+                return str(response.status_code), None, response.status_code == 504
+            for line in response.iter_lines():
+                if first is None and line.startswith(b"data: {") and b'"content"' in line:
+                    first = time.monotonic() - started
+                    if kind == "abandoned":
+                        return "abandoned", first, False
+                if line.startswith(b"data: {") and b'"error"' in line:
+                    timed_out = b"timeout" in line
+                    return "error-event", first, timed_out
+        return "200", first, False
+    except requests.RequestException as exc:
+        return f"error:{type(exc).__name__}", first, False
+
+
+def tree_pss(pid: int) -> int:
+    """PSS of a process and its children (gunicorn's master and workers)."""
+    pids = [pid]
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        pids += [int(child) for child in children.read_text().split()]
+    total = 0
+    for each in pids:
+        try:
+            for line in Path(f"/proc/{each}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def run_mixed(url: str, model: str, minutes: float, concurrency: int, pid: int) -> dict[str, Any]:
+    """Drive the mixed load for ``minutes``; the report."""
+    deadline = time.monotonic() + minutes * 60
+    statuses: Counter[str] = Counter()
+    waits: dict[str, list[float]] = defaultdict(list)
+    timeouts, peak = [0], [0]
+    lock = threading.Lock()
+
+    def client(number: int) -> None:
+        index = number
+        while time.monotonic() < deadline:
+            kind = KINDS[index % len(KINDS)]
+            status, first, timed_out = one(url, kind, index, model)
+            with lock:
+                statuses[status] += 1
+                timeouts[0] += timed_out
+                if first is not None:
+                    waits[kind].append(first)
+            index += concurrency
+
+    def sample() -> None:
+        while time.monotonic() < deadline:
+            peak[0] = max(peak[0], tree_pss(pid))
+            time.sleep(1.0)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(concurrency)]
+    threads.append(threading.Thread(target=sample))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    metrics = requests.get(url + "/metrics", timeout=60).text
+    limit = re.search(r"^phi_api_memory_limit_bytes (\S+)$", metrics, flags=re.M)
+    return {"requests": dict(statuses), "generations_ended_by_timeout": timeouts[0],
+            "longest_first_token_seconds": {kind: round(max(values), 1) for kind, values in waits.items()},
+            "peak_pss_mb": round(peak[0] / 2**20), "memory_limit_mb": round(float(limit.group(1)) / 2**20) if limit
+            else None}
+
+
+def report(result: dict[str, Any]) -> bool:
+    """Print the report; whether the server held: no 5xx, no timeout, PSS within the budget."""
+    print(json.dumps(result, indent=2))
+    failed = [status for status in result["requests"] if status.startswith(("5", "error"))]
+    within = result["memory_limit_mb"] is None or result["peak_pss_mb"] <= result["memory_limit_mb"]
+    return not failed and not result["generations_ended_by_timeout"] and within
