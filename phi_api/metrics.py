@@ -19,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from phi_api.engine import Finished
-from phi_api.engine.job import Job
+from phi_api.engine.choice import Choice
 from phi_api.resources import keep, kept
 
 _KEY = "phi_api.metrics"
@@ -94,7 +94,7 @@ class Metrics:
         self._published: set[str] = set()
         self._evictions: dict[str, int] = {}
 
-    def observe_generation(self, job: Job, finished: Finished) -> None:
+    def observe_generation(self, choice: Choice, finished: Finished) -> None:
         """Record a finished generation (called on the hub's thread)."""
         self.generations.labels(finished.reason).inc()
         self.prompt_tokens.inc(finished.prompt_tokens)

@@ -48,23 +48,33 @@ def body(kind: str, index: int, model: str) -> dict[str, Any]:
 def one(url: str, kind: str, index: int, model: str) -> tuple[str, float | None, bool]:
     """(status, seconds to the first token, ended by timeout) of one request."""
     started = time.monotonic()
-    first, timed_out = None, False
+    first = None
     try:
         with requests.post(url + "/v1/chat/completions", json=body(kind, index, model), stream=True,
                            timeout=900) as response:
             if response.status_code != 200:
                 return str(response.status_code), None, response.status_code == 504
             for line in response.iter_lines():
-                if first is None and line.startswith(b"data: {") and b'"content"' in line:
+                event = _event(line)
+                if event is None:
+                    continue
+                if "error" in event:  # a stream that failed after it began: its error event
+                    return "error-event", first, event["error"].get("code") == "timeout"
+                if first is None and any(choice.get("delta", {}).get("content") for choice in event["choices"]):
                     first = time.monotonic() - started
                     if kind == "abandoned":
                         return "abandoned", first, False
-                if line.startswith(b"data: {") and b'"error"' in line:
-                    timed_out = b"timeout" in line
-                    return "error-event", first, timed_out
         return "200", first, False
     except requests.RequestException as exc:
         return f"error:{type(exc).__name__}", first, False
+
+
+def _event(line: bytes) -> dict[str, Any] | None:
+    """A server-sent event's JSON object (None for ``[DONE]``, keep-alives and blank lines)."""
+    if not line.startswith(b"data: {"):
+        return None
+    parsed = json.loads(line[len(b"data: "):])
+    return parsed if isinstance(parsed, dict) else None
 
 
 def tree_pss(pid: int) -> int:

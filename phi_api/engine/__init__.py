@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from phi_api.engine.choice import Choice, Event, Finished, PromptLogprobs, TextDelta
 from phi_api.engine.config import EngineConfig
-from phi_api.engine.job import Event, Finished, Job, PromptLogprobs, TextDelta
 from phi_api.engine.loop import CapacityError, EngineLoad, EngineLoop, RetiredError
 from phi_api.engine.memory import SharedBudget
 from phi_api.engine.model import ChatTemplateError, ModelInfo
@@ -44,23 +44,23 @@ __all__ = [
 
 
 class Generation:
-    """The request side of a submitted request: one job per choice, one waker for all of them."""
+    """The request side of a submitted request: its choices, and one waker for all of them."""
 
-    def __init__(self, jobs: list[Job], waker: HubWaker) -> None:
-        self._jobs = jobs
+    def __init__(self, choices: list[Choice], waker: HubWaker) -> None:
+        self._choices = choices
         self._waker = waker
 
     @property
     def prompt_tokens(self) -> int:
         """Length of the prompt, in tokens."""
-        return len(self._jobs[0].prompt)
+        return len(self._choices[0].prompt)
 
     def events(self, idle_timeout: float | None = None) -> Iterator[Event | None]:
         """Yield every choice's events (each carries its ``index``) until all are ``Finished``;
         yield ``None`` after ``idle_timeout`` seconds without any."""
-        running = len(self._jobs)
+        running = len(self._choices)
         while running:
-            events = [event for job in self._jobs for event in job.drain()]
+            events = [event for choice in self._choices for event in choice.drain()]
             for event in events:
                 yield event
                 if isinstance(event, Finished):
@@ -70,8 +70,8 @@ class Generation:
 
     def cancel(self) -> None:
         """Stop the generations at the engine's next step; their ``Finished`` events will say ``cancelled``."""
-        for job in self._jobs:
-            job.cancel()
+        for choice in self._choices:
+            choice.cancel()
 
     def close(self) -> None:
         """Done with this request: cancel what still runs, and stop listening for its events."""
@@ -86,7 +86,7 @@ class Engine:
         """``memory``: the worker's key/value budget, shared with its other engines (one of its own if none)."""
         self.model = model
         self.config = config
-        self.observers: list[Callable[[Job, Finished], None]] = [log_generation]
+        self.observers: list[Callable[[Choice, Finished], None]] = [log_generation]
         self.loop = EngineLoop(model, config, report=self._report, memory=memory)
         self.draining = False  # set when this worker starts shutting down
         self.loaded_at = int(time.time())
@@ -140,14 +140,14 @@ class Engine:
         A grammar is compiled here, off the hub, once per choice: the engine
         thread never spends a step's time on it.
         """
-        choices = params if isinstance(params, list) else [params]
-        guides = [off_hub(self.model.guide, choice.guidance) if choice.guidance else None for choice in choices]
+        each = params if isinstance(params, list) else [params]
+        guides = [off_hub(self.model.guide, one.guidance) if one.guidance else None for one in each]
         waker = HubWaker()
-        jobs = [Job(prompt, choice, timeout=self._timeout, notify=waker.notify, request_id=request_id, index=index,
-                    guide=guide)
-                for index, (choice, guide) in enumerate(zip(choices, guides, strict=True))]
-        self.loop.submit(jobs)
-        return Generation(jobs, waker)
+        choices = [Choice(prompt, one, timeout=self._timeout, notify=waker.notify, request_id=request_id,
+                          index=index, guide=guide)
+                   for index, (one, guide) in enumerate(zip(each, guides, strict=True))]
+        self.loop.submit(choices)
+        return Generation(choices, waker)
 
     def start(self) -> None:
         """Start this process's engine thread (call after forking); it loads its decoder session."""
@@ -177,9 +177,9 @@ class Engine:
         """Whether this process can generate: engine thread up with its session, not shutting down."""
         return self.loop.running and not self.draining
 
-    def _report(self, job: Job, finished: Finished) -> None:
+    def _report(self, choice: Choice, finished: Finished) -> None:
         for observer in self.observers:
-            observer(job, finished)
+            observer(choice, finished)
 
     def stop(self) -> None:
         """Cancel running generations and stop the engine thread."""
@@ -191,11 +191,11 @@ class Engine:
         self.loop.retire()
 
 
-def log_generation(job: Job, finished: Finished) -> None:
+def log_generation(choice: Choice, finished: Finished) -> None:
     """The one log line of every generation (run on the hub's thread, never the engine's)."""
     ttft = f"{finished.time_to_first_token * 1000:.0f}" if finished.time_to_first_token is not None else "-"
     rate = finished.decode_tokens_per_second
-    extra = {"request_id": job.request_id}
+    extra = {"request_id": choice.request_id}
     log.info(
         "generation finish_reason=%s prompt_tokens=%d cached_tokens=%d completion_tokens=%d ttft_ms=%s "
         "tokens_per_s=%s batch_rows=%.1f",

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from phi_api.engine.job import Finished, PromptLogprobs
+from phi_api.engine.choice import Finished, PromptLogprobs
 from phi_api.engine.kvcache import KVCache
 from phi_api.engine.kvpool import KVPool
 from phi_api.engine.ledger import Ledger
@@ -148,11 +148,11 @@ class Batch:
             self.rows.join(sequence)
             if request.prompt_logprobs is not None:
                 first = (int(request.prompt[0]), None)
-                sequence.job.emit(PromptLogprobs((first, *((record.token, record) for record in
-                                                           request.prompt_records)), sequence.job.index))
-            if sequence.job.cancelled:
+                sequence.choice.emit(PromptLogprobs((first, *((record.token, record) for record in
+                                                           request.prompt_records)), sequence.choice.index))
+            if sequence.choice.cancelled:
                 self.outputs.finish(sequence, "cancelled")
-            elif sequence.job.params.max_tokens == 0:  # the prompt's log-probabilities were all that was asked
+            elif sequence.choice.params.max_tokens == 0:  # the prompt's log-probabilities were all that was asked
                 self.outputs.finish(sequence, "length")
             else:
                 self.outputs.take_token(sequence, logits.copy() if shared else logits)
@@ -234,10 +234,10 @@ class Batch:
     def fail_everything(self, detail: str) -> None:
         """After a bug of ours: every request fails with ``detail``, without trusting the rows' bookkeeping; then
         the batch starts over, empty."""
-        jobs = [job for request in [*self.waiting, *self.prefilling] for job in request.jobs]
-        jobs += [row.job for row in self.rows.occupants() if isinstance(row, Sequence) and row in self._running()]
-        for job in jobs:
-            self.publish(job, Finished("error", len(job.prompt), 0, None, 0.0, detail, index=job.index))
+        choices = [choice for request in [*self.waiting, *self.prefilling] for choice in request.choices]
+        choices += [row.choice for row in self.rows.occupants() if isinstance(row, Sequence) and row in self._running()]
+        for choice in choices:
+            self.publish(choice, Finished("error", len(choice.prompt), 0, None, 0.0, detail, index=choice.index))
         self.waiting.clear()
         self.prefilling.clear()
         self.rows.clear()

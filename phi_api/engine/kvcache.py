@@ -81,7 +81,7 @@ class KVCache:
         worker's budget; whether it does now. Kept prefixes of other engines, least recently used first, are asked
         for (:mod:`engine.memory`): their engines give them up at their next iteration, and wake this one. Call it
         with the shared budget's lock held until the request is booked."""
-        ledger, rows, reserve = self.ledger, len(request.jobs), request.reserve
+        ledger, rows, reserve = self.ledger, len(request.choices), request.reserve
         account = ledger.account
         assert account is not None
         if not ledger.could_fit(rows, reserve):

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from phi_api.engine.batch import Batch, Decoder
+from phi_api.engine.choice import Choice, Finished
 from phi_api.engine.config import EngineConfig
-from phi_api.engine.job import Finished, Job
 from phi_api.engine.kvpool import KVPool
 from phi_api.engine.ledger import CapacityError, Ledger
 from phi_api.engine.memory import SharedBudget
@@ -40,7 +40,7 @@ __all__ = ["CapacityError", "EngineLoad", "EngineLoop", "Model", "RetiredError"]
 
 log = logging.getLogger(__name__)  # used on the hub's thread only
 _THREAD_ENDED = object()  # the engine thread's last message to the hub (see HubRelay.close)
-Report = Callable[[Job, Finished], None]
+Report = Callable[[Choice, Finished], None]
 
 
 class Model(Protocol):
@@ -68,7 +68,7 @@ class EngineLoad:
     kv_budget: int = 0
 
 
-def _discard(job: Job, finished: Finished) -> None:
+def _discard(choice: Choice, finished: Finished) -> None:
     """The report of an engine that has ended (it reports nothing more)."""
 
 
@@ -91,7 +91,7 @@ class EngineLoop:
         # Made on the hub, for capacity checks before anything is queued; the engine thread makes its own.
         self._capacity = Ledger(model.spec, config.kv_budget_bytes, config.max_rows, model.info.context_length,
                                 shared=self.memory, open_account=False)
-        self._inbox: collections.deque[list[Job]] = collections.deque()
+        self._inbox: collections.deque[list[Choice]] = collections.deque()
         self._signal = Signal()
         self._relay: HubRelay | None = None
         self._started_pid: int | None = None
@@ -123,12 +123,12 @@ class EngineLoop:
         """Raise :class:`CapacityError` if such a request could never fit the key/value budget."""
         self._capacity.check_capacity(min(self._model.info.context_length, prompt_tokens + max_tokens), rows)
 
-    def submit(self, jobs: list[Job]) -> None:
-        """Queue a request's jobs (its choices); they start within one iteration if there is room."""
+    def submit(self, choices: list[Choice]) -> None:
+        """Queue a request's choices (its choices); they start within one iteration if there is room."""
         if self._retiring:
             raise RetiredError("this model has been unloaded")
         self.start()
-        self._inbox.append(jobs)
+        self._inbox.append(choices)
         self._signal.set()
 
     def stop(self) -> None:
@@ -218,9 +218,9 @@ class EngineLoop:
                                running=len(batch.prefilling) + batch.rows.running, kv_reserved=batch.ledger.reserved,
                                kv_budget=batch.ledger.budget)
 
-    def _publish(self, job: Job, finished: Finished) -> None:
-        job.emit(finished)
-        self._send((job, finished))
+    def _publish(self, choice: Choice, finished: Finished) -> None:
+        choice.emit(finished)
+        self._send((choice, finished))
 
     def _send(self, item: Any) -> None:
         """To the hub's thread (the relay is closed only once this thread has ended)."""

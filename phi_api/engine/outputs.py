@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from phi_api.engine.job import Finished, Job, TextDelta
+from phi_api.engine.choice import Choice, Finished, TextDelta
 from phi_api.engine.kvcache import KVCache
 from phi_api.engine.sequence import Phase, Request, Sequence
 
-Publish = Callable[[Job, Finished], None]
+Publish = Callable[[Choice, Finished], None]
 
 
 def trace(error: BaseException) -> str:
@@ -52,10 +52,10 @@ class Outputs:
 
     def still_wanted(self, row: Sequence) -> bool:
         """Whether the row may go on: not cancelled, not past its deadline (else it is finished so)."""
-        if row.job.cancelled:
+        if row.choice.cancelled:
             self.finish(row, "cancelled")
             return False
-        if time.monotonic() > row.job.deadline:
+        if time.monotonic() > row.choice.deadline:
             self.finish(row, "timeout")
             return False
         return True
@@ -80,7 +80,7 @@ class Outputs:
             self.finish(row, "stop", flush=False)
         elif failed:
             self.finish(row, "error", f"the grammar cannot continue: {failed}")
-        elif row.generated >= row.job.params.max_tokens or row.length + 1 > self.kv.pool.tokens:
+        elif row.generated >= row.choice.params.max_tokens or row.length + 1 > self.kv.pool.tokens:
             self.finish(row, "length")
         else:
             row.pending = token
@@ -92,7 +92,7 @@ class Outputs:
         records = tuple((piece.text, piece.logprob) for piece in pieces if piece.logprob is not None)
         text = "".join(piece.text for piece in pieces)
         if text or records:
-            row.job.emit(TextDelta(text, records, row.job.index))
+            row.choice.emit(TextDelta(text, records, row.choice.index))
 
     def finish(self, row: Sequence, reason: str, error: str | None = None, *, flush: bool = True) -> None:
         """End a running sequence: its last text, its report, and its row kept for reuse or freed."""
@@ -103,11 +103,11 @@ class Outputs:
         self.kv.release(row, keep=reason != "error")
         now = time.monotonic()
         first = row.first_token_at
-        self.publish(row.job, Finished(
-            reason=reason, prompt_tokens=len(row.job.prompt), completion_tokens=row.generated,
-            time_to_first_token=(first - row.job.submitted_at) if first is not None else None,
+        self.publish(row.choice, Finished(
+            reason=reason, prompt_tokens=len(row.choice.prompt), completion_tokens=row.generated,
+            time_to_first_token=(first - row.choice.submitted_at) if first is not None else None,
             decode_seconds=(now - first) if first is not None else 0.0, error=error, cached_tokens=row.cached,
-            index=row.job.index, batch_rows=row.step_rows / row.steps if row.steps else 0.0,
+            index=row.choice.index, batch_rows=row.step_rows / row.steps if row.steps else 0.0,
             stop_string=row.text.stop_string, drafted_tokens=row.drafter.drafted,
             accepted_tokens=row.drafter.accepted, draft_checks=row.drafter.checks))
 
@@ -118,7 +118,7 @@ class Outputs:
             sequence.stream.close()
             self.kv.ledger.give_back(sequence.booked)
             self.kv.rows.remove(sequence)
-        for job in request.jobs:
-            self.publish(job, Finished(reason, len(job.prompt), 0, None, 0.0, error,
+        for choice in request.choices:
+            self.publish(choice, Finished(reason, len(choice.prompt), 0, None, 0.0, error,
                                        cached_tokens=request.prefilled if request.sequences else 0,
-                                       index=job.index))
+                                       index=choice.index))

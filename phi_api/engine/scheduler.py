@@ -7,8 +7,9 @@
   refuses those before they are queued); one that could fit later waits, and
   so do those behind it.
 - The next prompt chunk: the prompt with the least left, but never twice in a
-  row ahead of the oldest, so that no prompt waits forever behind a stream of
-  shorter ones; a request waiting for an older one to compute the prefix it
+  row ahead of the oldest, and never ahead of one that has waited
+  ``OLDEST_FIRST_AFTER`` seconds, so that no prompt waits long behind a stream
+  of shorter ones; a request waiting for an older one to compute the prefix it
   will copy is passed over; how long the chunk is, :mod:`engine.prefill` says.
 
 Everything here runs on the engine thread.
@@ -17,6 +18,7 @@ Everything here runs on the engine thread.
 from __future__ import annotations
 
 import collections
+import time
 from typing import Any, NamedTuple
 
 from phi_api.engine.kvcache import KVCache
@@ -24,6 +26,10 @@ from phi_api.engine.outputs import Outputs, trace
 from phi_api.engine.prefill import ChunkPlanner
 from phi_api.engine.reuse import common_prefix
 from phi_api.engine.sequence import LONG, Occupant, Request, Sequence
+
+# A prompt that has waited this long takes every chunk until it is in: taking every other one, in time slices
+# between decode steps, a long prompt at Phi-3.5-mini's size still waited minutes under a mixed load (docs/engine.md).
+OLDEST_FIRST_AFTER = 30.0
 
 
 class Chunk(NamedTuple):
@@ -87,8 +93,8 @@ class Scheduler:
     def _never_fits(self, request: Request) -> bool:
         """Whether ``request`` could not run even with no other request of any engine running."""
         ledger = self.kv.ledger
-        return (len(request.jobs) > ledger.max_rows
-                or len(request.jobs) * ledger.reserve_bytes(request.reserve) > ledger.budget)
+        return (len(request.choices) > ledger.max_rows
+                or len(request.choices) * ledger.reserve_bytes(request.reserve) > ledger.budget)
 
     def nothing_in_progress(self) -> bool:
         """Whether no request of this engine prefills or runs."""
@@ -97,7 +103,8 @@ class Scheduler:
     def start(self, request: Request, source: Occupant | None, point: int) -> None:
         """Give an admitted request its sequences and its leader's row, starting from ``source``'s prefix."""
         try:
-            request.sequences = [Sequence(job, self.model, self.draft_max, request.order) for job in request.jobs]
+            request.sequences = [Sequence(choice, self.model, self.draft_max, request.order)
+                                 for choice in request.choices]
         except Exception as error:  # a stream or sampler that cannot be made ends this request only
             self.outputs.end_request(request, "error", trace(error))
             return
@@ -107,14 +114,16 @@ class Scheduler:
         request.prefilled = self.kv.start_from(request.leader, source, point)
         self.prefilling.append(request)
 
-    def next_prompt(self) -> Request:
+    def next_prompt(self, now: float | None = None) -> Request:
         """The prompt whose chunk comes next: the one with the least left (short questions answer soon), but never
         twice in a row ahead of the oldest (so no prompt waits forever behind a stream of shorter ones: it gets at
-        least every other chunk); passing over those waiting for an older request's prefix (:meth:`_defers`)."""
+        least every other chunk), and none ahead of the oldest once it has waited ``OLDEST_FIRST_AFTER`` seconds;
+        passing over those waiting for an older request's prefix (:meth:`_defers`)."""
         candidates = [candidate for candidate in self.prefilling if not self._defers(candidate)]
         oldest = min(candidates, key=lambda r: r.order)
         shortest = min(candidates, key=lambda r: (r.remaining, r.order))
-        if shortest is oldest or self.passed_oldest:
+        waited = (time.monotonic() if now is None else now) - oldest.choices[0].submitted_at
+        if shortest is oldest or self.passed_oldest or waited >= OLDEST_FIRST_AFTER:
             self.passed_oldest = False
             return oldest
         self.passed_oldest = True

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from phi_api.engine.choice import Choice
 from phi_api.engine.draft import Drafter
-from phi_api.engine.job import Job
 from phi_api.engine.logits import Sampler
 from phi_api.engine.text import TextAssembler
 
@@ -77,12 +77,12 @@ def row_of(occupant: Occupant) -> int:
 class Sequence:
     """One choice of a request: its row in the pool, and how it chooses and spells its tokens."""
 
-    def __init__(self, job: Job, model: Model, draft_max: int = 0, request: int = 0) -> None:
-        self.job = job
+    def __init__(self, choice: Choice, model: Model, draft_max: int = 0, request: int = 0) -> None:
+        self.choice = choice
         self.request = request  # the order of the request it is a choice of (its n choices share it)
-        self.reserve = min(model.info.context_length, len(job.prompt) + job.params.max_tokens)
+        self.reserve = min(model.info.context_length, len(choice.prompt) + choice.params.max_tokens)
         self.booked = 0  # bytes of the key/value budget booked for it (engine.ledger)
-        self.tokens: list[int] = [int(token) for token in job.prompt]  # prompt, then every fed token
+        self.tokens: list[int] = [int(token) for token in choice.prompt]  # prompt, then every fed token
         self.length = 0  # tokens whose keys and values the row holds
         self.reusable = 0  # of those, how many another request may reuse (see engine.reuse)
         self.exact_upto = 0  # of those, how many were computed exactly as a cold prompt alone is
@@ -95,11 +95,11 @@ class Sequence:
         self.phase = Phase.STARTING
         self.steps = 0  # batched steps this sequence was advanced in ...
         self.step_rows = 0  # ... and their rows, summed
-        self.sampler = Sampler(job.params, job.prompt, model.info.eos_token_ids, guide=job.guide)
-        own = job.params.draft_max
+        self.sampler = Sampler(choice.params, choice.prompt, model.info.eos_token_ids, guide=choice.guide)
+        own = choice.params.draft_max
         self.drafter = Drafter(self.tokens, draft_max if own is None else own)
         self.stream = model.create_stream()
-        self.text = TextAssembler(self.stream, job.params.stop)
+        self.text = TextAssembler(self.stream, choice.params.stop)
 
     @property
     def regime(self) -> str:
@@ -125,7 +125,7 @@ class Sequence:
         """A prompt chunk ``[start, end)`` is in its row."""
         assert self.phase is Phase.PREFILLING and start == self.length, (self.phase, start, self.length)
         self.length = end
-        self.exact_upto = policy.exact_after(self.exact_upto, start, end, len(self.job.prompt))
+        self.exact_upto = policy.exact_after(self.exact_upto, start, end, len(self.choice.prompt))
         self.reusable = policy.prompt_reusable(end, self.exact_upto)
 
     def copied_from(self, leader: Sequence) -> None:
@@ -171,17 +171,17 @@ class Kept:
 class Request:
     """The sequences of one submitted request: one prompt, prefilled once, then ``n`` choices."""
 
-    def __init__(self, jobs: list[Job], model: Model, chunk: int, rope_switch: int | None, order: int) -> None:
-        self.jobs = jobs
-        self.prompt = np.asarray(jobs[0].prompt, dtype=np.int64)
+    def __init__(self, choices: list[Choice], model: Model, chunk: int, rope_switch: int | None, order: int) -> None:
+        self.choices = choices
+        self.prompt = np.asarray(choices[0].prompt, dtype=np.int64)
         self.sequences: list[Sequence] = []
         self.prefilled = 0
         self.order = order  # arrival order: of two requests sharing a prefix, the older computes it
         # Log-probabilities of the prompt's own tokens (echo): computed from every position of every chunk, so
         # such a request reuses no prefix.
-        self.prompt_logprobs = jobs[0].params.prompt_logprobs
+        self.prompt_logprobs = choices[0].params.prompt_logprobs
         self.prompt_records: list = []
-        self.reserve = min(model.info.context_length, len(self.prompt) + jobs[0].params.max_tokens)
+        self.reserve = min(model.info.context_length, len(self.prompt) + choices[0].params.max_tokens)
         self.regime, self.first_chunk = SHORT, 0
         if rope_switch is not None and len(self.prompt) > rope_switch:
             # A long prompt's first chunk must cross the switch: its first grid point past it. Reuse starts there.
@@ -198,8 +198,8 @@ class Request:
 
     def over(self) -> str | None:
         """Why the whole request ends before it runs (cancelled or timed out), if it does."""
-        if all(job.cancelled for job in self.jobs):
+        if all(choice.cancelled for choice in self.choices):
             return "cancelled"
-        if time.monotonic() > self.jobs[0].deadline:
+        if time.monotonic() > self.choices[0].deadline:
             return "timeout"
         return None

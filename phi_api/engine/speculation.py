@@ -93,7 +93,7 @@ class Speculation:
         """The most draft tokens a check may hold: room for them and one token more, in ``max_tokens``, in the
         row, and under LongRoPE's switch for a short row."""
         switch = self.batch.decoder.spec.rope_switch
-        room = min(row.job.params.max_tokens - row.generated - 1, self.batch.rows.pool.tokens - row.length - 2)
+        room = min(row.choice.params.max_tokens - row.generated - 1, self.batch.rows.pool.tokens - row.length - 2)
         if switch is not None and not row.long:
             room = min(room, switch - row.length - 1)
         return room

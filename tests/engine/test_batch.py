@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from phi_api.engine.batch import Batch
-from phi_api.engine.job import Finished, Job
+from phi_api.engine.choice import Choice, Finished
 from phi_api.engine.kvpool import KVPool
 from phi_api.engine.ledger import Ledger, row_bytes
 from phi_api.engine.memory import SharedBudget
@@ -33,17 +33,17 @@ class Bench:
     batch: Batch
     script: Script
     chunk: int
-    finished: list[tuple[Job, Finished]] = field(default_factory=list)
+    finished: list[tuple[Choice, Finished]] = field(default_factory=list)
     arrivals: int = 0
 
-    def submit(self, prompt, n: int = 1, **params) -> list[Job]:
+    def submit(self, prompt, n: int = 1, **params) -> list[Choice]:
         params = {"max_tokens": 4, "temperature": 0.0, **params}
         tokens = np.asarray(prompt, dtype=np.int32)
-        jobs = [Job(tokens, SamplingParams(**params), timeout=60, notify=lambda: None, index=index)
+        choices = [Choice(tokens, SamplingParams(**params), timeout=60, notify=lambda: None, index=index)
                 for index in range(n)]
         self.arrivals += 1
-        self.batch.waiting.append(Request(jobs, self.batch.model, self.chunk, None, self.arrivals))
-        return jobs
+        self.batch.waiting.append(Request(choices, self.batch.model, self.chunk, None, self.arrivals))
+        return choices
 
     def iterate(self, times: int = 1) -> None:
         for _ in range(times):
@@ -73,7 +73,7 @@ def bench(tokens=(1, 2, 3), *, chunk: int = 4, budget: int = 1 << 20, max_rows: 
     planner = ChunkPlanner(chunk, grid=policy.exact, slice_seconds=0.2, costs=StepCosts(script.clock))
     made = Bench(None, script, chunk)  # type: ignore[arg-type]
     made.batch = Batch(model, decoder, pool, ledger, policy, planner,
-                       lambda job, finished: made.finished.append((job, finished)), draft_max=draft_max)
+                       lambda choice, finished: made.finished.append((choice, finished)), draft_max=draft_max)
     return made
 
 
@@ -114,7 +114,7 @@ def test_n_choices_share_one_prefill_then_run_as_rows():
     assert [step for step in b.script.steps if step.startswith("prefill")] == ["prefill:4", "prefill:4"]
     assert b.batch.rows.running == 3 and b.script.steps[-1] == "decode:3"
     b.run()
-    assert sorted(job.index for job, _ in b.finished) == [0, 1, 2]
+    assert sorted(choice.index for choice, _ in b.finished) == [0, 1, 2]
 
 
 def test_a_finished_row_is_kept_and_the_next_turn_resumes_from_it():
@@ -144,9 +144,9 @@ def test_kept_prefixes_leave_least_recently_used_first_when_a_request_needs_room
 
 def test_a_cancelled_request_ends_before_its_next_chunk_and_frees_its_booking():
     b = bench()
-    jobs = b.submit(np.arange(1, 21), max_tokens=4)
+    choices = b.submit(np.arange(1, 21), max_tokens=4)
     b.iterate()
-    jobs[0].cancel()
+    choices[0].cancel()
     b.iterate()
     assert b.reasons() == ["cancelled"] and b.batch.ledger.reserved == 0 and not b.batch.prefilling
 
@@ -172,3 +172,17 @@ def test_speculation_keeps_draft_tokens_through_the_same_output_handling():
     assert finished.reason == "length" and finished.completion_tokens == 9  # drafts never carry it past
     assert finished.accepted_tokens > 0 and finished.draft_checks > 0
     assert any(step.startswith("check") for step in b.script.steps)
+
+
+def test_a_prompt_that_has_waited_long_takes_every_chunk_until_it_is_in():
+    from phi_api.engine.scheduler import OLDEST_FIRST_AFTER
+
+    b = bench(mode="off")
+    [long_choice] = b.submit(np.arange(1, 41), max_tokens=1)  # 10 chunks of 4
+    for first in range(41, 59, 3):
+        b.submit(np.arange(first, first + 3), max_tokens=1)  # six short prompts
+    b.iterate()  # all admitted; a short one goes first
+    long_choice.submitted_at -= OLDEST_FIRST_AFTER  # the long prompt has now waited long enough
+    b.iterate(9)
+    request = next(request for request in b.batch.prefilling if request.choices[0] is long_choice)
+    assert request.prefilled == 36 and len(b.batch.prefilling) == 6  # every chunk since was the long prompt's

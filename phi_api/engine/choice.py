@@ -1,4 +1,4 @@
-"""A generation in flight: what the request side and the engine thread share.
+"""A choice in flight (one of a request's n): what the request side and the engine thread share.
 
 The engine thread appends events and calls ``notify``; the request side
 drains them and may ``cancel``. ``collections.deque`` appends and pops are
@@ -38,7 +38,7 @@ class PromptLogprobs:
 
 @dataclass(frozen=True)
 class Finished:
-    """The generation is over; always the last event of a job.
+    """The generation is over; always the last event of a choice.
 
     ``reason`` is ``stop`` (end of sequence or a stop string), ``length``
     (``max_tokens``), ``cancelled``, ``timeout``, ``capacity`` (it could not fit the key/value budget as it
@@ -75,7 +75,7 @@ class Finished:
 Event = TextDelta | PromptLogprobs | Finished
 
 
-class Job:
+class Choice:
     """One choice of a generation request, handed to the engine loop."""
 
     def __init__(self, prompt: np.ndarray, params: SamplingParams, *, timeout: float,
