@@ -7,9 +7,9 @@
   refuses those before they are queued); one that could fit later waits, and
   so do those behind it.
 - The next prompt chunk: the prompt with the least left, but never twice in a
-  row ahead of the oldest, and never ahead of one that has waited
-  ``OLDEST_FIRST_AFTER`` seconds, so that no prompt waits long behind a stream
-  of shorter ones; a request waiting for an older one to compute the prefix it
+  row ahead of the oldest, so that no prompt waits forever behind a stream of
+  shorter ones; a prompt that has waited ``WHOLE_CHUNKS_AFTER`` seconds goes
+  in whole chunks rather than time slices; a request waiting for an older one to compute the prefix it
   will copy is passed over; how long the chunk is, :mod:`engine.prefill` says.
 
 Everything here runs on the engine thread.
@@ -27,9 +27,9 @@ from phi_api.engine.prefill import ChunkPlanner
 from phi_api.engine.reuse import common_prefix
 from phi_api.engine.sequence import LONG, Occupant, Request, Sequence
 
-# A prompt that has waited this long takes every chunk until it is in: taking every other one, in time slices
-# between decode steps, a long prompt at Phi-3.5-mini's size still waited minutes under a mixed load (docs/engine.md).
-OLDEST_FIRST_AFTER = 30.0
+# A prompt that has waited this long is prefilled in whole chunks: in time slices between decode steps, a long
+# prompt at Phi-3.5-mini's size waited minutes under a mixed load (docs/engine.md).
+WHOLE_CHUNKS_AFTER = 30.0
 
 
 class Chunk(NamedTuple):
@@ -64,7 +64,9 @@ class Scheduler:
             return None
         if request.prompt_logprobs is None:
             self.kv.catch_up(request)
-        crowded = bool(self.kv.rows.running or self.prefilling or self.waiting)
+        # A prompt that has waited long goes in whole chunks, not in slices of the time others wait for.
+        waited = time.monotonic() - request.choices[0].submitted_at
+        crowded = bool(self.kv.rows.running or self.prefilling or self.waiting) and waited < WHOLE_CHUNKS_AFTER
         end = self.planner.end(request.prefilled, len(request.prompt), request.first_chunk, crowded)
         return Chunk(request, request.prefilled, end)
 
@@ -114,16 +116,14 @@ class Scheduler:
         request.prefilled = self.kv.start_from(request.leader, source, point)
         self.prefilling.append(request)
 
-    def next_prompt(self, now: float | None = None) -> Request:
+    def next_prompt(self) -> Request:
         """The prompt whose chunk comes next: the one with the least left (short questions answer soon), but never
         twice in a row ahead of the oldest (so no prompt waits forever behind a stream of shorter ones: it gets at
-        least every other chunk), and none ahead of the oldest once it has waited ``OLDEST_FIRST_AFTER`` seconds;
-        passing over those waiting for an older request's prefix (:meth:`_defers`)."""
+        least every other chunk); passing over those waiting for an older request's prefix (:meth:`_defers`)."""
         candidates = [candidate for candidate in self.prefilling if not self._defers(candidate)]
         oldest = min(candidates, key=lambda r: r.order)
         shortest = min(candidates, key=lambda r: (r.remaining, r.order))
-        waited = (time.monotonic() if now is None else now) - oldest.choices[0].submitted_at
-        if shortest is oldest or self.passed_oldest or waited >= OLDEST_FIRST_AFTER:
+        if shortest is oldest or self.passed_oldest:
             self.passed_oldest = False
             return oldest
         self.passed_oldest = True

@@ -174,15 +174,21 @@ def test_speculation_keeps_draft_tokens_through_the_same_output_handling():
     assert any(step.startswith("check") for step in b.script.steps)
 
 
-def test_a_prompt_that_has_waited_long_takes_every_chunk_until_it_is_in():
-    from phi_api.engine.scheduler import OLDEST_FIRST_AFTER
+def test_a_prompt_that_has_waited_long_goes_in_whole_chunks_not_time_slices():
+    from phi_api.engine.scheduler import WHOLE_CHUNKS_AFTER
 
-    b = bench(mode="off")
-    [long_choice] = b.submit(np.arange(1, 41), max_tokens=1)  # 10 chunks of 4
-    for first in range(41, 59, 3):
-        b.submit(np.arange(first, first + 3), max_tokens=1)  # six short prompts
-    b.iterate()  # all admitted; a short one goes first
-    long_choice.submitted_at -= OLDEST_FIRST_AFTER  # the long prompt has now waited long enough
-    b.iterate(9)
-    request = next(request for request in b.batch.prefilling if request.choices[0] is long_choice)
-    assert request.prefilled == 36 and len(b.batch.prefilling) == 6  # every chunk since was the long prompt's
+    b = bench(chunk=64, mode="off")
+    b.script.step_seconds, b.script.token_seconds = 0.1, 0.01  # a 0.2 s slice holds 10 prompt tokens
+    b.submit(np.arange(1, 21) % 60 + 1, max_tokens=2)  # the batch learns its step costs
+    b.run()
+    b.submit(np.arange(1, 301) % 60 + 1, max_tokens=1)
+    [running] = b.submit(np.arange(5, 9), max_tokens=50)  # another request runs: the long prompt is sliced
+    b.iterate(3)
+    sliced = b.script.chunks[-1][1]
+    long_request = next(request for request in b.batch.prefilling if len(request.prompt) == 300)
+    long_request.choices[0].submitted_at -= WHOLE_CHUNKS_AFTER  # it has now waited long enough
+    b.iterate()
+    start, length = b.script.chunks[-1]
+    assert sliced == 10 and length > sliced and (start + length) % 64 == 0  # to the end of its whole chunk
+    running.cancel()
+    b.run()
