@@ -1,7 +1,7 @@
 """Forced tool calls and json_schema answers on the default model come out whole and valid (greedy, over the fixed
 set of ``tests/data/structured-cases.json``; ``python -m phi_api bench-structured`` prints the same figures).
 
-Measured on a 2-core Zen 4 (docs/quality.md): 23 of 24 forced calls (21 before the tool instructions showed a
+Measured on a 2-core Zen 4 (docs/quality.md): 24 of 24 forced calls (21 before the tool instructions showed a
 concrete call; 16 with the int4 recipe) and 18 of 24 json_schema answers (11 with the int4 recipe). The bounds
 leave one case of margin: other CPUs' kernels give other last bits, and a greedy near-tie may go the other way.
 """
@@ -21,7 +21,7 @@ def report(server):
 
 def test_forced_tool_calls_finish_with_valid_arguments(report):
     assert report["tools"]["cases"] >= 20
-    assert report["tools"]["valid_share"] >= 22 / 24, report["tools"]["failed"]
+    assert report["tools"]["valid_share"] >= 23 / 24, report["tools"]["failed"]
 
 
 def test_json_schema_answers_finish_valid(report):
