@@ -114,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from phi_api.bench import run
 
-    if not args.url and not args.model_path:
-        print("bench needs --url or --model-path", file=sys.stderr)
+    if not _has_server(args, "bench"):
         return 2
     run(args)
     return 0
@@ -149,8 +148,7 @@ def _bench_quality(args: argparse.Namespace) -> int:
 def _bench_structured(args: argparse.Namespace) -> int:
     from phi_api.bench import structured
 
-    if not args.url and not args.model_path:
-        print("bench-structured needs --url or --model-path", file=sys.stderr)
+    if not _has_server(args, "bench-structured"):
         return 2
     args.cases = args.cases or str(structured.DEFAULT_CASES)
     structured.run(args)
@@ -174,11 +172,18 @@ def _bench_replicas(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace) -> int:
     from phi_api.bench import load
 
-    if not args.url and not args.model_path:
-        print("load needs --url or --model-path", file=sys.stderr)
+    if not _has_server(args, "load"):
         return 2
     args.model = args.model or load.default_model()
     return load.run(args)
+
+
+def _has_server(args: argparse.Namespace, command: str) -> bool:
+    """Whether ``command`` was given a server to measure (``--url``) or a model folder to start one on."""
+    if not args.url and not args.model_path:
+        print(f"{command} needs --url or --model-path", file=sys.stderr)
+        return False
+    return True
 
 
 def _prepare_model(args: argparse.Namespace) -> int:
