@@ -138,6 +138,9 @@ class Settings:
     PLAYGROUND: bool = setting(True, _boolean, "Serve the chat playground at /; false: / is a 404")
     MODELS_FILE: str = setting("", lambda name, raw: str(raw).strip(),
                                "A JSON file declaring several models (ids, folders, options); else MODEL_PATH")
+    MODEL_IDLE_SECONDS: float = setting(0.0, _number(0.0),
+                                        "Models loaded at run time that no request used for this long are unloaded "
+                                        "(Ollama's keep_alive may ask for longer); 0: kept until unloaded")
     MAX_MODELS: int = setting(4, _integer(1, 64), "Most models the server holds at once; more loads get 400")
     RESPONSES_STORE_MAX: int = setting(1000, _integer(0, 10_000_000),
                                        "Most Responses API responses kept for previous_response_id; 0 keeps none")

@@ -190,6 +190,7 @@ class Models:
         self._in_step: Any = contextlib.nullcontext()  # one thread until start(); then a greenlet lock
         self._started = False
         self._draining = False
+        self._declared: set[str] = set()  # ids of the declared models: never unloaded for idleness
 
     # Reading --------------------------------------------------------------------------------------
 
@@ -204,6 +205,7 @@ class Models:
             raise ModelNotFoundError(f"The model '{model_id}' does not exist; this server serves: "
                                      f"{', '.join(self.ids()) or 'no model'}.")
         served.used_at = time.monotonic()
+        self.keep(model_id)
         return served
 
     def get(self, model_id: str) -> Served | None:
@@ -242,6 +244,7 @@ class Models:
     def declare(self, specs: list[ModelSpec]) -> None:
         """Load the declared models here (the master, before the fork) and start the registry with them,
         unless another process of this server already did (workers that load for themselves)."""
+        self._declared = {spec.id for spec in specs}
         with self._locked():
             registry = self._read()
             if registry is None:
@@ -269,6 +272,7 @@ class Models:
                 served.engine.start()
             self._served[spec.id] = served
             self._write(list(self._served.values()))
+        self.keep(spec.id)
         log.info("model %s loaded from %s", spec.id, spec.path)
         return served
 
@@ -323,6 +327,45 @@ class Models:
                 return
             except InsufficientMemoryError:
                 continue
+
+    # Idle models ---------------------------------------------------------------------------------
+
+    def keep(self, model_id: str, seconds: float | None = None) -> None:
+        """``model_id`` is used now: keep it at least ``seconds`` more (Ollama's ``keep_alive``; default
+        ``MODEL_IDLE_SECONDS``; 0 and nothing asked: no limit). Every worker sees it: the time is a file's."""
+        seconds = self._settings.MODEL_IDLE_SECONDS if seconds is None else seconds
+        if not seconds:
+            return
+        path = self._keep_path(model_id)
+        until = time.time() + seconds
+        try:
+            if path.exists() and path.stat().st_mtime >= until:
+                return
+            path.touch()
+            os.utime(path, (until, until))
+        except OSError:  # a state folder that refuses it: the model is kept, as with no limit
+            log.warning("could not note the use of model %s", model_id)
+
+    def expire_idle(self) -> None:
+        """Unload the models loaded at run time whose keep-until time has passed, if no request of this worker
+        waits or runs on them (called every second by each worker: the first one unloads it everywhere)."""
+        now = time.time()
+        for served in self.all():
+            if served.spec.id in self._declared or not _idle(served.engine):
+                continue
+            try:
+                expired = self._keep_path(served.spec.id).stat().st_mtime < now
+            except FileNotFoundError:
+                continue
+            if expired:
+                log.info("model %s unloaded: idle past its keep-alive time", served.spec.id)
+                self.unload(served.spec.id, missing_ok=True)
+                self._keep_path(served.spec.id).unlink(missing_ok=True)
+
+    def _keep_path(self, model_id: str) -> Path:
+        import hashlib
+
+        return self._file.parent / f"keep-{hashlib.sha256(model_id.encode('utf-8')).hexdigest()[:16]}"
 
     def observe_memory(self) -> None:
         """In a worker: measure its own memory once its engines are ready, and set its key/value share for the

@@ -95,6 +95,7 @@ def _keep_in_step(models: Any) -> None:
         gevent.sleep(RECONCILE_SECONDS)
         try:
             models.sync()
+            models.expire_idle()
         except Exception:  # a model that will not load is logged; the loop must go on
             log.exception("could not catch up with the server's models")
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 from pathlib import Path
 
 import gevent
@@ -234,3 +236,31 @@ def test_generations_running_on_an_unloaded_model_finish(make_app, tmp_path):
     rest = b"".join(chunks).decode()
     assert rest.count('"text":') >= 5 and rest.endswith("data: [DONE]\n\n") and '"error"' not in rest
     assert get_models(app).ids() == ["test-model"]
+
+
+def test_a_model_loaded_at_run_time_is_unloaded_everywhere_once_idle_past_its_keep_time(tmp_path):
+    settings = Settings(MODEL_ID="first", MODEL_PATH=str(model_folder(tmp_path, "first")), MAX_MODELS=3,
+                        MODEL_IDLE_SECONDS=300)
+    state = tmp_path / "state"
+    state.mkdir()
+    a, b = (Models(settings, state, Loader()) for _ in range(2))
+    for models in (a, b):
+        models.declare(declared(settings))
+    try:
+        a.load(ModelSpec("second", str(model_folder(tmp_path, "second"))))
+        keep_file = a._keep_path("second")
+        assert keep_file.stat().st_mtime > time.time() + 290  # kept MODEL_IDLE_SECONDS from its load
+        b.expire_idle()
+        assert b.ids() == ["first", "second"]  # not yet idle long enough
+        b.engine("second")  # a request in the other worker keeps it too
+        assert keep_file.stat().st_mtime > time.time() + 290
+        os.utime(keep_file, (time.time() - 1, time.time() - 1))  # its keep time has passed
+        b.expire_idle()
+        assert a.ids() == b.ids() == ["first"]  # unloaded everywhere; the declared model stays
+        a.keep("first", 0.001)
+        os.utime(a._keep_path("first"), (time.time() - 1, time.time() - 1))
+        a.expire_idle()
+        assert a.ids() == ["first"]
+    finally:
+        for models in (a, b):
+            models.stop()

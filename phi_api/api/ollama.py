@@ -57,6 +57,9 @@ def _generation(schema: str, parse: Callable[[dict[str, Any]], Any], *, chat: bo
     run = generation.start(services(), request, current_request_id())
     reply = ollama.Reply(run, started, chat=chat)
     models, keep = get_models(), ollama.keeps_alive(body)
+    asked = ollama.keep_alive_seconds(body)
+    if keep and asked:
+        models.keep(request.model, asked)
 
     def unload() -> None:  # keep_alive 0: unload once answered (if nobody did meanwhile)
         models.unload(request.model, missing_ok=True)

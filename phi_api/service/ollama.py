@@ -9,6 +9,7 @@ and Ollama's counts and durations (nanoseconds), or that last object alone.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -35,8 +36,26 @@ def model_id(name: str) -> str:
 
 def keeps_alive(body: dict[str, Any]) -> bool:
     """False when ``keep_alive`` asks for the model to be unloaded after this request (``0``, as ``ollama
-    stop`` sends); phi-api keeps models until they are unloaded, so any other value keeps it."""
+    stop`` sends)."""
     return given(body, "keep_alive", -1) not in (0, "0", "0s", "0m", "0h")
+
+
+_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+FOREVER_SECONDS = 10 * 365 * 86400.0
+
+
+def keep_alive_seconds(body: dict[str, Any]) -> float | None:
+    """How long Ollama's ``keep_alive`` asks to keep the model after this request, in seconds (a number of
+    seconds, or a duration such as ``"5m"``; negative: for ever); None when not given or not understood."""
+    value = given(body, "keep_alive")
+    if isinstance(value, bool) or value is None:
+        return None
+    found = _DURATION.match(str(value))
+    if found is None:
+        return None
+    seconds = float(found.group(1)) * _UNIT_SECONDS[found.group(2)]
+    return FOREVER_SECONDS if seconds < 0 else seconds
 
 
 # Ollama's documented options that have a meaning here (the rest are accepted and logged: see _sampling).

@@ -166,3 +166,24 @@ def test_rate_limit_in_ollama_s_shape(make_app):
     refused = client.post("/api/generate", json=GENERATE)
     assert refused.status_code == 429 and "error" in refused.get_json()
     held.close()
+
+
+@pytest.mark.parametrize("value,seconds", [("10m", 600.0), ("30s", 30.0), ("1.5h", 5400.0), (45, 45.0),
+                                           ("-1", 10 * 365 * 86400.0), ("soon", None), (None, None)])
+def test_keep_alive_durations_as_ollama_writes_them(value, seconds):
+    from phi_api.service.ollama import keep_alive_seconds
+
+    assert keep_alive_seconds({"keep_alive": value}) == seconds
+
+
+def test_keep_alive_keeps_the_model_at_least_that_long_on_every_worker(make_app):
+    import time
+
+    from phi_api.extensions import get_models
+
+    app = make_app()
+    client = app.test_client()
+    assert client.post("/api/chat", json={**CHAT, "stream": False, "keep_alive": "2h"}).status_code == 200
+    with app.app_context():
+        keep_file = get_models()._keep_path("test-model")
+    assert keep_file.stat().st_mtime > time.time() + 7000
