@@ -191,6 +191,7 @@ class Models:
         self._started = False
         self._draining = False
         self._declared: set[str] = set()  # ids of the declared models: never unloaded for idleness
+        self._kept_until: dict[str, float] = {}  # what this process last wrote of each model's keep-until time
 
     # Reading --------------------------------------------------------------------------------------
 
@@ -293,20 +294,20 @@ class Models:
 
     # Memory ---------------------------------------------------------------------------------------
 
-    def weights(self) -> int:
-        """Bytes of the loaded models' files, each folder once: their weights, which the workers share."""
-        return sum({served.engine.info.path: served.engine.info.size_bytes for served in self._served.values()}
-                   .values())  # a folder served under several ids is mapped once
+    def weights(self, without: tuple[Served, ...] = ()) -> int:
+        """Bytes of the loaded models' files (but ``without``'s), each folder once: their weights, which the workers
+        share (a folder served under several ids is mapped once)."""
+        return sum({served.engine.info.path: served.engine.info.size_bytes for served in self._served.values()
+                    if served not in without}.values())
 
     def check_memory(self, what: str, weights: int = 0, kv: int = 0, without: tuple[Served, ...] = ()) -> None:
         """:class:`InsufficientMemoryError` unless the loaded models (but ``without``), ``weights`` more and room
         for one request (of ``kv`` bytes, or the loaded models' largest) in every worker fit the memory budget."""
         if self._memory is None:
             return
-        kept = [served for served in self._served.values() if served not in without]
-        request = max([kv, *(_request_bytes(served.engine) for served in kept)])
-        loaded = sum({served.engine.info.path: served.engine.info.size_bytes for served in kept}.values())
-        self._memory.check_fits(loaded + weights, request, what)
+        request = max([kv, *(_request_bytes(served.engine) for served in self._served.values()
+                             if served not in without)])
+        self._memory.check_fits(self.weights(without) + weights, request, what)
 
     def _make_room(self, spec: ModelSpec) -> None:
         """Unload idle models, least recently used first (as Ollama does), until ``spec`` fits the memory budget;
@@ -336,8 +337,11 @@ class Models:
         seconds = self._settings.MODEL_IDLE_SECONDS if seconds is None else seconds
         if not seconds:
             return
-        path = self._keep_path(model_id)
         until = time.time() + seconds
+        if self._kept_until.get(model_id, 0.0) >= until - 1.0:  # written within the last second: enough
+            return
+        self._kept_until[model_id] = until
+        path = self._keep_path(model_id)
         try:
             if path.exists() and path.stat().st_mtime >= until:
                 return

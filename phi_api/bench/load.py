@@ -112,14 +112,10 @@ def free_slots(url: str, model: str, wanted: int, timeout: float = 30.0) -> bool
 
 def tree_rss_bytes(pid: int) -> int:
     """Resident memory of ``pid`` and its children (gunicorn's master and workers)."""
-    pids = [pid]
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as children:
-            pids += [int(child) for child in children.read().split()]
-    except OSError:
-        pass
+    from phi_api.bench.server import children
+
     total = 0
-    for each in pids:
+    for each in [pid, *children(pid)]:
         try:
             with open(f"/proc/{each}/status", encoding="ascii") as status:
                 total += next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))

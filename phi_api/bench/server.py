@@ -147,12 +147,7 @@ class Server:
 
     def pss_bytes(self) -> int:
         """Proportional set size of the master and its workers together (shared pages split fairly)."""
-        total = 0
-        for pid in [self.master.pid, *self.worker_pids()]:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
-        return total
+        return pss_bytes([self.master.pid, *self.worker_pids()])
 
     def stop(self, timeout: float = 40) -> int:
         """SIGTERM the master and wait for it; returns its exit status."""
@@ -171,6 +166,27 @@ class Server:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.stop()
+
+
+def pss_bytes(pids: list[int]) -> int:
+    """Proportional set size of these processes together (a process that has gone counts nothing)."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def children(pid: int) -> list[int]:
+    """``pid``'s child processes (gunicorn's workers)."""
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def threads(pid: int) -> list[tuple[str, float]]:
