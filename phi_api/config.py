@@ -12,6 +12,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 DEFAULT_MODEL_PATH = (
@@ -126,6 +127,12 @@ class Settings:
     PREFIX_CACHE: str = setting("on", _text(choices=("on", "exact", "off")),
                                 "Reuse of earlier requests' keys and values: on (prompts and answers), exact (prompts "
                                 "only, answering bit for bit as cold), off")
+    PREFIX_CACHE_DIR: str = setting("", lambda name, raw: str(raw).strip(),
+                                    "Folder of prompts' keys and values on disk, shared by the workers and kept across "
+                                    "restarts; empty: prefixes/ in phi-api's cache folder")
+    PREFIX_CACHE_DISK_MB: float = setting(8192.0, _number(0.0, 1_000_000_000.0),
+                                          "Most the prefixes on disk take (least recently used leave first); 0 turns "
+                                          "the disk tier off")
     PREFILL_SLICE_SECONDS: float = setting(0.2, _number(0.0, 60.0, exclusive_low=True),
                                            "Most time one engine iteration spends on a prompt while others wait or "
                                            "run (PREFIX_CACHE on or off)")
@@ -188,6 +195,17 @@ class Settings:
         if self.MEMORY_LIMIT_MB:
             return int(self.MEMORY_LIMIT_MB * 2**20)
         return int(_memory_bytes() * 0.75)  # the rest: the system, the page cache, the VM's other services
+
+    @property
+    def prefix_disk_dir(self) -> str:
+        """The disk tier's folder ("" when ``PREFIX_CACHE_DISK_MB`` is 0 or ``PREFIX_CACHE`` off)."""
+        if not self.PREFIX_CACHE_DISK_MB or self.PREFIX_CACHE == "off":
+            return ""
+        if self.PREFIX_CACHE_DIR:
+            return str(Path(self.PREFIX_CACHE_DIR).expanduser())
+        from phi_api.prepare import cache_root
+
+        return str(cache_root() / "prefixes")
 
     @property
     def kv_budget_bytes(self) -> int:

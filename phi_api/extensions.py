@@ -58,7 +58,9 @@ def engine_config(settings: Settings, name: str = "") -> EngineConfig:
     return EngineConfig(name=name, prefill_chunk=settings.PREFILL_CHUNK_TOKENS, timeout=settings.GENERATION_TIMEOUT,
                         threads=settings.intra_op_threads, kv_budget_bytes=settings.kv_budget_bytes,
                         max_rows=settings.MAX_BATCH_ROWS, prefix_cache=settings.PREFIX_CACHE,
-                        prefill_slice=settings.PREFILL_SLICE_SECONDS, draft_max=settings.SPECULATIVE_DRAFT_MAX)
+                        prefill_slice=settings.PREFILL_SLICE_SECONDS, draft_max=settings.SPECULATIVE_DRAFT_MAX,
+                        prefix_disk_dir=settings.prefix_disk_dir,
+                        prefix_disk_bytes=int(settings.PREFIX_CACHE_DISK_MB * 2**20))
 
 
 def init_settings(app: Flask, settings: Settings) -> None:

@@ -91,8 +91,21 @@ class Metrics:
                                     ["model_name"], **own)
         self.memory_waiting = Gauge("phi_api_engine_requests_waiting_for_memory",
                                     "Engines whose next request waits for key/value memory", **live)
+        # The disk tier of prefix reuse (engine.prefixdisk), by model; its folder's size is every model's.
+        disk: dict[str, Any] = {"labelnames": ["model_name"], **own}
+        self.disk_read = Counter("phi_api_prefix_disk_read_tokens", "Prompt tokens read from disk, not computed",
+                                 **disk)
+        self.disk_written = Counter("phi_api_prefix_disk_written_tokens", "Prompt tokens written to disk", **disk)
+        self.disk_failures = Counter("phi_api_prefix_disk_write_failures", "Chunks that could not be written to disk",
+                                     **disk)
+        self.disk_corrupt = Counter("phi_api_prefix_disk_bad_files", "Files on disk that failed a check, removed",
+                                    **disk)
+        self.disk_load = Histogram("phi_api_prefix_disk_load_seconds", "Time to read a prompt's stored chunks",
+                                   buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5), **own)
+        self.disk_bytes = Gauge("phi_api_prefix_disk_bytes", "Bytes the prompts on disk take (PREFIX_CACHE_DISK_MB)",
+                                multiprocess_mode="max", **own)
         self._published: set[str] = set()
-        self._evictions: dict[str, int] = {}
+        self._totals: dict[tuple[str, str], int] = {}  # what each cumulative count was at its last look
 
     def observe_generation(self, choice: Choice, finished: Finished) -> None:
         """Record a finished generation (called on the hub's thread)."""
@@ -140,12 +153,31 @@ class Metrics:
         self.kv_share.set(usage["kv_share"])
         for model, (_, kept_bytes, evictions) in books["engines"].items():
             self.kv_kept.labels(model).set(kept_bytes)
-            new = evictions - self._evictions.get(model, 0)
-            if new > 0:
-                self.kv_evictions.labels(model).inc(new)
-            self._evictions[model] = evictions
+            self._advance(self.kv_evictions, model, evictions)
         for model, flag in waiting.items():
             self.memory_waiting.labels(model).set(int(flag))
+
+    def observe_disk(self, engines: dict[str, Any]) -> None:
+        """Publish what each engine's disk tier did since the last look (called with :meth:`observe_engines`)."""
+        for model, engine in engines.items():
+            stats = engine.disk_stats
+            if stats is None:
+                continue
+            self._advance(self.disk_read, model, stats.tokens_read)
+            self._advance(self.disk_written, model, stats.tokens_written)
+            self._advance(self.disk_failures, model, stats.write_failures)
+            self._advance(self.disk_corrupt, model, stats.corrupt)
+            while stats.load_seconds:
+                self.disk_load.observe(stats.load_seconds.popleft())
+            self.disk_bytes.set(stats.bytes_on_disk)
+
+    def _advance(self, counter: Counter, model: str, total: int) -> None:
+        """Count what a cumulative ``total`` of ``model``'s engine gained since the last look."""
+        key = (str(id(counter)), model)
+        new = total - self._totals.get(key, 0)
+        if new > 0:
+            counter.labels(model).inc(new)
+        self._totals[key] = total
 
     def exposition(self) -> Response:
         """The text exposition of every worker's samples, and the gateway metrics derived from them."""

@@ -109,6 +109,9 @@ def _publish_load(models: Any, metrics: Any, memory: Any) -> None:
             models.observe_memory()
             engines = {served.spec.id: served.engine for served in models.all()}
             metrics.observe_engines(engines)
+            metrics.observe_disk(engines)
+            for engine in engines.values():
+                engine.report_disk()
             metrics.observe_memory(memory.usage(), memory.shared.usage(), models.weights(),
                                    {model: engine.waiting_for_memory for model, engine in engines.items()})
         except Exception:  # a metrics hiccup must not end the loop

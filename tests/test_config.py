@@ -106,3 +106,12 @@ def test_prefix_reuse_and_key_value_settings():
     for name, value in (("PREFIX_CACHE", "sometimes"), ("KV_CACHE_DTYPE", "float16"), ("PREFILL_SLICE_SECONDS", "0")):
         with pytest.raises(ConfigError, match=name):
             load_settings(environ={name: value})
+
+
+def test_the_disk_tier_of_prefix_reuse_is_on_by_default_under_the_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("PHI_API_CACHE_DIR", str(tmp_path))
+    assert load_settings(environ={}).prefix_disk_dir == str(tmp_path / "prefixes")
+    assert load_settings(environ={"PREFIX_CACHE_DIR": "~/kv"}).prefix_disk_dir.endswith("/kv")
+    assert "~" not in load_settings(environ={"PREFIX_CACHE_DIR": "~/kv"}).prefix_disk_dir
+    assert load_settings(environ={"PREFIX_CACHE_DISK_MB": "0"}).prefix_disk_dir == ""
+    assert load_settings(environ={"PREFIX_CACHE": "off"}).prefix_disk_dir == ""

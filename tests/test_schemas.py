@@ -46,10 +46,11 @@ def test_out_of_range_or_mistyped_parameters(schema, base, field, value):
     assert error_of(schema, {**base, field: value}) == ("invalid_parameter", field)
 
 
-def test_max_tokens_0_is_for_echoed_completions_only():
-    """0 only scores a completion's prompt (with echo, checked by the service); a chat always generates."""
+def test_max_tokens_0_is_for_completions_only():
+    """0 only computes a completion's prompt (to score it, or to store it); a chat always generates."""
     assert error_of("chat_completion", {**CHAT, "max_tokens": 0}) == ("invalid_parameter", "max_tokens")
     VALIDATOR.validate("completion", {**COMPLETION, "max_tokens": 0, "echo": True})
+    VALIDATOR.validate("completion", {**COMPLETION, "max_tokens": 0})
 
 
 @pytest.mark.parametrize("schema,base,required", [

@@ -64,6 +64,8 @@ class Server:
             "SERVER_HOST": "127.0.0.1",
             "SERVER_PORT": str(self.port),
             "PYTHONUNBUFFERED": "1",
+            # A folder of its own for prompts stored on disk: no server finds another's (pass one to share it).
+            "PREFIX_CACHE_DIR": str(log_dir / f"prefixes-{self.port}"),
             **{key: str(value) for key, value in env.items()},
         }
         self.process: subprocess.Popen | None = None

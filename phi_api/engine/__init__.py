@@ -92,6 +92,7 @@ class Engine:
         self.loaded_at = int(time.time())
         self._timeout = config.timeout
         self._token_table: dict[int, bytes] | None = None
+        self._disk_failures = 0  # write failures of the disk tier already logged
 
     @property
     def info(self) -> ModelInfo:
@@ -157,6 +158,19 @@ class Engine:
     def load(self) -> EngineLoad:
         """What this process's engine holds now: waiting requests, running sequences, booked key/value memory."""
         return self.loop.load
+
+    @property
+    def disk_stats(self) -> Any:
+        """What this worker's disk tier of prefix reuse did for this model (None: it has none)."""
+        return self.loop.disk_stats
+
+    def report_disk(self) -> None:
+        """Log the disk tier's write failures since the last report, once (on the hub; its threads never log)."""
+        stats = self.disk_stats
+        if stats is not None and stats.write_failures > self._disk_failures:
+            log.warning("%d chunks of prompts could not be written to %s (last: %s); requests are not affected",
+                        stats.write_failures - self._disk_failures, self.config.prefix_disk_dir, stats.last_error)
+            self._disk_failures = stats.write_failures
 
     @property
     def waiting_for_memory(self) -> bool:

@@ -44,6 +44,7 @@ from phi_api.engine.ledger import Ledger
 from phi_api.engine.logits import prompt_records
 from phi_api.engine.outputs import Outputs, Publish, trace
 from phi_api.engine.prefill import ChunkPlanner
+from phi_api.engine.prefixdisk import PrefixStore
 from phi_api.engine.reuse import ReusePolicy
 from phi_api.engine.runtime import ORT_ERRORS
 from phi_api.engine.scheduler import Chunk, Scheduler
@@ -64,11 +65,12 @@ class Batch:
     """The rows, the waiting and prefilling requests, and the steps that advance them."""
 
     def __init__(self, model: Any, decoder: Decoder, pool: KVPool, ledger: Ledger, policy: ReusePolicy,
-                 planner: ChunkPlanner, publish: Publish, draft_max: int = 0) -> None:
-        """``planner``'s cost model (:mod:`engine.stepcost`) is the batch's: every step is timed into it."""
+                 planner: ChunkPlanner, publish: Publish, draft_max: int = 0, disk: PrefixStore | None = None) -> None:
+        """``planner``'s cost model (:mod:`engine.stepcost`) is the batch's: every step is timed into it; ``disk``:
+        the disk tier under the kept prefixes, if any (:mod:`engine.prefixdisk`)."""
         self.model = model
         self.decoder = decoder
-        self.kv = KVCache(pool, ledger, policy)
+        self.kv = KVCache(pool, ledger, policy, disk)
         self.rows = self.kv.rows
         self.ledger = ledger
         self.policy = policy
@@ -131,6 +133,7 @@ class Batch:
             logits = logits[-1:]
         leader.prefilled(start, end, self.policy)
         request.prefilled = end
+        self.kv.store(request)
         if end < len(prompt):
             self.prefilling.append(request)
             return

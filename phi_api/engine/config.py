@@ -26,6 +26,8 @@ class EngineConfig:
     prefix_cache: str = "on"  # PREFIX_CACHE: on, exact or off (engine.reuse)
     prefill_slice: float = 0.2  # PREFILL_SLICE_SECONDS: the longest a prompt chunk holds others up
     draft_max: int = 0  # SPECULATIVE_DRAFT_MAX: how far a sequence may draft (engine.speculation)
+    prefix_disk_dir: str = ""  # PREFIX_CACHE_DIR: the disk tier's folder ("": none; engine.prefixdisk)
+    prefix_disk_bytes: int = 0  # PREFIX_CACHE_DISK_MB: the most the folder holds
     idle_wait: float = 1.0  # seconds the engine thread sleeps without work before it looks again
     checked: bool = False  # tests: check the batch's invariants after every iteration
     clock: Callable[[], float] = field(default=time.perf_counter, compare=False)  # what steps are timed with

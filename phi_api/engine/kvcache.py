@@ -9,28 +9,42 @@ says where a request's keys and values come from and whether they fit:
   prefixes leave, least recently used first, to make it fit: running
   sequences are never evicted;
 - which finished rows are kept for later requests, and which kept rows they
-  replace.
+  replace;
+- with a disk tier (:mod:`engine.prefixdisk`): which prompts start from
+  chunks stored on disk, and which computed chunks are stored.
 
 Everything here runs on the engine thread.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from phi_api.engine.kvpool import KVPool
 from phi_api.engine.ledger import Ledger
+from phi_api.engine.prefixdisk import PrefixStore
 from phi_api.engine.reuse import MIN_REUSED_TOKENS, ReusePolicy
 from phi_api.engine.rows import RowsFull, RowTable
 from phi_api.engine.sequence import Kept, Occupant, Request, Sequence, row_of
 
 
-class KVCache:
-    """The pool's rows, the budget they are booked in, and what the reuse mode keeps of finished rows."""
+@dataclass(frozen=True)
+class OnDisk:
+    """A prompt's first ``tokens`` tokens, stored on disk: a source a request starts from by reading it."""
 
-    def __init__(self, pool: KVPool, ledger: Ledger, policy: ReusePolicy) -> None:
+    tokens: int
+
+
+class KVCache:
+    """The pool's rows, the budget they are booked in, what the reuse mode keeps of finished rows, and the disk tier
+    under them (``disk``; None: none)."""
+
+    def __init__(self, pool: KVPool, ledger: Ledger, policy: ReusePolicy, disk: PrefixStore | None = None) -> None:
         self.rows = RowTable(pool)
         self.pool = pool
         self.ledger = ledger
         self.policy = policy
+        self.disk = disk if policy.enabled else None
 
     # Where a prompt starts ---------------------------------------------------------------------------
 
@@ -44,9 +58,22 @@ class KVCache:
         rows = (row for row in self.rows.occupants() if row is not exclude)
         return self.policy.best_source(request.prompt, request.regime, request.first_chunk, rows, better_than)
 
-    def start_from(self, leader: Sequence, source: Occupant | None, point: int) -> int:
+    def stored(self, request: Request, better_than: int) -> int:
+        """Where ``request`` would resume from the chunks of its prompt stored on disk; 0 unless more than
+        ``better_than`` tokens."""
+        disk, prompt = self.disk, request.prompt
+        if disk is None or request.prompt_logprobs is not None or len(prompt) - 1 < max(better_than + 1, disk.block):
+            return 0
+        count = disk.stored(prompt, request.regime, (len(prompt) - 1) // disk.block)
+        point = self.policy.resume_point(count * disk.block, len(prompt), request.first_chunk, count * disk.block)
+        return point if point > better_than else 0
+
+    def start_from(self, leader: Sequence, source: Occupant | OnDisk | None, point: int) -> int:
         """Give a starting request's ``leader`` a row holding ``source``'s first ``point`` tokens (a kept row is
-        taken over as it is, another is copied); returns the tokens it starts with (0: none)."""
+        taken over as it is, another is copied, chunks on disk are read); returns the tokens it starts with (0:
+        none)."""
+        if isinstance(source, OnDisk):
+            return self._read(leader, point)
         if source is not None and source.slot is None:
             source = None  # evicted to make room after all
         if isinstance(source, Kept):
@@ -62,6 +89,32 @@ class KVCache:
         leader.resume(point, point if point <= source.exact_upto else 0, self.policy)
         return point
 
+    def _read(self, leader: Sequence, point: int) -> int:
+        """Start ``leader`` from its prompt's first ``point`` tokens stored on disk, or from as many as could be
+        read (a file missing or bad: the rest is computed)."""
+        assert self.disk is not None
+        self.rows.place(leader, self.rows.free_slot(self.rows.running))
+        prompt = leader.choice.prompt
+        read = self.disk.load(self.pool, row_of(leader), prompt, leader.regime, point // self.disk.block)
+        floor = point if leader.long else 0  # LongRoPE: a long prompt's first chunk is never split, so all or nothing
+        start = self.policy.resume_point(read, len(prompt), floor, read) if read else 0
+        if start < read:
+            self.pool.release(row_of(leader), start)
+        leader.resume(start, start, self.policy)
+        return start
+
+    def store(self, request: Request) -> None:
+        """Store the chunks of ``request``'s prompt its leader's row now holds as a cold prompt alone computes them,
+        and that are not stored yet (the disk tier's writer writes them off this thread); those it has no room to
+        stage now are tried again after the next chunk."""
+        disk, leader = self.disk, request.leader
+        if disk is None or request.prompt_logprobs is not None:
+            return
+        end = leader.exact_upto // disk.block
+        if end > request.stored_chunks:
+            request.stored_chunks = disk.save(self.pool, row_of(leader), request.prompt, request.regime,
+                                              request.stored_chunks, end, request.arrived_ns)
+
     def catch_up(self, request: Request) -> None:
         """Copy a longer prefix than ``request``'s leader has, if a row now holds one."""
         leader = request.leader
@@ -76,7 +129,7 @@ class KVCache:
 
     # Room ------------------------------------------------------------------------------------------
 
-    def make_room(self, request: Request, source: Occupant | None) -> bool:
+    def make_room(self, request: Request, source: Occupant | OnDisk | None) -> bool:
         """Give up kept prefixes (the request's own source last) until ``request`` fits this engine's cap and the
         worker's budget; whether it does now. Kept prefixes of other engines, least recently used first, are asked
         for (:mod:`engine.memory`): their engines give them up at their next iteration, and wake this one. Call it

@@ -21,6 +21,7 @@ import os
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from phi_api.engine.batch import Batch, Decoder
@@ -31,6 +32,8 @@ from phi_api.engine.ledger import CapacityError, Ledger
 from phi_api.engine.memory import SharedBudget
 from phi_api.engine.native import Signal, give_back_memory, start_thread
 from phi_api.engine.prefill import ChunkPlanner
+from phi_api.engine.prefixdisk import BlockLayout, DiskStats, PrefixStore, store_key
+from phi_api.engine.prepack import cpu_features
 from phi_api.engine.reuse import ReusePolicy
 from phi_api.engine.sequence import Request
 from phi_api.engine.stepcost import StepCosts
@@ -48,6 +51,7 @@ class Model(Protocol):
 
     info: Any
     spec: Any  # the decoder's layout, key/value type included
+    identity: str  # what the numbers its graph computes depend on: its file and how it was made (engine.prefixdisk)
 
     def new_decoder(self, threads: int) -> Decoder: ...
     def create_stream(self) -> Any: ...
@@ -182,6 +186,8 @@ class EngineLoop:
         if hasattr(decoder, "unbind"):
             decoder.unbind()
         pool = batch.kv.pool
+        if batch.kv.disk is not None:
+            batch.kv.disk.close()
         batch.ledger.close()
         self.batch = None
         del batch, decoder  # the session, its threads and its memory go with them ...
@@ -198,7 +204,22 @@ class EngineLoop:
         planner = ChunkPlanner(config.prefill_chunk, grid=self._policy.exact, slice_seconds=config.prefill_slice,
                                costs=StepCosts(config.clock))
         return Batch(self._model, decoder, pool, ledger, self._policy, planner, self._publish,
-                     draft_max=config.draft_max)
+                     draft_max=config.draft_max, disk=self._disk_tier(decoder.spec))
+
+    def _disk_tier(self, spec: Any) -> PrefixStore | None:
+        """The disk tier under the kept prefixes (``PREFIX_CACHE_DIR``), if it is set and prefixes are reused."""
+        config = self.config
+        if not config.prefix_disk_dir or not self._policy.enabled:
+            return None
+        key = store_key(self._model.identity, spec, config.prefill_chunk, config.threads, cpu_features())
+        return PrefixStore(Path(config.prefix_disk_dir), key, BlockLayout(spec, config.prefill_chunk),
+                           config.prefix_disk_bytes, stage=self.memory.stage, unstage=self.memory.unstage)
+
+    @property
+    def disk_stats(self) -> DiskStats | None:
+        """What the disk tier did, if this engine has one."""
+        batch = self.batch
+        return batch.kv.disk.stats if batch is not None and batch.kv.disk is not None else None
 
     def _iterate(self, batch: Batch) -> bool:
         """Take new requests in, then one iteration of the batch; False when there was nothing to do."""

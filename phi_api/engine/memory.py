@@ -62,6 +62,7 @@ class SharedBudget:
         self.idle_seconds = idle_seconds
         self.lock = new_rlock()  # engine threads are native threads: never gevent's lock
         self.accounts: list[Account] = []
+        self.staged = 0  # bytes of keys and values copied out for the disk tier, not yet written
         self._ticks = itertools.count(1)
 
     def open(self, name: str, wake: Callable[[], None], size: Callable[[Kept], int]) -> Account:
@@ -95,7 +96,22 @@ class SharedBudget:
     def short(self, extra: int) -> int:
         """Bytes that kept prefixes must give back before ``extra`` more bytes of running requests fit."""
         with self.lock:
-            return max(0, self.reserved + self.kept_bytes + extra - self.budget)
+            return max(0, self.reserved + self.kept_bytes + self.staged + extra - self.budget)
+
+    def stage(self, nbytes: int) -> bool:
+        """Book ``nbytes`` for a copy on its way to disk (:mod:`engine.prefixdisk`), if the budget has room beside
+        the running requests and kept prefixes; such copies never make anything else leave."""
+        with self.lock:
+            if self.reserved + self.kept_bytes + self.staged + nbytes > self.budget:
+                return False
+            self.staged += nbytes
+            return True
+
+    def unstage(self, nbytes: int) -> None:
+        """A copy booked with :meth:`stage` is written (or given up): its memory is free again."""
+        with self.lock:
+            self.staged -= nbytes
+        self.room_freed()
 
     def victims(self, bytes_needed: int, spare: Callable[[Kept], bool]) -> list[tuple[Account, Kept]]:
         """Kept prefixes of any engine, least recently used first (``spare``: last), that free ``bytes_needed``."""

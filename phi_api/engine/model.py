@@ -166,6 +166,14 @@ class LanguageModel:
             self.spec = Decoder(self.decoder_file, self.spec, threads=1).spec
         self.guides = GuideFactory(root / "tokenizer.json", self.info.vocab_size, self.info.eos_token_ids)
 
+    @property
+    def identity(self) -> str:
+        """The graph file that computes (its path names the source model's and the host's prepacking key) and its
+        size and modification time: keys and values stored on disk (:mod:`engine.prefixdisk`) are only ever read
+        back by the same graph."""
+        stat = self.decoder_file.stat()
+        return f"{self.decoder_file}:{stat.st_size}:{stat.st_mtime_ns}"
+
     def _int8_wanted(self, kv_dtype: str, root: Path) -> bool:
         from phi_api.engine.kvquant import wants_int8
 

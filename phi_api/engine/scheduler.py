@@ -21,7 +21,7 @@ import collections
 import time
 from typing import Any, NamedTuple
 
-from phi_api.engine.kvcache import KVCache
+from phi_api.engine.kvcache import KVCache, OnDisk
 from phi_api.engine.outputs import Outputs, trace
 from phi_api.engine.prefill import ChunkPlanner
 from phi_api.engine.reuse import common_prefix
@@ -79,7 +79,11 @@ class Scheduler:
                 self.waiting.popleft()
                 self.outputs.end_request(request, ended)
                 continue
+            source: Occupant | OnDisk | None
             source, point = self.kv.source(request)
+            stored = self.kv.stored(request, point)
+            if stored:
+                source, point = OnDisk(stored), stored
             with self.kv.ledger.shared.lock:  # decided and booked at once: other engines book the same budget
                 fits = self.kv.make_room(request, source)
                 if fits:
@@ -102,7 +106,7 @@ class Scheduler:
         """Whether no request of this engine prefills or runs."""
         return not (self.prefilling or self.kv.rows.running)
 
-    def start(self, request: Request, source: Occupant | None, point: int) -> None:
+    def start(self, request: Request, source: Occupant | OnDisk | None, point: int) -> None:
         """Give an admitted request its sequences and its leader's row, starting from ``source``'s prefix."""
         try:
             request.sequences = [Sequence(choice, self.model, self.draft_max, request.order)

@@ -177,6 +177,8 @@ class Request:
         self.sequences: list[Sequence] = []
         self.prefilled = 0
         self.order = order  # arrival order: of two requests sharing a prefix, the older computes it
+        self.arrived_ns = time.time_ns()  # the stored chunks of its prompt were last used then (engine.prefixdisk)
+        self.stored_chunks = 0  # chunks of its prompt stored on disk, or on their way there
         # Log-probabilities of the prompt's own tokens (echo): computed from every position of every chunk, so
         # such a request reuses no prefix.
         self.prompt_logprobs = choices[0].params.prompt_logprobs

@@ -190,9 +190,6 @@ class CompletionRequest:
     def from_openai(cls, body: dict[str, Any], known_fields: set[str]) -> CompletionRequest:
         """A schema-valid ``/v1/completions`` body (``known_fields``: its schema's, for the log)."""
         features.check_supported(body, features.COMPLETION_GATES, known_fields)
-        if given(body, "max_tokens") == 0 and not given(body, "echo", False):
-            raise InvalidParameterError("max_tokens must be at least 1 (0 is allowed with echo: the prompt is only "
-                                        "scored).", param="max_tokens")
         return cls(model=body["model"], prompt=body["prompt"], sampling=Sampling.from_openai(body),
                    stream=bool(given(body, "stream", False)), include_usage=_include_usage(body),
                    logprobs=given(body, "logprobs"), echo=bool(given(body, "echo", False)))

@@ -36,7 +36,7 @@ def test_unknown_model_is_404(client, route):
 
 
 @pytest.mark.parametrize("field,value", [("temperature", 3.5), ("top_p", 2), ("presence_penalty", -2.5),
-                                         ("frequency_penalty", 9), ("max_tokens", 0), ("n", 20)])
+                                         ("frequency_penalty", 9), ("max_tokens", -1), ("n", 20)])
 def test_out_of_range_is_invalid_parameter(client, route, field, value):
     error = assert_error(client.post(route, json={**ROUTES[route], field: value}),
                          400, "invalid_request_error", "invalid_parameter", field)
@@ -181,10 +181,15 @@ def test_tool_choice_must_name_a_given_tool(client):
                  "invalid_parameter", "tool_choice")
 
 
-def test_max_tokens_0_without_echo_is_refused(client):
+def test_max_tokens_0_without_echo_only_computes_the_prompt(client):
+    """The way to store a prompt's keys and values ahead of the requests that will start with it."""
     body = {**ROUTES["/v1/completions"], "max_tokens": 0}
-    assert_error(client.post("/v1/completions", json=body), 400, "invalid_request_error",
-                 "invalid_parameter", "max_tokens")
+    answer = client.post("/v1/completions", json=body)
+    assert answer.status_code == 200, answer.get_json()
+    [choice] = answer.get_json()["choices"]
+    assert choice["text"] == "" and choice["finish_reason"] == "length"
+    usage = answer.get_json()["usage"]
+    assert usage["completion_tokens"] == 0 and usage["prompt_tokens"] > 0
 
 
 def test_stream_options_without_stream(client, route):

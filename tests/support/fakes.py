@@ -89,6 +89,9 @@ class FakeDecoder:
             chosen = [int(marks[first + row, 0, int(past[row]) - 1, 0]) + 1 for row in range(count)]
         for row in range(count):
             marks[first + row, 0, int(past[row]):int(past[row]) + new, 0] = chosen[row]
+            # The values hold each position's token (plus one: a row never written reads 0), so a test can tell
+            # which tokens a row's keys and values stand for.
+            kv.values[0][first + row, 0, int(past[row]):int(past[row]) + new, 0] = ids[row] + 1
             logits[row, script.tokens[chosen[row] % len(script.tokens)]] = SCRIPTED_LOGIT
             script.logits_seen.append(logits[row])
         if every_position:  # a prompt chunk: after each of its tokens, the token that follows it is the likeliest
@@ -152,6 +155,7 @@ class FakeModel:
             eos_token_ids=frozenset({EOS}), has_chat_template=has_chat_template, fingerprint="fp_fake",
         )
         self.spec = FakeDecoder(script, rope_switch).spec
+        self.identity = "fake model"
         self.rendered: list[str] = []  # every prompt the chat template produced
 
     @property
