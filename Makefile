@@ -10,7 +10,7 @@ REQUIREMENTS := requirements.txt requirements-model.txt requirements-model-nodep
 INSTRUCTOR_VENV := .venv-instructor
 INSTRUCTOR_STAMP := $(INSTRUCTOR_VENV)/.installed
 
-.PHONY: install model serve test bench bench-spec bench-quality clean system-packages
+.PHONY: install model serve test bench bench-spec bench-disk bench-quality clean system-packages
 
 install: $(STAMP)
 
@@ -66,6 +66,11 @@ bench-spec: install
 		shape_args=(--shape-model-path "$$($(PY) -m phi_api prepare-model --shape $(SHAPE) | tail -n 1)"); \
 	fi; \
 	$(PY) -m phi_api bench-spec --model-path "$$model_path" "$${shape_args[@]}" $(BENCH_ARGS)
+
+# Prompts read from disk against computed (docs/benchmarks.md); SHAPE=phi-3.5-mini on that model's shape.
+bench-disk: install
+	model_path="$$($(PY) -m phi_api prepare-model $(if $(SHAPE),--shape $(SHAPE)) | tail -n 1)"; \
+	$(PY) -m phi_api bench-disk --model-path "$$model_path" $(BENCH_ARGS)
 
 # The served default model's perplexity and top-1 agreement against a float32 build of the same GGUF (built once).
 bench-quality: install

@@ -88,6 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     spec.add_argument("--out", default="bench/results", help="folder for bench-spec.json")
     spec.set_defaults(run=_bench_spec)
 
+    disk = commands.add_parser("bench-disk", help="prompts read from disk against computed: across a restart, "
+                                                  "across workers, and decoding while the disk tier writes")
+    disk.add_argument("--model-path", required=True, help="model folder the servers serve")
+    disk.add_argument("--runs", type=int, default=3, help="documents per measurement (medians are reported)")
+    disk.add_argument("--prompt-tokens", type=int, default=2000, help="about how long each document is")
+    disk.add_argument("--answer-tokens", type=int, default=64, help="the streamed answer's length while writing")
+    disk.add_argument("--drop-caches", action="store_true", help="drop the page cache before reading (root)")
+    disk.add_argument("--out", default="bench/results", help="folder for bench-disk.json")
+    disk.set_defaults(run=_bench_disk)
+
     load = commands.add_parser("load", help="bursts far beyond the concurrency limit, or a soak (--minutes)")
     load.add_argument("--url", help="a running server (default: start one on --model-path)")
     load.add_argument("--model-path", help="model folder for the server it starts")
@@ -117,6 +127,13 @@ def _bench(args: argparse.Namespace) -> int:
     if not _has_server(args, "bench"):
         return 2
     run(args)
+    return 0
+
+
+def _bench_disk(args: argparse.Namespace) -> int:
+    from phi_api.bench import prefixdisk
+
+    prefixdisk.run(args)
     return 0
 
 

@@ -63,7 +63,7 @@ HOSTILE = [
     ("Infinity", CHAT, dump(BASE)[:-1] + b', "seed": Infinity}', JSON_TYPE),
     ("a 5000-digit integer", CHAT, dump(BASE)[:-1] + b', "seed": ' + b"7" * 5000 + b"}", JSON_TYPE),
     ("max_tokens -1", CHAT, dump({**BASE, "max_tokens": -1}), JSON_TYPE),
-    ("max_tokens 0", COMPLETIONS, dump({"model": MODEL_ID, "prompt": "a", "max_tokens": 0}), JSON_TYPE),
+    ("max_tokens -1 (completions)", COMPLETIONS, dump({"model": MODEL_ID, "prompt": "a", "max_tokens": -1}), JSON_TYPE),
     ("max_tokens 10**30", CHAT, dump({**BASE, "max_tokens": 10**30}), JSON_TYPE),
     ("max_tokens 8.0", CHAT, dump({**BASE, "max_tokens": 8.0}), JSON_TYPE),
     ("n 0", CHAT, dump({**BASE, "n": 0}), JSON_TYPE),
