@@ -12,7 +12,7 @@ from flask.json.provider import DefaultJSONProvider
 from flask_cors import CORS
 
 from phi_api import extensions, limiter, metrics, openapi, schemas, store
-from phi_api.api import BLUEPRINTS, playground
+from phi_api.api import BLUEPRINTS, batches, playground
 from phi_api.api.http import render_errors
 from phi_api.auth import register_auth
 from phi_api.config import load_settings
@@ -39,7 +39,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
     bad settings raise :class:`phi_api.config.ConfigError`.
     """
     settings = load_settings(overrides=config)
-    configure_logging(settings.LOG_LEVEL)
+    configure_logging(settings.LOG_LEVEL, settings.LOG_FORMAT)
     app = Flask(__name__)
     app.config.from_mapping(dataclasses.asdict(settings))
     app.config.from_mapping({key: value for key, value in (config or {}).items() if key not in app.config})
@@ -51,6 +51,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
     folder = state_dir()  # shared by the server's processes: the slots' lock file and the model registry
     limiter.init_app(app, settings.MAX_CONCURRENT_REQUESTS, folder)
     store.init_app(app, folder, settings.RESPONSES_STORE_MAX, settings.RESPONSES_STORE_SECONDS)
+    batches.init_app(app)
     observe = metrics.init_app(app).observe_generation
     memory = extensions.init_memory(app, settings)
     if loader is None:

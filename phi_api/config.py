@@ -55,6 +55,11 @@ def _number(low: float, high: float | None = None, *, exclusive_low: bool = Fals
     return parse
 
 
+def _stripped(name: str, raw: Any) -> str:
+    """A free text (a path), without surrounding blanks."""
+    return str(raw).strip()
+
+
 def _boolean(name: str, raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw
@@ -113,6 +118,8 @@ class Settings:
     API_KEYS: str = setting("", lambda name, raw: str(raw), "Comma-separated keys; none: no authentication")
     MAX_REQUEST_SIZE_MB: float = setting(10.0, _number(0.0, 1024.0, exclusive_low=True), "Larger bodies get 413")
     LOG_LEVEL: str = setting("INFO", _text(choices=LOG_LEVELS, upper=True), "Logging level")
+    LOG_FORMAT: str = setting("text", _text(choices=("text", "json")),
+                              "Log lines as text, or one JSON object each (json)")
     INTRA_OP_THREADS: int = setting(0, _integer(0, 256), "ONNX Runtime threads per worker; 0: cores / workers")
     MEMORY_LIMIT_MB: float = setting(0.0, _number(0.0, 10_000_000.0),
                                      "Memory of the whole server: weights, processes, keys and values of every model "
@@ -127,7 +134,7 @@ class Settings:
     PREFIX_CACHE: str = setting("on", _text(choices=("on", "exact", "off")),
                                 "Reuse of earlier requests' keys and values: on (prompts and answers), exact (prompts "
                                 "only, answering bit for bit as cold), off")
-    PREFIX_CACHE_DIR: str = setting("", lambda name, raw: str(raw).strip(),
+    PREFIX_CACHE_DIR: str = setting("", _stripped,
                                     "Folder of prompts' keys and values on disk, shared by the workers and kept across "
                                     "restarts; empty: prefixes/ in phi-api's cache folder")
     PREFIX_CACHE_DISK_MB: float = setting(8192.0, _number(0.0, 1_000_000_000.0),
@@ -143,12 +150,20 @@ class Settings:
                                   "Keys and values in memory: float32, int8 (a quarter of the memory), or auto (int8 "
                                   "where float32 would take 256 KB a token or more)")
     PLAYGROUND: bool = setting(True, _boolean, "Serve the chat playground at /; false: / is a 404")
-    MODELS_FILE: str = setting("", lambda name, raw: str(raw).strip(),
+    MODELS_FILE: str = setting("", _stripped,
                                "A JSON file declaring several models (ids, folders, options); else MODEL_PATH")
     MODEL_IDLE_SECONDS: float = setting(0.0, _number(0.0),
                                         "Models loaded at run time that no request used for this long are unloaded "
                                         "(Ollama's keep_alive may ask for longer); 0: kept until unloaded")
     MAX_MODELS: int = setting(4, _integer(1, 64), "Most models the server holds at once; more loads get 400")
+    BATCH_DIR: str = setting("", _stripped,
+                             "Folder of the Batch API's files and batches (kept across restarts); empty: batches/ in "
+                             "phi-api's cache folder")
+    BATCH_CONCURRENCY: int = setting(2, _integer(0, 1024),
+                                     "Batch lines each worker runs at once, at the lowest priority and outside "
+                                     "MAX_CONCURRENT_REQUESTS; 0: batches wait")
+    BATCH_FILE_MB: float = setting(100.0, _number(0.0, 100_000.0, exclusive_low=True),
+                                   "Largest file POST /v1/files takes; larger get 413")
     RESPONSES_STORE_MAX: int = setting(1000, _integer(0, 10_000_000),
                                        "Most Responses API responses kept for previous_response_id; 0 keeps none")
     RESPONSES_STORE_SECONDS: float = setting(86_400.0, _number(0.0, exclusive_low=True),
@@ -206,6 +221,15 @@ class Settings:
         from phi_api.prepare import cache_root
 
         return str(cache_root() / "prefixes")
+
+    @property
+    def batch_dir(self) -> Path:
+        """The Batch API's folder (``BATCH_DIR``; default ``batches/`` in the cache folder)."""
+        if self.BATCH_DIR:
+            return Path(self.BATCH_DIR).expanduser()
+        from phi_api.prepare import cache_root
+
+        return cache_root() / "batches"
 
     @property
     def kv_budget_bytes(self) -> int:

@@ -54,6 +54,7 @@ from typing import Any, ClassVar
 from gunicorn.http import errors as http
 from werkzeug.exceptions import HTTPException
 
+from phi_api.batchstore import BatchError
 from phi_api.engine.guidance import GuidanceError
 from phi_api.engine.loop import CapacityError, RetiredError
 from phi_api.engine.model import ChatTemplateError
@@ -148,11 +149,15 @@ class PreviousResponseNotFoundError(InvalidRequestError):
     default_param = "previous_response_id"
 
 
-class ResponseNotFoundError(InvalidRequestError):
-    """No stored response has that id (404)."""
+class NotFoundError(InvalidRequestError):
+    """No stored object (a response, a file, a batch) has that id (404)."""
 
     status = 404
     code = "not_found"
+
+
+class ResponseNotFoundError(NotFoundError):
+    """No stored response has that id (404)."""
 
 
 class RouteNotFoundError(InvalidRequestError):
@@ -340,6 +345,7 @@ FOREIGN: tuple[tuple[type[BaseException], Callable[[Any], APIError]], ...] = (
         "accept).")),
     (GuidanceError, lambda exc: InvalidParameterError(f"The output format cannot be enforced: {exc}",
                                                       param="response_format")),
+    (BatchError, lambda exc: InvalidRequestError(str(exc), param=exc.param)),
 )
 
 

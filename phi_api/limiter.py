@@ -19,7 +19,7 @@ import errno
 import fcntl
 import os
 import tempfile
-from typing import Any
+from typing import Any, Protocol
 
 from flask import Flask
 from gevent.lock import BoundedSemaphore
@@ -42,6 +42,27 @@ class Slot:
         if self._held:
             self._held = False
             self._limiter._release(self.number)
+
+
+class Limiter(Protocol):
+    """What the generation path asks of a limiter."""
+
+    def try_acquire(self) -> Slot | None: ...
+
+
+class Unlimited:
+    """A limiter that always has a slot: batch lines run outside ``MAX_CONCURRENT_REQUESTS``."""
+
+    def try_acquire(self) -> Slot:
+        return _FreeSlot()
+
+
+class _FreeSlot(Slot):
+    def __init__(self) -> None:  # no limiter, no number: nothing to give back
+        pass
+
+    def release(self) -> None:
+        pass
 
 
 class ConcurrencyLimiter:

@@ -3,11 +3,16 @@
 Every line carries the request id (``X-Request-Id``: the client's when it
 sends a sane one, generated otherwise). Only the method and the path are
 logged: never bodies, query strings or headers, where keys and prompts live.
+With ``LOG_FORMAT=json`` each line is one JSON object: the time, level,
+process, request id, logger and message, and the fields the line carries
+(``extra={"fields": {...}}``: a request's method, path, status and time; a
+generation's model, finish reason, tokens and times).
 """
 
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
 import re
 import sys
@@ -31,16 +36,29 @@ class _RequestIdFilter(logging.Filter):
         return True
 
 
-def configure_logging(level: str) -> None:
-    """Send the ``phi_api`` loggers to stderr at ``level`` (idempotent)."""
+class JSONFormatter(logging.Formatter):
+    """One JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"time": self.formatTime(record), "level": record.levelname, "pid": record.process,
+                "request_id": getattr(record, "request_id", "-"), "logger": record.name,
+                "message": record.getMessage(), **getattr(record, "fields", {})}
+        if record.exc_info:
+            line["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def configure_logging(level: str, fmt: str = "text") -> None:
+    """Send the ``phi_api`` loggers to stderr at ``level``, as text or JSON lines (``fmt``; idempotent)."""
     logger = logging.getLogger("phi_api")
     logger.setLevel(level)
     logger.propagate = False
-    if not any(isinstance(handler, _PhiApiHandler) for handler in logger.handlers):
+    handler = next((handler for handler in logger.handlers if isinstance(handler, _PhiApiHandler)), None)
+    if handler is None:
         handler = _PhiApiHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(_FORMAT))
         handler.addFilter(_RequestIdFilter())
         logger.addHandler(handler)
+    handler.setFormatter(JSONFormatter() if fmt == "json" else logging.Formatter(_FORMAT))
 
 
 class _PhiApiHandler(logging.StreamHandler):
@@ -72,7 +90,10 @@ def register_request_logging(app: Flask) -> None:
         def write_line() -> None:
             token = _request_id.set(request_id)
             try:
-                log.info("%s %s %d %.1fms", method, path, status, (time.perf_counter() - started) * 1000)
+                elapsed = (time.perf_counter() - started) * 1000
+                log.info("%s %s %d %.1fms", method, path, status, elapsed,
+                         extra={"fields": {"method": method, "path": path, "status": status,
+                                           "duration_ms": round(elapsed, 1)}})
             finally:
                 _request_id.reset(token)
 

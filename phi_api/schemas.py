@@ -46,6 +46,7 @@ REQUEST_SCHEMAS = {
     "responses": "responses.json",
     "messages": "messages.json",
     "messages_count_tokens": "messages_count_tokens.json",
+    "batch_create": "batch_create.json",
 }
 
 _JSON_TYPES = {

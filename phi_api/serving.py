@@ -83,6 +83,10 @@ def post_worker_init(worker: Any) -> None:
     models.start()
     gevent.spawn(_keep_in_step, models)
     gevent.spawn(_publish_load, models, get_metrics(app), extensions.get_memory(app))
+    if extensions.get_settings(app).BATCH_CONCURRENCY:
+        from phi_api.api.batches import runner
+
+        gevent.spawn(runner(app).run_forever)
     for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
         previous = signal.getsignal(signum)
         if callable(previous):

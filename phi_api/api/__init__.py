@@ -1,5 +1,6 @@
 """One blueprint per API surface."""
 
+from phi_api.api.batches import bp as batches_bp
 from phi_api.api.chat import bp as chat_bp
 from phi_api.api.completions import bp as completions_bp
 from phi_api.api.messages import bp as messages_bp
@@ -8,4 +9,4 @@ from phi_api.api.ollama import bp as ollama_bp
 from phi_api.api.ops import bp as ops_bp
 from phi_api.api.responses import bp as responses_bp
 
-BLUEPRINTS = (models_bp, chat_bp, completions_bp, responses_bp, messages_bp, ollama_bp, ops_bp)
+BLUEPRINTS = (models_bp, chat_bp, completions_bp, responses_bp, messages_bp, ollama_bp, ops_bp, batches_bp)

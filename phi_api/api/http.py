@@ -3,6 +3,7 @@ and the service's dependencies gathered from the app's resources."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -12,16 +13,20 @@ from typing import Any
 from flask import Blueprint, Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from phi_api.batchrunner import BATCH_LINE, BATCH_PRIORITY
 from phi_api.errors import (
     APIError,
     InvalidJSONError,
+    InvalidParameterError,
     InvalidRequestError,
     UnsupportedMediaTypeError,
     from_foreign,
 )
 from phi_api.extensions import get_models, get_settings
-from phi_api.limiter import get_limiter
+from phi_api.limiter import Unlimited, get_limiter
+from phi_api.logs import current_request_id
 from phi_api.schemas import get_validator
+from phi_api.service import generation
 from phi_api.service.generation import KEEPALIVE, Services
 from phi_api.transport import read_body, streaming_response
 
@@ -34,6 +39,35 @@ NDJSON_TYPE = "application/x-ndjson"
 def services() -> Services:
     """The service's dependencies, from the current app."""
     return Services(get_models(), get_limiter(), get_settings())
+
+
+PRIORITY_HEADER = "X-Priority"
+PRIORITY_RANGE = (-2**31, 2**31 - 1)
+
+
+def start_generation(typed: Any) -> generation.Run:
+    """Start a typed request on the one generation path, with this HTTP request's id and ``X-Priority`` header
+    (for clients that cannot add a ``priority`` field; the field wins). A batch line (:mod:`phi_api.batchrunner`)
+    runs below every live request, outside ``MAX_CONCURRENT_REQUESTS``."""
+    if request.environ.get(BATCH_LINE):
+        batch = Services(get_models(), Unlimited(), get_settings())
+        return generation.start(batch, dataclasses.replace(typed, priority=BATCH_PRIORITY), current_request_id())
+    return generation.start(services(), typed, current_request_id(), header_priority())
+
+
+def header_priority() -> int | None:
+    """The ``X-Priority`` header's integer (lower is sooner), if given; 400 if it is not one."""
+    raw = request.headers.get(PRIORITY_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or not PRIORITY_RANGE[0] <= value <= PRIORITY_RANGE[1]:
+        raise InvalidParameterError(f"The {PRIORITY_HEADER} header must be an integer from {PRIORITY_RANGE[0]} to "
+                                    f"{PRIORITY_RANGE[1]} (lower is sooner).", param=PRIORITY_HEADER)
+    return value
 
 
 # Bodies ---------------------------------------------------------------------------------------------

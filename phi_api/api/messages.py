@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
-from phi_api.api.http import named_sse_response, read_request, render_errors, services
+from phi_api.api.http import named_sse_response, read_request, render_errors, services, start_generation
 from phi_api.errors import anthropic_body
-from phi_api.logs import current_request_id
 from phi_api.openapi import GENERATION_STATUSES, JSON, SSE, operation
 from phi_api.service import generation, prompts
 from phi_api.service.messages import MessageRenderer, MessagesRequest
@@ -26,7 +25,7 @@ render_errors(bp, anthropic_body)
 def create_message() -> Response:
     """The assistant's next message: text, or tool_use blocks."""
     request = MessagesRequest.from_anthropic(read_request("messages"))
-    run = generation.start(services(), request.chat, current_request_id())
+    run = start_generation(request.chat)
     renderer = MessageRenderer(request, run)
     if request.stream:
         return named_sse_response(renderer.stream(), on_close=(run.close,))

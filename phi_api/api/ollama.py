@@ -12,10 +12,9 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from phi_api.api.http import ndjson_response, read_request, render_errors, services
+from phi_api.api.http import ndjson_response, read_request, render_errors, start_generation
 from phi_api.errors import ollama_body
 from phi_api.extensions import get_models
-from phi_api.logs import current_request_id
 from phi_api.openapi import GENERATION_STATUSES, JSON, NDJSON, operation
 from phi_api.service import catalog, generation, ollama
 from phi_api.transport import disconnect_probe
@@ -54,7 +53,7 @@ def _generation(schema: str, parse: Callable[[dict[str, Any]], Any], *, chat: bo
     started = time.monotonic()
     body = read_request(schema, any_media_type=True)
     request = parse(body)
-    run = generation.start(services(), request, current_request_id())
+    run = start_generation(request)
     reply = ollama.Reply(run, started, chat=chat)
     models, keep = get_models(), ollama.keeps_alive(body)
     asked = ollama.keep_alive_seconds(body)

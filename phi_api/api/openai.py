@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from flask import Response, jsonify
 
-from phi_api.api.http import services, sse_response
-from phi_api.logs import current_request_id
+from phi_api.api.http import sse_response, start_generation
 from phi_api.service import generation
 from phi_api.service.openai import Answer, Shape
 from phi_api.service.requests import GenerationRequest
@@ -14,8 +13,7 @@ from phi_api.transport import disconnect_probe
 
 def respond(shape: type[Shape], request: GenerationRequest) -> Response:
     """Run ``request`` and answer in ``shape`` (chat or completion): one JSON object, or its chunks as SSE."""
-    context = services()
-    run = generation.start(context, request, current_request_id())
+    run = start_generation(request)
     answer = Answer(shape(run, run.engine.token_bytes), request.model, run.engine.info.fingerprint)
     if request.stream:
         return sse_response(answer.chunks(), on_close=(run.close,))

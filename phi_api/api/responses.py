@@ -6,9 +6,8 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from phi_api.api.http import named_sse_response, read_request, services
+from phi_api.api.http import named_sse_response, read_request, start_generation
 from phi_api.errors import ResponseNotFoundError
-from phi_api.logs import current_request_id
 from phi_api.openapi import GENERATION_STATUSES, JSON, SSE, operation
 from phi_api.service import generation
 from phi_api.service.responses import ResponseRenderer, ResponsesRequest, history_of, output_messages
@@ -27,7 +26,7 @@ def create_response() -> Response:
     request = ResponsesRequest.from_openai(read_request("responses"))
     store = get_store()
     history = history_of(request, store)
-    run = generation.start(services(), request.chat(history), current_request_id())
+    run = start_generation(request.chat(history))
     renderer = ResponseRenderer(request, run)
 
     def keep(response: dict[str, Any]) -> None:

@@ -86,7 +86,8 @@ class Engine:
         """``memory``: the worker's key/value budget, shared with its other engines (one of its own if none)."""
         self.model = model
         self.config = config
-        self.observers: list[Callable[[Choice, Finished], None]] = [log_generation]
+        self.observers: list[Callable[[Choice, Finished], None]] = [
+            lambda choice, finished: log_generation(choice, finished, config.name)]
         self.loop = EngineLoop(model, config, report=self._report, memory=memory)
         self.draining = False  # set when this worker starts shutting down
         self.loaded_at = int(time.time())
@@ -135,8 +136,9 @@ class Engine:
         self.loop.check_capacity(prompt_tokens, max_tokens, choices)
 
     def submit(self, prompt: np.ndarray, params: SamplingParams | list[SamplingParams],
-               request_id: str = "-") -> Generation:
-        """Start generating, one choice per parameter set; the returned handle streams the results.
+               request_id: str = "-", priority: int = 0) -> Generation:
+        """Start generating, one choice per parameter set, at ``priority`` (lower is sooner); the returned handle
+        streams the results.
 
         A grammar is compiled here, off the hub, once per choice: the engine
         thread never spends a step's time on it.
@@ -145,7 +147,7 @@ class Engine:
         guides = [off_hub(self.model.guide, one.guidance) if one.guidance else None for one in each]
         waker = HubWaker()
         choices = [Choice(prompt, one, timeout=self._timeout, notify=waker.notify, request_id=request_id,
-                          index=index, guide=guide)
+                          index=index, guide=guide, priority=priority)
                    for index, (one, guide) in enumerate(zip(each, guides, strict=True))]
         self.loop.submit(choices)
         return Generation(choices, waker)
@@ -205,11 +207,15 @@ class Engine:
         self.loop.retire()
 
 
-def log_generation(choice: Choice, finished: Finished) -> None:
+def log_generation(choice: Choice, finished: Finished, model: str = "") -> None:
     """The one log line of every generation (run on the hub's thread, never the engine's)."""
     ttft = f"{finished.time_to_first_token * 1000:.0f}" if finished.time_to_first_token is not None else "-"
     rate = finished.decode_tokens_per_second
-    extra = {"request_id": choice.request_id}
+    fields = {"model": model, "finish_reason": finished.reason, "prompt_tokens": finished.prompt_tokens,
+              "cached_tokens": finished.cached_tokens, "completion_tokens": finished.completion_tokens,
+              "ttft_ms": round(finished.time_to_first_token * 1000) if finished.time_to_first_token else None,
+              "tokens_per_s": round(rate, 1) if rate else None, "priority": choice.priority}
+    extra = {"request_id": choice.request_id, "fields": fields}
     log.info(
         "generation finish_reason=%s prompt_tokens=%d cached_tokens=%d completion_tokens=%d ttft_ms=%s "
         "tokens_per_s=%s batch_rows=%.1f",

@@ -79,8 +79,10 @@ class Choice:
     """One choice of a generation request, handed to the engine loop."""
 
     def __init__(self, prompt: np.ndarray, params: SamplingParams, *, timeout: float,
-                 notify: Callable[[], None], request_id: str = "-", index: int = 0, guide: Any = None) -> None:
+                 notify: Callable[[], None], request_id: str = "-", index: int = 0, guide: Any = None,
+                 priority: int = 0) -> None:
         self.prompt = prompt
+        self.priority = priority  # lower is sooner (vLLM's); batch lines come after every live request
         self.params = params
         self.guide = guide  # this choice's grammar state (engine.guidance.Guide), when constrained
         self.request_id = request_id

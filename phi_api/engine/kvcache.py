@@ -95,25 +95,26 @@ class KVCache:
         assert self.disk is not None
         self.rows.place(leader, self.rows.free_slot(self.rows.running))
         prompt = leader.choice.prompt
-        read = self.disk.load(self.pool, row_of(leader), prompt, leader.regime, point // self.disk.block)
+        read, exact = self.disk.load(self.pool, row_of(leader), prompt, leader.regime, point // self.disk.block)
         floor = point if leader.long else 0  # LongRoPE: a long prompt's first chunk is never split, so all or nothing
-        start = self.policy.resume_point(read, len(prompt), floor, read) if read else 0
+        start = self.policy.resume_point(read, len(prompt), floor, exact) if read else 0
         if start < read:
             self.pool.release(row_of(leader), start)
-        leader.resume(start, start, self.policy)
+        leader.resume(start, min(start, exact), self.policy)
         return start
 
     def store(self, request: Request) -> None:
-        """Store the chunks of ``request``'s prompt its leader's row now holds as a cold prompt alone computes them,
-        and that are not stored yet (the disk tier's writer writes them off this thread); those it has no room to
-        stage now are tried again after the next chunk."""
+        """Store the chunks of ``request``'s prompt its leader's row now holds (in ``exact`` mode, those computed as a
+        cold prompt alone computes them), and that are not stored yet (the disk tier's writer writes them off this
+        thread); those it has no room to stage now are tried again after the next chunk."""
         disk, leader = self.disk, request.leader
         if disk is None or request.prompt_logprobs is not None:
             return
-        end = leader.exact_upto // disk.block
+        exact_end = leader.exact_upto // disk.block
+        end = exact_end if self.policy.exact else leader.length // disk.block  # what reuse from memory would take
         if end > request.stored_chunks:
             request.stored_chunks = disk.save(self.pool, row_of(leader), request.prompt, request.regime,
-                                              request.stored_chunks, end, request.arrived_ns)
+                                              request.stored_chunks, end, request.arrived_ns, exact_end)
 
     def catch_up(self, request: Request) -> None:
         """Copy a longer prefix than ``request``'s leader has, if a row now holds one."""

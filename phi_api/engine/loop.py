@@ -211,7 +211,8 @@ class EngineLoop:
         config = self.config
         if not config.prefix_disk_dir or not self._policy.enabled:
             return None
-        key = store_key(self._model.identity, spec, config.prefill_chunk, config.threads, cpu_features())
+        key = store_key(self._model.identity, spec, config.prefill_chunk, config.threads, cpu_features(),
+                        config.prefix_cache)
         return PrefixStore(Path(config.prefix_disk_dir), key, BlockLayout(spec, config.prefill_chunk),
                            config.prefix_disk_bytes, stage=self.memory.stage, unstage=self.memory.unstage)
 

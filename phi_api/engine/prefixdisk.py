@@ -8,10 +8,15 @@ tokens, ``PREFILL_CHUNK_TOKENS``), and a later request whose prompt starts
 with stored chunks loads them instead of computing them, in any worker, after
 any restart.
 
-- What is stored: only chunks computed as a cold prompt alone computes them
-  (on the grid: ``Sequence.exact_upto``), so that loading them answers bit for
-  bit as computing them would, in both ``PREFIX_CACHE`` modes that reuse
-  (``on`` and ``exact``); answers' keys and values are not stored.
+- What is stored: what the reuse mode would reuse from memory. In ``exact``
+  mode, only chunks computed as a cold prompt alone computes them (on the
+  grid: ``Sequence.exact_upto``), so that reading them answers bit for bit as
+  computing them would. In ``on`` mode, every chunk of the prompt once in its
+  row, each marked whether it was computed so (a prompt prefilled in time
+  slices beside running requests is not): a request reading only marked
+  chunks resumes on the grid and answers as a cold one; otherwise it may
+  differ in the last bits, as reuse from memory does. The mode is part of the
+  key. Answers' keys and values are not stored.
 - Keys: a file is named by a hash chain over its prompt's tokens up to the end
   of its chunk, salted with :func:`store_key` (the graph file's identity, hence
   the model, its prepacking and its key/value type; the layout, the grid, the
@@ -51,19 +56,21 @@ import numpy as np
 
 from phi_api.engine.native import Signal, new_lock, start_thread
 
-FORMAT = 1  # bump when the file layout or what goes into a key changes
+FORMAT = 2  # bump when the file layout or what goes into a key changes
 SUFFIX = ".kv"
-_HEADER = struct.Struct("<8sQQI4x")  # magic, tokens, payload bytes, CRC-32 of the payload
-_MAGIC = b"phikv\x00\x00\x01"
+_HEADER = struct.Struct("<8sQQII")  # magic, tokens, payload bytes, CRC-32 of the payload, flags
+_MAGIC = b"phikv\x00\x00\x02"
+_EXACT = 1  # flag: computed as a cold prompt alone computes it (on the grid)
 STAGING_BYTES = 64 * 2**20  # copies one engine may have waiting for the writer (at least one chunk's); more wait
 RESCAN_SECONDS = 10.0  # how stale the writer's view of the folder's size may get (other workers write too)
 STALE_TEMP_SECONDS = 600.0  # a temporary file this old was left by a process that died while writing
 
 
-def store_key(identity: str, spec: Any, block: int, threads: int, cpu: str) -> str:
-    """The folder of one model's files: everything that changes the numbers a chunk's keys and values hold."""
+def store_key(identity: str, spec: Any, block: int, threads: int, cpu: str, mode: str = "on") -> str:
+    """The folder of one model's files: everything that changes the numbers a chunk's keys and values hold, and the
+    reuse mode (``exact`` stores only exact chunks)."""
     layout = f"{spec.layers}x{spec.kv_heads}x{spec.head_size}:{np.dtype(spec.kv_dtype).name}"
-    text = f"format {FORMAT};{identity};{layout};block {block};threads {threads};{cpu}"
+    text = f"format {FORMAT};{identity};{layout};block {block};threads {threads};{cpu};mode {mode}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -128,7 +135,7 @@ class PrefixStore:
         self.stats = DiskStats()
         self._salt = key
         self._stage, self._unstage = stage, unstage
-        self._queue: collections.deque[tuple[str, np.ndarray, int] | None] = collections.deque()
+        self._queue: collections.deque[tuple[str, np.ndarray, int, int] | None] = collections.deque()
         self._queued = 0  # chunks staged, not yet written
         self._most_queued = max(1, STAGING_BYTES // layout.nbytes)
         self._lock = new_lock()
@@ -151,26 +158,30 @@ class PrefixStore:
                 return index
         return most
 
-    def load(self, pool: Any, row: int, prompt: np.ndarray, regime: str, count: int) -> int:
+    def load(self, pool: Any, row: int, prompt: np.ndarray, regime: str, count: int) -> tuple[int, int]:
         """Read ``prompt``'s first ``count`` chunks into ``row``; the tokens read (fewer when a file is missing or
-        fails a check: it is removed)."""
+        fails a check: it is removed), and how many of them lead computed as a cold prompt's."""
         started = time.perf_counter()
         names = self.names(prompt, regime, count)
-        loaded = 0
+        loaded, exact = 0, 0
         for index, name in enumerate(names):
-            if not self._read(self.folder / name, pool, row, index * self.block):
+            flags = self._read(self.folder / name, pool, row, index * self.block)
+            if flags is None:
                 break
             loaded += 1
+            exact += exact == index and bool(flags & _EXACT)
         now = time.time_ns()
         for name in names[:loaded]:  # used now: one time for the chunks of one prompt (see _trim)
             _touch(self.folder / name, now)
         self.stats.tokens_read += loaded * self.block
         self.stats.load_seconds.append(time.perf_counter() - started)
-        return loaded * self.block
+        return loaded * self.block, exact * self.block
 
-    def save(self, pool: Any, row: int, prompt: np.ndarray, regime: str, first: int, end: int, used_ns: int) -> int:
-        """Store chunks ``[first, end)`` of ``prompt``, which ``row`` holds, unless they are stored already; returns
-        the first chunk that could not be staged now (``end``: none), from which a later call may go on."""
+    def save(self, pool: Any, row: int, prompt: np.ndarray, regime: str, first: int, end: int, used_ns: int,
+             exact_end: int = 0) -> int:
+        """Store chunks ``[first, end)`` of ``prompt``, which ``row`` holds (those before ``exact_end`` computed as a
+        cold prompt's), unless they are stored already; returns the first chunk that could not be staged now
+        (``end``: none), from which a later call may go on."""
         for index, name in enumerate(self.names(prompt, regime, end)[first:], start=first):
             path = self.folder / name
             if path.is_file():
@@ -182,7 +193,8 @@ class PrefixStore:
             if not room:
                 self.stats.not_staged += 1
                 return index  # the chunks after a missing one could never be loaded: not now either
-            self._queue.append((name, self.layout.gather(pool, row, index * self.block), used_ns))
+            flags = _EXACT if index < exact_end else 0
+            self._queue.append((name, self.layout.gather(pool, row, index * self.block), used_ns, flags))
             self._signal.set()
         return end
 
@@ -208,9 +220,9 @@ class PrefixStore:
             item = self._queue.popleft()
             if item is None:
                 return
-            name, data, used_ns = item
+            name, data, used_ns, flags = item
             try:
-                self._write(name, data, used_ns)
+                self._write(name, data, used_ns, flags)
             finally:
                 with self._lock:
                     self._queued -= 1
@@ -218,14 +230,14 @@ class PrefixStore:
             del data
             self._trim()
 
-    def _write(self, name: str, data: np.ndarray, used_ns: int) -> None:
+    def _write(self, name: str, data: np.ndarray, used_ns: int, flags: int) -> None:
         path = self.folder / name
         temp = self.folder / f".tmp-{os.getpid()}-{id(self):x}-{next(self._temp)}"
         payload = memoryview(data.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             with open(temp, "wb") as file:
-                file.write(_HEADER.pack(_MAGIC, self.block, len(payload), zlib.crc32(payload)))
+                file.write(_HEADER.pack(_MAGIC, self.block, len(payload), zlib.crc32(payload), flags))
                 file.write(payload)
             os.replace(temp, path)  # another worker's copy of the same chunk may land first: the same bytes
             _touch(path, used_ns)
@@ -254,35 +266,38 @@ class PrefixStore:
 
     # Reading --------------------------------------------------------------------------------------------
 
-    def _read(self, path: Path, pool: Any, row: int, start: int) -> bool:
-        """Copy one stored chunk into ``row`` at ``start``; False (and the file removed if it is bad) if it cannot."""
+    def _read(self, path: Path, pool: Any, row: int, start: int) -> int | None:
+        """Copy one stored chunk into ``row`` at ``start``; its flags, or None (and the file removed if it is bad)
+        if it cannot."""
         expected = _HEADER.size + self.layout.nbytes
         try:
             with open(path, "rb") as file:
                 if os.fstat(file.fileno()).st_size != expected:
-                    return self._bad(path)
+                    self._bad(path)
+                    return None
                 with mmap.mmap(file.fileno(), expected, prot=mmap.PROT_READ) as area:
-                    magic, tokens, size, crc = _HEADER.unpack_from(area)
+                    magic, tokens, size, crc, flags = _HEADER.unpack_from(area)
                     view = memoryview(area)[_HEADER.size:]
                     try:
                         if (magic, tokens, size) != (_MAGIC, self.block, self.layout.nbytes) \
                                 or zlib.crc32(view) != crc:
-                            return self._bad(path)
+                            self._bad(path)
+                            return None
                         data = np.frombuffer(view, dtype=self.layout.dtype).reshape(self.layout.shape)
                         self.layout.scatter(data, pool, row, start)
                         del data
                     finally:
                         view.release()
         except FileNotFoundError:  # evicted by a worker meanwhile
-            return False
+            return None
         except OSError:
-            return self._bad(path)
-        return True
+            self._bad(path)
+            return None
+        return int(flags)
 
-    def _bad(self, path: Path) -> bool:
+    def _bad(self, path: Path) -> None:
         self.stats.corrupt += 1
         _remove(path)
-        return False
 
 
 def _touch(path: Path, ns: int) -> None:

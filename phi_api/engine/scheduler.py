@@ -1,5 +1,8 @@
 """The scheduling decisions of one engine's batch: which waiting requests start, and which prompt is prefilled next.
 
+- Priority (a request's ``priority``, lower first, as vLLM's): the waiting
+  start, and the prefilling get their chunks, by priority first, then as
+  below; running sequences all advance together whatever their priority.
 - Admission: waiting requests start in arrival order while they fit the
   key/value budget (:mod:`engine.kvcache` makes room by giving up kept
   prefixes); each starts from the longest prefix any row holds. One that can
@@ -71,7 +74,11 @@ class Scheduler:
         return Chunk(request, request.prefilled, end)
 
     def admit(self) -> None:
-        """Start the waiting requests, in order, while they fit."""
+        """Start the waiting requests, by priority then in order, while they fit."""
+        if len(self.waiting) > 1:
+            ordered = sorted(self.waiting, key=lambda request: (request.priority, request.order))
+            self.waiting.clear()
+            self.waiting.extend(ordered)
         while self.waiting:
             request = self.waiting[0]
             ended = request.over()
@@ -121,10 +128,13 @@ class Scheduler:
         self.prefilling.append(request)
 
     def next_prompt(self) -> Request:
-        """The prompt whose chunk comes next: the one with the least left (short questions answer soon), but never
-        twice in a row ahead of the oldest (so no prompt waits forever behind a stream of shorter ones: it gets at
-        least every other chunk); passing over those waiting for an older request's prefix (:meth:`_defers`)."""
+        """The prompt whose chunk comes next, among those of the first priority: the one with the least left (short
+        questions answer soon), but never twice in a row ahead of the oldest (so no prompt waits forever behind a
+        stream of shorter ones: it gets at least every other chunk); passing over those waiting for an older
+        request's prefix (:meth:`_defers`)."""
         candidates = [candidate for candidate in self.prefilling if not self._defers(candidate)]
+        first = min(candidate.priority for candidate in candidates)
+        candidates = [candidate for candidate in candidates if candidate.priority == first]
         oldest = min(candidates, key=lambda r: r.order)
         shortest = min(candidates, key=lambda r: (r.remaining, r.order))
         if shortest is oldest or self.passed_oldest:

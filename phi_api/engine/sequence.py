@@ -177,6 +177,7 @@ class Request:
         self.sequences: list[Sequence] = []
         self.prefilled = 0
         self.order = order  # arrival order: of two requests sharing a prefix, the older computes it
+        self.priority = choices[0].priority  # lower is sooner: admitted and prefilled before others
         self.arrived_ns = time.time_ns()  # the stored chunks of its prompt were last used then (engine.prefixdisk)
         self.stored_chunks = 0  # chunks of its prompt stored on disk, or on their way there
         # Log-probabilities of the prompt's own tokens (echo): computed from every position of every chunk, so

@@ -29,7 +29,7 @@ from phi_api.errors import (
     RateLimitError,
     ServiceUnavailableError,
 )
-from phi_api.limiter import ConcurrencyLimiter
+from phi_api.limiter import Limiter
 from phi_api.registry import Models
 from phi_api.service import prompts
 from phi_api.service.choices import ChoiceAssembler, ChoiceResult, Event, Prompt
@@ -56,7 +56,7 @@ class Services:
     """What the service works with, handed to it by the web layer."""
 
     models: Models
-    limiter: ConcurrencyLimiter
+    limiter: Limiter
     settings: Settings
 
 
@@ -114,8 +114,9 @@ class Run:
         self.slot.release()
 
 
-def start(services: Services, request: GenerationRequest, request_id: str = "-") -> Run:
-    """Check ``request``, take a concurrency slot (or 429) and start generating."""
+def start(services: Services, request: GenerationRequest, request_id: str = "-", priority: int | None = None) -> Run:
+    """Check ``request``, take a concurrency slot (or 429) and start generating, at the request's own priority, else
+    ``priority`` (a header's), else 0; lower is sooner."""
     engine, settings = services.models.engine(request.model), services.settings
     if engine.draining:
         raise ServiceUnavailableError("This server is shutting down; please retry.")
@@ -127,7 +128,8 @@ def start(services: Services, request: GenerationRequest, request_id: str = "-")
     if slot is None:
         raise RateLimitError("Too many concurrent requests. Please try again later.")
     try:
-        generation = engine.submit(plan.prompt, plan.params, request_id=request_id)
+        generation = engine.submit(plan.prompt, plan.params, request_id=request_id,
+                                   priority=request.priority if request.priority is not None else priority or 0)
     except BaseException:  # RetiredError (unloaded a moment ago) becomes a 404 through errors.FOREIGN
         slot.release()
         raise

@@ -156,6 +156,7 @@ class ChatRequest:
     output_schema: dict[str, Any] | None = None  # JSON the answer must be (a JSON Schema); None: free text
     output_param: str = "response_format"  # where the schema came from, for errors that name it
     tools: ToolPlan | None = None
+    priority: int | None = None  # lower is sooner (vLLM's); None: not given
 
     prompt_param: ClassVar[str] = "messages"
 
@@ -169,6 +170,7 @@ class ChatRequest:
             logprobs=_chat_logprobs(body), **output_fields(given(body, "response_format")),
             tools=tool_plan(given(body, "tools", []), given(body, "tool_choice"),
                             bool(given(body, "parallel_tool_calls", True))),
+            priority=given(body, "priority"),
         )
 
 
@@ -183,6 +185,7 @@ class CompletionRequest:
     include_usage: bool = False
     logprobs: int | None = None
     echo: bool = False
+    priority: int | None = None  # lower is sooner (vLLM's); None: not given
 
     prompt_param: ClassVar[str] = "prompt"
 
@@ -192,7 +195,8 @@ class CompletionRequest:
         features.check_supported(body, features.COMPLETION_GATES, known_fields)
         return cls(model=body["model"], prompt=body["prompt"], sampling=Sampling.from_openai(body),
                    stream=bool(given(body, "stream", False)), include_usage=_include_usage(body),
-                   logprobs=given(body, "logprobs"), echo=bool(given(body, "echo", False)))
+                   logprobs=given(body, "logprobs"), echo=bool(given(body, "echo", False)),
+                   priority=given(body, "priority"))
 
 
 GenerationRequest = ChatRequest | CompletionRequest

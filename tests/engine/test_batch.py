@@ -36,11 +36,11 @@ class Bench:
     finished: list[tuple[Choice, Finished]] = field(default_factory=list)
     arrivals: int = 0
 
-    def submit(self, prompt, n: int = 1, **params) -> list[Choice]:
+    def submit(self, prompt, n: int = 1, priority: int = 0, **params) -> list[Choice]:
         params = {"max_tokens": 4, "temperature": 0.0, **params}
         tokens = np.asarray(prompt, dtype=np.int32)
-        choices = [Choice(tokens, SamplingParams(**params), timeout=60, notify=lambda: None, index=index)
-                for index in range(n)]
+        choices = [Choice(tokens, SamplingParams(**params), timeout=60, notify=lambda: None, index=index,
+                          priority=priority) for index in range(n)]
         self.arrivals += 1
         self.batch.waiting.append(Request(choices, self.batch.model, self.chunk, None, self.arrivals))
         return choices
@@ -192,3 +192,29 @@ def test_a_prompt_that_has_waited_long_goes_in_whole_chunks_not_time_slices():
     assert sliced == 10 and length > sliced and (start + length) % 64 == 0  # to the end of its whole chunk
     running.cancel()
     b.run()
+
+
+def test_waiting_requests_start_by_priority_then_in_arrival_order():
+    tokens = 10 + 40  # prompt + max_tokens: each request books a row of 50 tokens, two fit
+    b = bench(budget=row_bytes(bench().batch.decoder.spec, tokens) * 2, mode="off")
+    low = [b.submit(np.arange(first, first + 10), max_tokens=40, priority=5) for first in (1, 11)]
+    b.iterate()  # both low-priority requests fit and start
+    later = b.submit(np.arange(21, 31), max_tokens=40, priority=5)
+    urgent = b.submit(np.arange(31, 41), max_tokens=40, priority=-1)
+    b.run()
+    order = [choice for choice, _ in b.finished]
+    assert order.index(urgent[0]) < order.index(later[0])  # it arrived last, and started before the other waiter
+    assert {id(choice) for choice in order[:2]} == {id(low[0][0]), id(low[1][0])}
+
+
+def test_the_next_prompt_chunk_goes_to_the_first_priority():
+    b = bench(chunk=4, mode="off")
+    b.submit(np.arange(1, 41), max_tokens=1, priority=1)  # long, low priority, first
+    b.iterate()
+    b.submit(np.arange(41, 61), max_tokens=1, priority=0)  # arrives while the other prefills
+    b.run()
+    firsts = b.script.chunk_firsts
+    urgent_chunks = [index for index, first in enumerate(firsts) if 41 <= first < 61]
+    other_chunks = [index for index, first in enumerate(firsts) if first < 41]
+    assert len(urgent_chunks) == 5 and urgent_chunks == list(range(1, 6))  # every chunk of it, at once
+    assert len(other_chunks) == 10 and other_chunks[0] == 0

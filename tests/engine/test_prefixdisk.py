@@ -31,14 +31,14 @@ CHUNK = 4
 
 
 def store(root: Path, *, identity: str = "fake model", threads: int = 1, max_bytes: int = 1 << 30,
-          budget: SharedBudget | None = None) -> PrefixStore:
+          budget: SharedBudget | None = None, chunk: int = CHUNK) -> PrefixStore:
     spec = FakeModel(Script([1]), PIECES).spec
     shared = budget if budget is not None else SharedBudget(1 << 30)
-    return PrefixStore(root, store_key(identity, spec, CHUNK, threads, "cpu"), BlockLayout(spec, CHUNK), max_bytes,
+    return PrefixStore(root, store_key(identity, spec, chunk, threads, "cpu"), BlockLayout(spec, chunk), max_bytes,
                        stage=shared.stage, unstage=shared.unstage)
 
 
-def disk_bench(root: Path, mode: str = "on", *, budget: int = 1 << 20, **options) -> Bench:
+def disk_bench(root: Path, mode: str = "on", *, budget: int = 1 << 20, chunk: int = CHUNK, **options) -> Bench:
     """A batch over a disk tier in ``root`` (as EngineLoop._new_batch builds one)."""
     script = Script([1, 2, 3])
     model = FakeModel(script, PIECES)
@@ -46,10 +46,10 @@ def disk_bench(root: Path, mode: str = "on", *, budget: int = 1 << 20, **options
     shared = SharedBudget(budget)
     ledger = Ledger(decoder.spec, budget, 8, model.info.context_length, shared=shared)
     pool = KVPool(decoder.spec, 17, ledger.row_tokens)
-    policy = ReusePolicy(mode, CHUNK)
-    planner = ChunkPlanner(CHUNK, grid=policy.exact, slice_seconds=0.2, costs=StepCosts(script.clock))
-    disk = store(root, budget=shared, **options)
-    made = Bench(None, script, CHUNK)  # type: ignore[arg-type]
+    policy = ReusePolicy(mode, chunk)
+    planner = ChunkPlanner(chunk, grid=policy.exact, slice_seconds=0.2, costs=StepCosts(script.clock))
+    disk = store(root, budget=shared, chunk=chunk, **options)
+    made = Bench(None, script, chunk)  # type: ignore[arg-type]
     made.batch = Batch(model, decoder, pool, ledger, policy, planner,
                        lambda choice, finished: made.finished.append((choice, finished)), disk=disk)
     return made
@@ -185,7 +185,7 @@ def test_two_workers_writing_the_same_chunks_at_once_leave_whole_files(tmp_path)
         wait_until(lambda disk=disk: disk.idle, 10)
     assert len(files(tmp_path)) == 4 and not [p for p in tmp_path.rglob(".tmp-*")]
     reader = KVPool(spec, 2, 64)
-    assert stores[0].load(reader, 1, prompt, "short", 4) == 16
+    assert stores[0].load(reader, 1, prompt, "short", 4) == (16, 0)
     assert list(reader.values[0][1, 0, :16, 0]) == list(range(1, 17)) and stores[0].stats.corrupt == 0
 
 
@@ -236,3 +236,39 @@ def test_a_request_is_not_affected_by_a_missing_store_folder(tmp_path):
     b.run()
     written(b)
     assert len(files(tmp_path / "made on first write")) == 10 and os.path.isdir(tmp_path / "made on first write")
+
+
+def test_each_chunk_says_whether_it_was_computed_as_a_cold_prompt_s(tmp_path):
+    """In ``on`` mode a prompt prefilled in time slices is stored too; only its leading exact chunks count as
+    exact when read."""
+    spec = FakeModel(Script([1]), PIECES).spec
+    pool = KVPool(spec, 2, 64)
+    disk = store(tmp_path)
+    prompt = np.arange(1, 17)
+    assert disk.save(pool, 0, prompt, "short", 0, 4, used_ns=10**9, exact_end=2) == 4
+    wait_until(lambda: disk.idle, 10)
+    assert disk.load(KVPool(spec, 2, 64), 1, prompt, "short", 4) == (16, 8)
+
+
+def test_the_reuse_mode_is_part_of_the_key():
+    spec = FakeModel(Script([1]), PIECES).spec
+    assert store_key("m", spec, 4, 1, "cpu", "on") != store_key("m", spec, 4, 1, "cpu", "exact")
+
+
+def test_in_on_mode_a_prompt_prefilled_in_time_slices_is_stored_and_read_as_not_exact(tmp_path):
+    cold = disk_bench(tmp_path, "on", chunk=16)
+    cold.script.step_seconds, cold.script.token_seconds = 0.1, 0.01  # a 0.2 s slice holds 10 prompt tokens
+    cold.submit(np.arange(1, 21) % 60 + 1, max_tokens=2)  # the batch learns its step costs
+    cold.run()
+    [running] = cold.submit(np.arange(5, 9), max_tokens=60)  # keeps the batch crowded: prompts go in slices
+    cold.submit(PROMPT, max_tokens=1)
+    cold.iterate(12)
+    running.cancel()
+    cold.run()
+    assert (16, 10) in cold.script.chunks  # its second chunk was a slice of 10, off the grid of 16
+    assert written(cold).stats.tokens_written == 16 + 32  # the first request's chunk, and this prompt's two
+    warm = disk_bench(tmp_path, "on", chunk=16)
+    warm.submit(PROMPT, max_tokens=3)
+    warm.iterate()
+    [leader] = warm.batch.rows.group(0, warm.batch.rows.running)
+    assert leader.cached == 32 and leader.exact_upto == 16  # the first chunk exact, the second not

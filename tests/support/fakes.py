@@ -40,6 +40,7 @@ class Script:
     chunk_firsts: list[int] = field(default_factory=list)  # the first token id of every prompt step
     logits_seen: list[np.ndarray] = field(default_factory=list)  # each row's logits, as the sampler left them
     params: list[Any] = field(default_factory=list)  # the SamplingParams of every submitted choice
+    priorities: list[int] = field(default_factory=list)  # the priority of every submitted request
     grammars: list[tuple[str, str]] = field(default_factory=list)
     threads: set[int] = field(default_factory=set)  # the OS threads that ran steps
     decoder_threads: list[int] = field(default_factory=list)  # the intra-op threads each session was made with
@@ -198,9 +199,10 @@ class RecordingEngine(Engine):
         """``options``: :class:`EngineConfig`'s fields."""
         super().__init__(model, EngineConfig(clock=model.script.clock, checked=True, **options))
 
-    def submit(self, prompt: np.ndarray, params: Any, request_id: str = "-") -> Any:
+    def submit(self, prompt: np.ndarray, params: Any, request_id: str = "-", priority: int = 0) -> Any:
         self.model.script.params.extend(params if isinstance(params, list) else [params])
-        return super().submit(prompt, params, request_id)
+        self.model.script.priorities.append(priority)
+        return super().submit(prompt, params, request_id, priority)
 
 
 def text_pieces(*pieces: bytes) -> dict[int, bytes]:

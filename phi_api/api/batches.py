@@ -1,0 +1,172 @@
+"""OpenAI's Batch API: ``/v1/files`` (purpose ``batch``) and ``/v1/batches``, as the ``openai`` SDK calls them.
+
+The files and batches live in the store (:mod:`phi_api.batchstore`, a resource of the app); each worker's runner
+(:mod:`phi_api.batchrunner`, started after the fork) runs the queued lines through :func:`dispatch`: the app
+itself, in this process, as a live request to the batch's endpoint, marked as a batch line so that it runs at the
+lowest priority and outside ``MAX_CONCURRENT_REQUESTS`` (:func:`phi_api.api.http.start_generation`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Flask, Response, jsonify, request, send_file
+from werkzeug.test import EnvironBuilder, run_wsgi_app
+
+from phi_api.api.http import read_request
+from phi_api.batchrunner import BATCH_LINE, BatchRunner, parse_body
+from phi_api.batchstore import BatchStore
+from phi_api.errors import InvalidParameterError, MissingParameterError, NotFoundError
+from phi_api.extensions import get_settings
+from phi_api.logs import REQUEST_ID_HEADER
+from phi_api.openapi import operation
+from phi_api.resources import keep, kept
+
+bp = Blueprint("batches", __name__)
+
+_KEY = "phi_api.batches"
+PURPOSES = ("batch",)
+
+
+def init_app(app: Flask) -> BatchStore:
+    """Keep the app's batch store, in ``BATCH_DIR``."""
+    return keep(app, _KEY, BatchStore(get_settings(app).batch_dir))
+
+
+def get_batches(app: Flask | None = None) -> BatchStore:
+    return kept(_KEY, app)
+
+
+def runner(app: Flask) -> BatchRunner:
+    """This worker's batch runner (run its ``run_forever`` in a greenlet)."""
+    return BatchRunner(get_batches(app), dispatcher(app), get_settings(app).BATCH_CONCURRENCY)
+
+
+def dispatcher(app: Flask) -> Any:
+    """Run one batch line through ``app`` as a request to ``url``; its (status, JSON body, request id)."""
+
+    def dispatch(url: str, body: dict[str, Any]) -> tuple[int, Any, str]:
+        if body.get("stream"):
+            return 400, {"error": {"message": "A batch request cannot stream.", "type": "invalid_request_error",
+                                   "param": "stream", "code": "invalid_parameter"}}, ""
+        environ = EnvironBuilder(path=url, method="POST", json=body,
+                                 environ_overrides={BATCH_LINE: True}).get_environ()
+        answer, status, headers = run_wsgi_app(app, environ, buffered=True)
+        try:
+            data = b"".join(answer)
+        finally:
+            getattr(answer, "close", lambda: None)()
+        return int(status.split()[0]), parse_body(data), headers.get(REQUEST_ID_HEADER, "")
+
+    return dispatch
+
+
+# Files ----------------------------------------------------------------------------------------------
+
+
+@bp.post("/v1/files")
+@operation("Upload a file (purpose batch: a JSONL file of requests)", statuses=(400, 413))
+def upload_file() -> Response:
+    request.max_content_length = int(get_settings().BATCH_FILE_MB * 2**20)
+    purpose = request.form.get("purpose")
+    if not purpose:
+        raise MissingParameterError("purpose is required.", param="purpose")
+    if purpose not in PURPOSES:
+        raise InvalidParameterError(f"purpose must be one of {', '.join(PURPOSES)}: this server keeps files for "
+                                    "batches only.", param="purpose")
+    upload = request.files.get("file")
+    if upload is None:
+        raise MissingParameterError("file is required (multipart/form-data).", param="file")
+    return jsonify(get_batches().add_file(upload.filename or "upload.jsonl", purpose, upload.read()))
+
+
+@bp.get("/v1/files")
+@operation("List files", statuses=(400,))
+def list_files() -> Response:
+    order = request.args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidParameterError("order must be asc or desc.", param="order")
+    files, more = get_batches().files(request.args.get("purpose"), _limit(10_000), request.args.get("after"), order)
+    return jsonify(_list(files, more))
+
+
+@bp.get("/v1/files/<file_id>")
+@operation("Retrieve a file", statuses=(404,))
+def retrieve_file(file_id: str) -> Response:
+    return jsonify(_file(file_id))
+
+
+@bp.get("/v1/files/<file_id>/content")
+@operation("A file's content", statuses=(404,))
+def file_content(file_id: str) -> Response:
+    path = get_batches().content(file_id)
+    if path is None:
+        raise NotFoundError(f"No such File object: {file_id}", param="id")
+    return send_file(path, mimetype="application/octet-stream", download_name=_file(file_id)["filename"])
+
+
+@bp.delete("/v1/files/<file_id>")
+@operation("Delete a file", statuses=(404,))
+def delete_file(file_id: str) -> Response:
+    if not get_batches().delete_file(file_id):
+        raise NotFoundError(f"No such File object: {file_id}", param="id")
+    return jsonify({"id": file_id, "object": "file", "deleted": True})
+
+
+# Batches --------------------------------------------------------------------------------------------
+
+
+@bp.post("/v1/batches")
+@operation("Create a batch", request="batch_create", statuses=(400,))
+def create_batch() -> Response:
+    body = read_request("batch_create")
+    batch = get_batches().create_batch(body["input_file_id"], body["endpoint"], body["completion_window"],
+                                       body.get("metadata"))
+    return jsonify(batch)
+
+
+@bp.get("/v1/batches")
+@operation("List batches", statuses=(400,))
+def list_batches() -> Response:
+    batches, more = get_batches().batches(_limit(100), request.args.get("after"))
+    return jsonify(_list(batches, more))
+
+
+@bp.get("/v1/batches/<batch_id>")
+@operation("Retrieve a batch", statuses=(404,))
+def retrieve_batch(batch_id: str) -> Response:
+    return jsonify(_batch(batch_id))
+
+
+@bp.post("/v1/batches/<batch_id>/cancel")
+@operation("Cancel a batch", statuses=(400, 404))
+def cancel_batch(batch_id: str) -> Response:
+    _batch(batch_id)
+    return jsonify(get_batches().cancel(batch_id))
+
+
+def _batch(batch_id: str) -> dict[str, Any]:
+    batch = get_batches().batch(batch_id)
+    if batch is None:
+        raise NotFoundError(f"No batch found with id '{batch_id}'.", param="batch_id")
+    return batch
+
+
+def _file(file_id: str) -> dict[str, Any]:
+    found = get_batches().file(file_id)
+    if found is None:
+        raise NotFoundError(f"No such File object: {file_id}", param="id")
+    return found
+
+
+def _limit(most: int) -> int:
+    raw = request.args.get("limit", "20")
+    if not raw.isdigit() or not 1 <= int(raw) <= most:
+        raise InvalidParameterError(f"limit must be an integer from 1 to {most}.", param="limit")
+    return int(raw)
+
+
+def _list(items: list[dict[str, Any]], more: bool) -> dict[str, Any]:
+    return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
+            "last_id": items[-1]["id"] if items else None, "has_more": more}
+

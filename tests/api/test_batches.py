@@ -1,0 +1,242 @@
+"""OpenAI's Batch API on the fake engine: files, batches, their lines run through the app, cancel, expiry, recovery.
+
+The runner's loop is a greenlet in a real worker; here its lines are claimed and run one by one with
+:meth:`BatchRunner.run_line`, synchronously, through the same dispatch.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+
+import pytest
+
+from phi_api.api.batches import get_batches, runner
+from phi_api.batchrunner import BATCH_PRIORITY, alive, owner_id
+from phi_api.batchstore import BatchStore
+from phi_api.limiter import get_limiter
+from tests.support.fakes import fake_engine, text_pieces
+
+CHAT = "/v1/chat/completions"
+
+
+def line(custom_id: str, body: dict | None = None, url: str = CHAT, **extra) -> dict:
+    body = body if body is not None else {"model": "test-model", "messages": [{"role": "user", "content": custom_id}],
+                                          "max_tokens": 4, "temperature": 0}
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body, **extra}
+
+
+def jsonl(*items) -> bytes:
+    return b"".join(json.dumps(item).encode() + b"\n" for item in items)
+
+
+@pytest.fixture
+def engine():
+    return fake_engine([1, 2, 0], text_pieces(b"ok", b"!"))
+
+
+@pytest.fixture
+def app(make_app, engine, tmp_path):
+    return make_app(engine, BATCH_DIR=str(tmp_path / "batches"))
+
+
+def upload(client, data: bytes, purpose: str = "batch", name: str = "requests.jsonl"):
+    return client.post("/v1/files", data={"purpose": purpose, "file": (io.BytesIO(data), name)},
+                       content_type="multipart/form-data")
+
+
+def create(client, data: bytes, endpoint: str = CHAT) -> dict:
+    uploaded = upload(client, data)
+    assert uploaded.status_code == 200, uploaded.get_json()
+    answer = client.post("/v1/batches", json={"input_file_id": uploaded.get_json()["id"], "endpoint": endpoint,
+                                               "completion_window": "24h", "metadata": {"job": "nightly"}})
+    assert answer.status_code == 200, answer.get_json()
+    return answer.get_json()
+
+
+def run_all(app) -> None:
+    work = runner(app)
+    while (claimed := get_batches(app).claim(work.owner)) is not None:
+        work.run_line(claimed)
+
+
+def content(client, file_id: str) -> list[dict]:
+    answer = client.get(f"/v1/files/{file_id}/content")
+    assert answer.status_code == 200
+    return [json.loads(text) for text in answer.get_data().splitlines()]
+
+
+def test_files_are_uploaded_listed_read_and_deleted(app):
+    client = app.test_client()
+    data = jsonl(line("a"))
+    made = upload(client, data).get_json()
+    assert made["object"] == "file" and made["purpose"] == "batch" and made["bytes"] == len(data)
+    assert made["filename"] == "requests.jsonl"
+    assert [item["id"] for item in client.get("/v1/files").get_json()["data"]] == [made["id"]]
+    assert client.get(f"/v1/files/{made['id']}").get_json() == made
+    assert client.get(f"/v1/files/{made['id']}/content").get_data() == data
+    assert client.delete(f"/v1/files/{made['id']}").get_json() == {"id": made["id"], "object": "file",
+                                                                    "deleted": True}
+    for path in (f"/v1/files/{made['id']}", f"/v1/files/{made['id']}/content"):
+        assert client.get(path).status_code == 404
+    assert client.delete(f"/v1/files/{made['id']}").status_code == 404
+
+
+def test_a_batch_runs_each_line_through_the_endpoint_below_every_live_request(app, engine):
+    client = app.test_client()
+    bad = {"model": "test-model", "messages": [{"role": "user", "content": "x"}], "temperature": 5}
+    batch = create(client, jsonl(line("first"), line("second"), line("bad", bad)))
+    assert batch["status"] == "validating" and batch["request_counts"] == {"total": 3, "completed": 0, "failed": 0}
+    assert batch["metadata"] == {"job": "nightly"}
+    run_all(app)
+    done = client.get(f"/v1/batches/{batch['id']}").get_json()
+    assert done["status"] == "completed" and done["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    assert done["completed_at"] >= done["in_progress_at"] >= batch["created_at"]
+    output = content(client, done["output_file_id"])
+    assert [item["custom_id"] for item in output] == ["first", "second"]
+    assert all(item["response"]["status_code"] == 200 and item["error"] is None for item in output)
+    assert output[0]["response"]["body"]["object"] == "chat.completion"
+    assert output[0]["response"]["body"]["choices"][0]["message"]["content"] == "ok!"
+    [failed] = content(client, done["error_file_id"])
+    assert failed["custom_id"] == "bad" and failed["response"]["status_code"] == 400
+    assert failed["response"]["body"]["error"]["param"] == "temperature"
+    assert engine.model.script.priorities == [BATCH_PRIORITY, BATCH_PRIORITY]
+
+
+def test_batch_lines_run_outside_the_concurrency_limit(make_app, engine, tmp_path):
+    app = make_app(engine, BATCH_DIR=str(tmp_path), MAX_CONCURRENT_REQUESTS=1)
+    client = app.test_client()
+    held = get_limiter(app).try_acquire()  # a live request holds the only slot
+    assert client.post(CHAT, json=line("x")["body"]).status_code == 429
+    batch = create(client, jsonl(line("x")))
+    run_all(app)
+    held.release()
+    assert client.get(f"/v1/batches/{batch['id']}").get_json()["request_counts"]["completed"] == 1
+
+
+def test_batch_lines_need_no_key_but_the_batch_routes_do(make_app, engine, tmp_path):
+    app = make_app(engine, BATCH_DIR=str(tmp_path), API_KEYS="secret")
+    client = app.test_client()
+    assert client.get("/v1/batches").status_code == 401
+    client.environ_base["HTTP_AUTHORIZATION"] = "Bearer secret"
+    batch = create(client, jsonl(line("x")))
+    run_all(app)
+    assert client.get(f"/v1/batches/{batch['id']}").get_json()["request_counts"]["completed"] == 1
+
+
+@pytest.mark.parametrize("bad_line,code", [
+    (b"not json", "invalid_json_line"),
+    (json.dumps({"method": "POST", "url": CHAT, "body": {}}).encode(), "missing_custom_id"),
+    (json.dumps(line("a")).encode(), "duplicate_custom_id"),
+    (json.dumps(line("b", method="GET")).encode(), "invalid_method"),
+    (json.dumps(line("c", url="/v1/completions")).encode(), "mismatched_endpoint"),
+    (json.dumps({**line("d"), "body": []}).encode(), "invalid_body"),
+])
+def test_a_file_with_a_bad_line_fails_the_batch_naming_the_line(app, engine, bad_line, code):
+    batch = create(app.test_client(), jsonl(line("a")) + bad_line + b"\n")
+    assert batch["status"] == "failed" and batch["failed_at"]
+    assert batch["errors"]["data"] == [{"code": code, "message": batch["errors"]["data"][0]["message"],
+                                        "param": batch["errors"]["data"][0]["param"], "line": 2}]
+    run_all(app)
+    assert engine.model.script.priorities == []  # none of its lines ran
+
+
+def test_a_cancelled_batch_ends_after_its_running_line_with_the_rest_reported(app):
+    client = app.test_client()
+    batch = create(client, jsonl(line("a"), line("b"), line("c")))
+    work = runner(app)
+    claimed = get_batches(app).claim(work.owner)
+    cancelling = client.post(f"/v1/batches/{batch['id']}/cancel").get_json()
+    assert cancelling["status"] == "cancelling" and cancelling["cancelling_at"]
+    work.run_line(claimed)
+    assert get_batches(app).claim(work.owner) is None
+    done = client.get(f"/v1/batches/{batch['id']}").get_json()
+    assert done["status"] == "cancelled" and done["cancelled_at"]
+    assert [item["custom_id"] for item in content(client, done["output_file_id"])] == ["a"]
+    assert [item["error"]["code"] for item in content(client, done["error_file_id"])] == ["batch_cancelled"] * 2
+    assert client.post(f"/v1/batches/{batch['id']}/cancel").status_code == 400
+
+
+def test_lines_not_run_within_the_completion_window_expire(app):
+    client = app.test_client()
+    batch = create(client, jsonl(line("a"), line("b")))
+    get_batches(app).expire(time.time() + 2 * 86_400)
+    done = client.get(f"/v1/batches/{batch['id']}").get_json()
+    assert done["status"] == "expired" and done["expired_at"] and done["request_counts"]["failed"] == 2
+    assert [item["error"]["code"] for item in content(client, done["error_file_id"])] == ["batch_expired"] * 2
+
+
+def test_a_line_claimed_by_a_worker_that_died_runs_again(app):
+    client = app.test_client()
+    create(client, jsonl(line("a")))
+    store = get_batches(app)
+    taken = store.claim("1:dead")
+    assert store.claim(owner_id()) is None
+    assert store.recover(alive) == 1
+    again = store.claim(owner_id())
+    assert again is not None and (again.batch_id, again.line) == (taken.batch_id, taken.line)
+    assert alive(owner_id()) and not alive("1:dead")
+
+
+def test_two_workers_claiming_at_once_take_each_line_once(app, tmp_path):
+    create(app.test_client(), jsonl(*(line(f"l{index}") for index in range(40))))
+    folder = get_batches(app).folder
+    claimed: list[list[tuple[str, int]]] = [[], []]
+    start = threading.Barrier(2)
+
+    def worker(number: int) -> None:
+        store = BatchStore(folder)  # its own connection, as another worker's
+        start.wait()
+        while (taken := store.claim(f"{number}:x")) is not None:
+            claimed[number].append((taken.batch_id, taken.line))
+
+    threads = [threading.Thread(target=worker, args=(number,)) for number in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every = claimed[0] + claimed[1]
+    assert len(every) == 40 and len(set(every)) == 40
+
+
+def test_batches_are_listed_newest_first_and_paginated(app):
+    client = app.test_client()
+    made = [create(client, jsonl(line("a")))["id"] for _ in range(3)]
+    page = client.get("/v1/batches?limit=2").get_json()
+    assert [item["id"] for item in page["data"]] == made[::-1][:2] and page["has_more"]
+    rest = client.get(f"/v1/batches?limit=2&after={page['last_id']}").get_json()
+    assert [item["id"] for item in rest["data"]] == [made[0]] and not rest["has_more"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"endpoint": CHAT, "completion_window": "24h"}, "input_file_id"),
+    ({"input_file_id": "file-x", "endpoint": "/v1/embeddings", "completion_window": "24h"}, "endpoint"),
+    ({"input_file_id": "file-x", "endpoint": CHAT, "completion_window": "1h"}, "completion_window"),
+    ({"input_file_id": "file-nope", "endpoint": CHAT, "completion_window": "24h"}, "input_file_id"),
+])
+def test_a_batch_that_cannot_be_made_is_a_400_naming_the_field(app, body, param):
+    answer = app.test_client().post("/v1/batches", json=body)
+    assert answer.status_code == 400 and answer.get_json()["error"]["param"] == param
+
+
+def test_uploads_need_a_batch_purpose_a_file_and_a_size_within_the_limit(make_app, engine, tmp_path):
+    app = make_app(engine, BATCH_DIR=str(tmp_path), BATCH_FILE_MB=0.001)
+    client = app.test_client()
+    assert upload(client, b"{}", purpose="fine-tune").get_json()["error"]["param"] == "purpose"
+    assert client.post("/v1/files", data={"purpose": "batch"}, content_type="multipart/form-data"
+                       ).get_json()["error"]["param"] == "file"
+    assert upload(client, b"x" * 2000).status_code == 413
+    assert client.get("/v1/batches/batch_nope").status_code == 404
+
+
+def test_a_line_the_server_cannot_take_now_goes_back_to_the_queue(app):
+    client = app.test_client()
+    batch = create(client, jsonl(line("a")))
+    work = runner(app)
+    work.dispatch = lambda url, body: (503, {"error": {"message": "shutting down"}}, "r")
+    work.run_line(get_batches(app).claim(work.owner))
+    assert client.get(f"/v1/batches/{batch['id']}").get_json()["request_counts"]["failed"] == 0
+    run_all(app)  # the real dispatch now
+    assert client.get(f"/v1/batches/{batch['id']}").get_json()["request_counts"]["completed"] == 1

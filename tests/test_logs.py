@@ -1,0 +1,50 @@
+"""LOG_FORMAT=json: every line one JSON object, with the request's and the generation's fields."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+
+import gevent
+
+from phi_api.logs import JSONFormatter, configure_logging
+from tests.support.fakes import FakeModel, RecordingEngine, Script, text_pieces
+from tests.support.server import wait_until
+
+
+def test_json_lines_carry_the_request_and_generation_fields(make_app):
+    engine = RecordingEngine(FakeModel(Script([1, 0]), text_pieces(b"hi")), name="test-model")
+    app = make_app(engine, LOG_FORMAT="json")
+    logger = logging.getLogger("phi_api")
+    [ours] = [handler for handler in logger.handlers if type(handler).__name__ == "_PhiApiHandler"]
+    assert isinstance(ours.formatter, JSONFormatter)
+    stream = io.StringIO()
+    ours.setStream(stream)
+    try:
+        answer = app.test_client().post("/v1/chat/completions", headers={"X-Request-Id": "req-1", "X-Priority": "3"},
+                                        json={"model": "test-model", "messages": [{"role": "user", "content": "hi"}]})
+        assert answer.status_code == 200
+        answer.close()  # the access line is written once the response is sent
+        # The generation's line is written on the hub, when the engine's report reaches it.
+        wait_until(lambda: gevent.sleep(0.01) or '"finish_reason"' in stream.getvalue(), 10, message="its line")
+    finally:
+        ours.setStream(sys.stderr)
+        configure_logging("INFO", "text")
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    generation = next(line for line in lines if line.get("finish_reason"))
+    access = next(line for line in lines if line.get("path") == "/v1/chat/completions")
+    assert generation["request_id"] == access["request_id"] == "req-1"
+    assert generation["model"] == "test-model" and generation["priority"] == 3
+    assert generation["prompt_tokens"] > 0 and generation["completion_tokens"] == answer.get_json()["usage"][
+        "completion_tokens"]
+    assert access["status"] == 200 and access["method"] == "POST" and access["duration_ms"] >= 0
+    assert {"time", "level", "pid", "logger", "message"} <= set(access)
+
+
+def test_text_stays_the_default():
+    configure_logging("INFO")
+    [ours] = [handler for handler in logging.getLogger("phi_api").handlers
+              if type(handler).__name__ == "_PhiApiHandler"]
+    assert not isinstance(ours.formatter, JSONFormatter)
