@@ -11,7 +11,7 @@ from flask import Flask
 from flask.json.provider import DefaultJSONProvider
 from flask_cors import CORS
 
-from phi_api import extensions, limiter, metrics, openapi, schemas, store
+from phi_api import extensions, keys, limiter, metrics, openapi, schemas, store, tracing
 from phi_api.api import BLUEPRINTS, batches, playground
 from phi_api.api.http import render_errors
 from phi_api.auth import register_auth
@@ -52,6 +52,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
     limiter.init_app(app, settings.MAX_CONCURRENT_REQUESTS, folder)
     store.init_app(app, folder, settings.RESPONSES_STORE_MAX, settings.RESPONSES_STORE_SECONDS)
     batches.init_app(app)
+    tracing.init_app(app)
     observe = metrics.init_app(app).observe_generation
     memory = extensions.init_memory(app, settings)
     if loader is None:
@@ -70,7 +71,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
                         "anthropic-beta"],
          expose_headers=["X-Request-Id"], supports_credentials=True, max_age=600)
     register_request_logging(app)
-    register_auth(app, settings.api_keys)
+    register_auth(app, keys.init_app(app, settings.API_KEYS_FILE, settings.api_keys, folder))
     render_errors(app, openai_body)
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)

@@ -1,4 +1,4 @@
-"""API keys (``API_KEYS``): off unless keys are configured.
+"""API keys (``API_KEYS``, ``API_KEYS_FILE``: :mod:`phi_api.keys`): off unless keys are configured.
 
 A key is read from ``X-API-Key``, ``Authorization: Bearer ...``, or the query
 parameter ``api_key`` / ``api-key``; a header wins over the query. Keys are
@@ -9,12 +9,11 @@ description (``GET /openapi.json``) and the playground's page and files need no 
 
 from __future__ import annotations
 
-import hmac
-
-from flask import Flask, request
+from flask import Flask, g, request
 
 from phi_api.batchrunner import BATCH_LINE
 from phi_api.errors import AuthenticationError
+from phi_api.keys import Key, Keys
 
 EXEMPT_PATHS = frozenset({"/health", "/openapi.json", "/"})  # "/": the playground's page, which holds no data
 EXEMPT_PREFIXES = ("/playground/",)  # its scripts and styles
@@ -32,17 +31,10 @@ def supplied_key() -> str | None:
     return request.args.get("api_key") or request.args.get("api-key")
 
 
-def matches(supplied: str, keys: tuple[str, ...]) -> bool:
-    """Whether ``supplied`` is one of ``keys``, comparing with every key in constant time."""
-    found = False
-    for key in keys:
-        found |= hmac.compare_digest(supplied.encode("utf-8"), key.encode("utf-8"))
-    return found
-
-
-def register_auth(app: Flask, keys: tuple[str, ...]) -> None:
-    """Require one of ``keys`` on every request but preflights and the health check."""
-    if not keys:
+def register_auth(app: Flask, keys: Keys) -> None:
+    """Require one of ``keys`` on every request but preflights and the health check; the request's key is
+    ``g.api_key`` (see :func:`current_key`)."""
+    if not keys.keys:
         return
 
     @app.before_request
@@ -55,5 +47,12 @@ def register_auth(app: Flask, keys: tuple[str, ...]) -> None:
         if supplied is None:
             raise AuthenticationError("You didn't provide an API key. Send it in the X-API-Key or "
                                       "Authorization: Bearer header, or the api_key query parameter.")
-        if not matches(supplied, keys):
+        key = keys.identify(supplied)
+        if key is None:
             raise AuthenticationError("Incorrect API key provided.")
+        g.api_key = key
+
+
+def current_key() -> Key | None:
+    """The key the current request was authenticated with (None when keys are off, or for a batch line)."""
+    return g.get("api_key")

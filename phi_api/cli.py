@@ -99,6 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     disk.add_argument("--out", default="bench/results", help="folder for bench-disk.json")
     disk.set_defaults(run=_bench_disk)
 
+    batch = commands.add_parser("bench-batch", help="a live request's first token while a batch runs, against "
+                                                    "idle and against the same load sent live")
+    batch.add_argument("--model-path", required=True, help="model folder the server serves")
+    batch.add_argument("--runs", type=int, default=5, help="short requests per measurement (medians are reported)")
+    batch.add_argument("--lines", type=int, default=40, help="lines of the batch")
+    batch.add_argument("--answer-tokens", type=int, default=64, help="each line's answer length")
+    batch.add_argument("--out", default="bench/results", help="folder for bench-batch.json")
+    batch.set_defaults(run=_bench_batch)
+
     load = commands.add_parser("load", help="bursts far beyond the concurrency limit, or a soak (--minutes)")
     load.add_argument("--url", help="a running server (default: start one on --model-path)")
     load.add_argument("--model-path", help="model folder for the server it starts")
@@ -128,6 +137,13 @@ def _bench(args: argparse.Namespace) -> int:
     if not _has_server(args, "bench"):
         return 2
     run(args)
+    return 0
+
+
+def _bench_batch(args: argparse.Namespace) -> int:
+    from phi_api.bench import batches
+
+    batches.run(args)
     return 0
 
 

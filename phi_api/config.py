@@ -116,6 +116,8 @@ class Settings:
                                           "Seconds a streamed write may wait on a client that does not read")
     CORS_ORIGINS: str = setting("*", _text(), "Allowed origins, comma-separated")
     API_KEYS: str = setting("", lambda name, raw: str(raw), "Comma-separated keys; none: no authentication")
+    API_KEYS_FILE: str = setting("", _stripped, "A JSON file of named keys with optional limits (requests and "
+                                 "tokens per minute, tokens per day); with API_KEYS, the accepted keys")
     MAX_REQUEST_SIZE_MB: float = setting(10.0, _number(0.0, 1024.0, exclusive_low=True), "Larger bodies get 413")
     LOG_LEVEL: str = setting("INFO", _text(choices=LOG_LEVELS, upper=True), "Logging level")
     LOG_FORMAT: str = setting("text", _text(choices=("text", "json")),

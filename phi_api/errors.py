@@ -233,6 +233,17 @@ class RateLimitError(APIError):
     headers: ClassVar[dict[str, str]] = {"Retry-After": "1"}  # slots free up as generations end: seconds
 
 
+class KeyRateLimitError(RateLimitError):
+    """The request's API key has used up one of its limits (429); its headers say when it resets."""
+
+
+class PermissionDeniedError(InvalidRequestError):
+    """The key is valid but may not do this (403)."""
+
+    status = 403
+    code = "permission_denied"
+
+
 class ClientClosedRequestError(APIError):
     """The client closed the connection before its answer was ready (nginx's 499): only logged."""
 

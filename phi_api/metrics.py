@@ -104,6 +104,12 @@ class Metrics:
                                    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5), **own)
         self.disk_bytes = Gauge("phi_api_prefix_disk_bytes", "Bytes the prompts on disk take (PREFIX_CACHE_DISK_MB)",
                                 multiprocess_mode="max", **own)
+        # Usage by API key name (never the key): phi_api.keys.
+        by_key: dict[str, Any] = {"labelnames": ["key_name"], **own}
+        self.key_requests = Counter("phi_api_key_requests", "Generation requests, by API key name", **by_key)
+        self.key_prompt = Counter("phi_api_key_prompt_tokens", "Prompt tokens, by API key name", **by_key)
+        self.key_cached = Counter("phi_api_key_cached_tokens", "Prompt tokens reused, by API key name", **by_key)
+        self.key_completion = Counter("phi_api_key_completion_tokens", "Tokens generated, by API key name", **by_key)
         self._published: set[str] = set()
         self._totals: dict[tuple[str, str], int] = {}  # what each cumulative count was at its last look
 
@@ -156,6 +162,12 @@ class Metrics:
             self._advance(self.kv_evictions, model, evictions)
         for model, flag in waiting.items():
             self.memory_waiting.labels(model).set(int(flag))
+
+    def observe_key(self, name: str, prompt: int, cached: int, completion: int, requests: int) -> None:
+        """Count what a key's generation used (on the hub, as each of its choices ends)."""
+        for counter, value in ((self.key_requests, requests), (self.key_prompt, prompt), (self.key_cached, cached),
+                               (self.key_completion, completion)):
+            counter.labels(name).inc(value)
 
     def observe_disk(self, engines: dict[str, Any]) -> None:
         """Publish what each engine's disk tier did since the last look (called with :meth:`observe_engines`)."""

@@ -21,7 +21,7 @@ from typing import Any
 import gevent
 from flask import Flask
 
-from phi_api import extensions
+from phi_api import extensions, tracing
 from phi_api.config import ConfigError, Settings, load_settings
 from phi_api.limiter import get_limiter
 
@@ -83,6 +83,8 @@ def post_worker_init(worker: Any) -> None:
     models.start()
     gevent.spawn(_keep_in_step, models)
     gevent.spawn(_publish_load, models, get_metrics(app), extensions.get_memory(app))
+    if tracing.configured():
+        tracing.get_tracing(app).start_worker()
     if extensions.get_settings(app).BATCH_CONCURRENCY:
         from phi_api.api.batches import runner
 
@@ -144,6 +146,7 @@ def worker_exit(server: Any, worker: Any) -> None:
     app = _flask_app(getattr(worker, "wsgi", None))
     if app is not None:
         extensions.get_models(app).stop()
+        tracing.get_tracing(app).stop_worker()  # the spans still batched go out
     exc = sys.exc_info()[1]
     if isinstance(exc, SystemExit):
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -8,5 +8,6 @@ from phi_api.api.models import bp as models_bp
 from phi_api.api.ollama import bp as ollama_bp
 from phi_api.api.ops import bp as ops_bp
 from phi_api.api.responses import bp as responses_bp
+from phi_api.api.usage import bp as usage_bp
 
-BLUEPRINTS = (models_bp, chat_bp, completions_bp, responses_bp, messages_bp, ollama_bp, ops_bp, batches_bp)
+BLUEPRINTS = (models_bp, chat_bp, completions_bp, responses_bp, messages_bp, ollama_bp, ops_bp, batches_bp, usage_bp)

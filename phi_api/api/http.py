@@ -4,30 +4,38 @@ and the service's dependencies gathered from the app's resources."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from flask import Blueprint, Flask, Response, jsonify, request
+from flask import Blueprint, Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from phi_api.auth import current_key
 from phi_api.batchrunner import BATCH_LINE, BATCH_PRIORITY
+from phi_api.engine import Finished
 from phi_api.errors import (
     APIError,
     InvalidJSONError,
     InvalidParameterError,
     InvalidRequestError,
+    KeyRateLimitError,
     UnsupportedMediaTypeError,
     from_foreign,
 )
 from phi_api.extensions import get_models, get_settings
+from phi_api.keys import Key, get_keys
 from phi_api.limiter import Unlimited, get_limiter
 from phi_api.logs import current_request_id
+from phi_api.metrics import get_metrics
 from phi_api.schemas import get_validator
 from phi_api.service import generation
 from phi_api.service.generation import KEEPALIVE, Services
+from phi_api.service.requests import CompletionRequest
+from phi_api.tracing import RequestSpan, get_tracing
 from phi_api.transport import read_body, streaming_response
 
 log = logging.getLogger("phi_api.errors")
@@ -52,7 +60,51 @@ def start_generation(typed: Any) -> generation.Run:
     if request.environ.get(BATCH_LINE):
         batch = Services(get_models(), Unlimited(), get_settings())
         return generation.start(batch, dataclasses.replace(typed, priority=BATCH_PRIORITY), current_request_id())
-    return generation.start(services(), typed, current_request_id(), header_priority())
+    key, priority = current_key(), header_priority()
+    span = _request_span(typed, priority)
+    try:
+        if key is not None:
+            admit(key)
+        run = generation.start(services(), typed, current_request_id(), priority)
+    except BaseException as error:
+        if span is not None:
+            span.fail(error)
+        raise
+    if key is not None:
+        run.observers.append(functools.partial(count_usage, key))
+    if span is not None:
+        run.observers.append(span.observe)
+    return run
+
+
+def _request_span(typed: Any, header: int | None) -> RequestSpan | None:
+    """The request's trace span (:mod:`phi_api.tracing`; None when tracing is off)."""
+    sampling = typed.sampling
+    operation = "text_completion" if isinstance(typed, CompletionRequest) else "chat"
+    priority = typed.priority if typed.priority is not None else header or 0
+    return get_tracing().start_request(operation, typed.model, dict(request.headers), choices=sampling.n, attributes={
+        "gen_ai.request.max_tokens": sampling.max_tokens, "gen_ai.request.temperature": sampling.temperature,
+        "gen_ai.request.top_p": sampling.top_p, "phi_api.priority": priority,
+        "phi_api.request_id": current_request_id()})
+
+
+def admit(key: Key) -> None:
+    """Count a request of ``key``, or refuse it (429) when the key has used up a limit; the rate-limit headers go
+    on the answer either way (:func:`phi_api.keys.register`)."""
+    decision = get_keys().usage.admit(key)
+    g.rate_headers = decision.headers
+    if not decision.allowed:
+        limit = decision.reason.replace("_", " ")
+        raise KeyRateLimitError(f"Rate limit reached for key '{key.name}': {limit} ({getattr(key, decision.reason)}). "
+                                f"Retry after {decision.headers['Retry-After']} seconds.")
+
+
+def count_usage(key: Key, finished: Finished) -> None:
+    """A choice of ``key``'s request ended: its tokens count (the prompt once, with the first choice)."""
+    prompt = finished.prompt_tokens if finished.index == 0 else 0
+    cached = finished.cached_tokens if finished.index == 0 else 0
+    get_keys().usage.record(key, prompt, cached, finished.completion_tokens)
+    get_metrics().observe_key(key.name, prompt, cached, finished.completion_tokens, requests=int(finished.index == 0))
 
 
 def header_priority() -> int | None:

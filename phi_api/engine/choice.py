@@ -58,6 +58,7 @@ class Finished:
     drafted_tokens: int = 0  # prompt-lookup draft tokens it verified ...
     accepted_tokens: int = 0  # ... and kept
     draft_checks: int = 0  # steps that checked a draft
+    queue_seconds: float | None = None  # from submission until its request started (None: it never did)
 
     @property
     def ok(self) -> bool:
@@ -88,6 +89,7 @@ class Choice:
         self.request_id = request_id
         self.index = index
         self.submitted_at = time.monotonic()
+        self.started_at: float | None = None  # when its request was admitted (engine.scheduler)
         self.deadline = self.submitted_at + timeout
         self.cancelled = False
         self._events: collections.deque[Event] = collections.deque()

@@ -109,7 +109,8 @@ class Outputs:
             decode_seconds=(now - first) if first is not None else 0.0, error=error, cached_tokens=row.cached,
             index=row.choice.index, batch_rows=row.step_rows / row.steps if row.steps else 0.0,
             stop_string=row.text.stop_string, drafted_tokens=row.drafter.drafted,
-            accepted_tokens=row.drafter.accepted, draft_checks=row.drafter.checks))
+            accepted_tokens=row.drafter.accepted, draft_checks=row.drafter.checks,
+            queue_seconds=_waited(row.choice)))
 
     def end_request(self, request: Request, reason: str, error: str | None = None) -> None:
         """End every choice of a request that never reached the running rows."""
@@ -121,4 +122,9 @@ class Outputs:
         for choice in request.choices:
             self.publish(choice, Finished(reason, len(choice.prompt), 0, None, 0.0, error,
                                        cached_tokens=request.prefilled if request.sequences else 0,
-                                       index=choice.index))
+                                       index=choice.index, queue_seconds=_waited(choice)))
+
+
+def _waited(choice: Choice) -> float | None:
+    """How long ``choice``'s request waited to start (None: it never started)."""
+    return choice.started_at - choice.submitted_at if choice.started_at is not None else None

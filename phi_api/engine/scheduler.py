@@ -123,6 +123,7 @@ class Scheduler:
             return
         for sequence in request.sequences:
             sequence.booked = self.kv.ledger.take(sequence.reserve)
+            sequence.choice.started_at = time.monotonic()
         request.leader.long = request.regime == LONG
         request.prefilled = self.kv.start_from(request.leader, source, point)
         self.prefilling.append(request)

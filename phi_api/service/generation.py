@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -107,6 +107,7 @@ class Run:
     plan: Plan
     generation: Generation
     slot: Any
+    observers: list[Callable[[Finished], None]] = field(default_factory=list)  # told each choice's end
 
     def close(self) -> None:
         """Stop whatever still runs and give the slot back (idempotent)."""
@@ -147,9 +148,11 @@ def events(run: Run, keepalive: float | None = KEEPALIVE_SECONDS) -> Iterator[Ev
             yield from assemblers[event.index].add(event)
         elif isinstance(event, PromptLogprobs):
             yield Prompt(event.index, event.records)
-        elif not event.ok:
-            raise failure(event)
         else:
+            for observer in run.observers:
+                observer(event)
+            if not event.ok:
+                raise failure(event)
             yield from assemblers[event.index].close(event)
 
 

@@ -1,0 +1,30 @@
+"""GET /v1/usage/keys: what each API key used and may still use (keys with ``"admin": true`` only)."""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, jsonify
+
+from phi_api.auth import current_key
+from phi_api.errors import PermissionDeniedError
+from phi_api.keys import LIMITS, get_keys
+from phi_api.openapi import operation
+
+bp = Blueprint("usage", __name__)
+
+
+@bp.get("/v1/usage/keys")
+@operation("Usage and limits by API key name", statuses=(401, 403))
+def key_usage() -> Response:
+    keys = get_keys()
+    key = current_key()
+    if keys.keys and (key is None or not key.admin):
+        raise PermissionDeniedError('Only an admin key ("admin": true in API_KEYS_FILE) may read every key\'s usage.')
+    totals = keys.usage.totals()
+    now = time.time()
+    data = [{"name": item.name, "limits": {limit: getattr(item, limit) for limit in LIMITS},
+             **{"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0},
+             **totals.get(item.name, {}), "now": keys.usage.windows(item.name, now)}
+            for item in keys.keys]
+    return jsonify({"object": "list", "data": data})

@@ -1,0 +1,102 @@
+"""Named API keys with limits (API_KEYS_FILE): refusals with OpenAI's headers, usage by key name, the keys file's
+errors. The counts live in one SQLite file that every worker shares; two apps on one state folder stand for two
+workers here (tests/integration/test_keys.py does it with gunicorn)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from phi_api.config import ConfigError
+from phi_api.keys import Key, Usage, read_keys
+
+CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def keys_file(tmp_path, *entries) -> str:
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"keys": list(entries)}))
+    return str(path)
+
+
+def as_key(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+@pytest.fixture
+def limited(make_app, tmp_path):
+    path = keys_file(tmp_path, {"name": "team-a", "key": "sk-team-a-1", "requests_per_minute": 2},
+                     {"name": "ops", "key": "sk-ops-admin", "admin": True})
+    return make_app(API_KEYS_FILE=path)
+
+
+def test_a_key_over_its_requests_per_minute_gets_429_with_openai_s_headers(limited):
+    client = limited.test_client()
+    answers = [client.post("/v1/chat/completions", json=CHAT, headers=as_key("sk-team-a-1")) for _ in range(3)]
+    assert [answer.status_code for answer in answers] == [200, 200, 429]
+    assert [answer.headers["x-ratelimit-remaining-requests"] for answer in answers] == ["1", "0", "0"]
+    assert all(answer.headers["x-ratelimit-limit-requests"] == "2" for answer in answers)
+    refused = answers[2]
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    assert refused.headers["x-ratelimit-reset-requests"].endswith("s")
+    error = refused.get_json()["error"]
+    assert error["code"] == "rate_limit_exceeded" and "team-a" in error["message"] and "sk-team" not in error["message"]
+    other = client.post("/v1/chat/completions", json=CHAT, headers=as_key("sk-ops-admin"))
+    assert other.status_code == 200 and "x-ratelimit-limit-requests" not in other.headers  # no limits of its own
+
+
+def test_usage_by_key_name_for_admin_keys_only(limited):
+    client = limited.test_client()
+    answer = client.post("/v1/chat/completions", json=CHAT, headers=as_key("sk-team-a-1")).get_json()
+    assert client.get("/v1/usage/keys", headers=as_key("sk-team-a-1")).status_code == 403
+    report = client.get("/v1/usage/keys", headers=as_key("sk-ops-admin")).get_json()["data"]
+    team = next(item for item in report if item["name"] == "team-a")
+    assert team["requests"] == 1 and team["prompt_tokens"] == answer["usage"]["prompt_tokens"]
+    assert team["completion_tokens"] == answer["usage"]["completion_tokens"] > 0
+    assert team["limits"]["requests_per_minute"] == 2 and team["now"]["requests_this_minute"] == 1
+    assert "sk-team-a-1" not in json.dumps(report)
+    metrics = client.get("/metrics", headers=as_key("sk-ops-admin")).get_data(as_text=True)
+    assert 'phi_api_key_requests_total{key_name="team-a"} 1.0' in metrics and "sk-team-a-1" not in metrics
+
+
+def test_tokens_per_minute_and_per_day_count_what_requests_used(tmp_path):
+    usage = Usage(tmp_path / "keys.sqlite3")
+    key = Key("k", "secret-key", tokens_per_minute=100, tokens_per_day=150)
+    now = 999_999_980.0  # 20 s into a minute (999,999,960 is a multiple of 60), early in a UTC day
+    assert usage.admit(key, now).allowed
+    usage.record(key, prompt=60, cached=10, completion=40, now=now)
+    refused = usage.admit(key, now + 1)
+    assert not refused.allowed and refused.reason == "tokens_per_minute" and refused.headers["Retry-After"] == "39"
+    assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
+    assert usage.admit(key, now + 60).allowed  # a new minute ...
+    usage.record(key, prompt=50, cached=0, completion=0, now=now + 60)
+    late = usage.admit(key, now + 120)  # ... but the day's 150 tokens are used
+    assert not late.allowed and late.reason == "tokens_per_day" and int(late.headers["Retry-After"]) > 60
+    assert usage.totals()["k"] == {"requests": 2, "prompt_tokens": 110, "cached_tokens": 10, "completion_tokens": 40}
+
+
+def test_two_workers_share_the_counts(tmp_path):
+    key = Key("k", "secret-key", requests_per_minute=3)
+    workers = [Usage(tmp_path / "keys.sqlite3") for _ in range(2)]  # a connection each
+    decisions = [workers[index % 2].admit(key, 1_000_000_000.0).allowed for index in range(5)]
+    assert decisions == [True, True, True, False, False]
+
+
+@pytest.mark.parametrize("entry,words", [
+    ({"key": "sk-12345678"}, "needs a name"),
+    ({"name": "a", "key": "short"}, "at least 8"),
+    ({"name": "a", "key": "sk-12345678", "rpm": 3}, "unknown fields rpm"),
+    ({"name": "a", "key": "sk-12345678", "tokens_per_day": 0}, "positive integer"),
+])
+def test_a_bad_keys_file_stops_start_up_naming_the_problem_never_a_key(make_app, tmp_path, entry, words):
+    with pytest.raises(ConfigError, match=words) as raised:
+        make_app(API_KEYS_FILE=keys_file(tmp_path, entry))
+    assert "sk-12345678" not in str(raised.value)
+
+
+def test_names_and_keys_must_differ_and_plain_keys_are_named(tmp_path):
+    path = keys_file(tmp_path, {"name": "a", "key": "sk-12345678"}, {"name": "a", "key": "sk-87654321"})
+    with pytest.raises(ConfigError, match="different"):
+        read_keys(path, ())
+    assert [key.name for key in read_keys("", ("k1", "k2"))] == ["key-1", "key-2"]
