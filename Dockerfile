@@ -20,7 +20,8 @@ COPY phi_api/ phi_api/
 COPY schemas/ schemas/
 COPY wsgi.py gunicorn.conf.py ./
 
-# The host's prepacked copy of the model is made here at first start (mount a volume to keep it).
+# The host's prepacked copy of the model (made at first start), prompts on disk and the Batch API's files and
+# batches live here: mount a volume to keep them.
 RUN useradd --system --no-create-home phi-api && mkdir -p /var/cache/phi-api && chown phi-api /var/cache/phi-api
 USER phi-api
 EXPOSE 8000

@@ -109,6 +109,14 @@ class RequestSpan:
         if len(self.finished) == self.choices:
             self.end()
 
+    def close(self) -> None:
+        """The request's answer is closed: a span still open (the client went before the end) ends now."""
+        if len(self.finished) < self.choices and self.span.is_recording():
+            from opentelemetry.trace import Status, StatusCode
+
+            self.span.set_status(Status(StatusCode.ERROR, "the client closed the request"))
+            self.span.end()
+
     def fail(self, error: BaseException) -> None:
         """The request was refused before it ran."""
         from opentelemetry.trace import Status, StatusCode

@@ -61,3 +61,12 @@ def test_tracing_is_off_unless_an_endpoint_is_set(make_app):
     app = make_app()
     assert get_tracing(app).provider is None
     assert app.test_client().post("/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_a_stream_the_client_leaves_ends_its_span(traced):
+    app, exporter = traced
+    response = app.test_client().post("/v1/chat/completions", json={**CHAT, "stream": True, "max_tokens": 50})
+    next(response.response)  # the first event, then the client goes
+    response.close()
+    [span] = [span for span in exporter.get_finished_spans() if span.name == "chat test-model"]
+    assert span.status.status_code is StatusCode.ERROR and "client" in span.status.description

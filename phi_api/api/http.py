@@ -74,6 +74,7 @@ def start_generation(typed: Any) -> generation.Run:
         run.observers.append(functools.partial(count_usage, key))
     if span is not None:
         run.observers.append(span.observe)
+        run.on_close.append(span.close)
     return run
 
 

@@ -24,6 +24,7 @@ from phi_api.engine.params import SamplingParams
 from phi_api.engine.wakeup import HubWaker
 
 log = logging.getLogger(__name__)
+DISK_LOG_SECONDS = 60.0
 
 __all__ = [
     "CapacityError",
@@ -93,7 +94,8 @@ class Engine:
         self.loaded_at = int(time.time())
         self._timeout = config.timeout
         self._token_table: dict[int, bytes] | None = None
-        self._disk_failures = 0  # write failures of the disk tier already logged
+        self._disk_failures = 0  # write failures of the disk tier already logged ...
+        self._disk_logged_at = -DISK_LOG_SECONDS  # ... and when (at most one line a minute)
 
     @property
     def info(self) -> ModelInfo:
@@ -167,9 +169,13 @@ class Engine:
         return self.loop.disk_stats
 
     def report_disk(self) -> None:
-        """Log the disk tier's write failures since the last report, once (on the hub; its threads never log)."""
+        """Log the disk tier's write failures since the last report, at most once a minute (on the hub; its threads
+        never log)."""
         stats = self.disk_stats
+        if time.monotonic() - self._disk_logged_at < DISK_LOG_SECONDS:
+            return
         if stats is not None and stats.write_failures > self._disk_failures:
+            self._disk_logged_at = time.monotonic()
             log.warning("%d chunks of prompts could not be written to %s (last: %s); requests are not affected",
                         stats.write_failures - self._disk_failures, self.config.prefix_disk_dir, stats.last_error)
             self._disk_failures = stats.write_failures

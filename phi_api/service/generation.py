@@ -108,11 +108,14 @@ class Run:
     generation: Generation
     slot: Any
     observers: list[Callable[[Finished], None]] = field(default_factory=list)  # told each choice's end
+    on_close: list[Callable[[], None]] = field(default_factory=list)  # told when the run is closed
 
     def close(self) -> None:
         """Stop whatever still runs and give the slot back (idempotent)."""
         self.generation.close()
         self.slot.release()
+        for closed in self.on_close:
+            closed()
 
 
 def start(services: Services, request: GenerationRequest, request_id: str = "-", priority: int | None = None) -> Run:

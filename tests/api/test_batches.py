@@ -240,3 +240,25 @@ def test_a_line_the_server_cannot_take_now_goes_back_to_the_queue(app):
     assert client.get(f"/v1/batches/{batch['id']}").get_json()["request_counts"]["failed"] == 0
     run_all(app)  # the real dispatch now
     assert client.get(f"/v1/batches/{batch['id']}").get_json()["request_counts"]["completed"] == 1
+
+
+@pytest.mark.parametrize("endpoint,body,kind", [
+    ("/v1/completions", {"model": "test-model", "prompt": "Once", "max_tokens": 4}, "text_completion"),
+    ("/v1/responses", {"model": "test-model", "input": "Once", "max_output_tokens": 16}, "response"),
+])
+def test_completions_and_responses_run_as_batch_endpoints(app, endpoint, body, kind):
+    client = app.test_client()
+    batch = create(client, jsonl(line("one", body, url=endpoint)), endpoint=endpoint)
+    run_all(app)
+    done = client.get(f"/v1/batches/{batch['id']}").get_json()
+    [result] = content(client, done["output_file_id"])
+    assert result["response"]["status_code"] == 200 and result["response"]["body"]["object"] == kind
+
+
+def test_a_streaming_line_is_answered_with_an_error_not_a_stream(app):
+    client = app.test_client()
+    streaming = {"model": "test-model", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    batch = create(client, jsonl(line("s", streaming)))
+    run_all(app)
+    [failed] = content(client, client.get(f"/v1/batches/{batch['id']}").get_json()["error_file_id"])
+    assert failed["response"]["status_code"] == 400 and failed["response"]["body"]["error"]["param"] == "stream"
