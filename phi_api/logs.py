@@ -5,8 +5,8 @@ sends a sane one, generated otherwise). Only the method and the path are
 logged: never bodies, query strings or headers, where keys and prompts live.
 With ``LOG_FORMAT=json`` each line is one JSON object: the time, level,
 process, request id, logger and message, and the fields the line carries
-(``extra={"fields": {...}}``: a request's method, path, status and time; a
-generation's model, finish reason, tokens and times).
+(``extra={"fields": {...}}``: a request's method, path, status, time and key
+name, never the key; a generation's model, finish reason, tokens and times).
 """
 
 from __future__ import annotations
@@ -86,14 +86,15 @@ def register_request_logging(app: Flask) -> None:
         started = g.get("request_started", time.perf_counter())
         response.headers[REQUEST_ID_HEADER] = request_id
         method, path, status = request.method, request.path, response.status_code
+        key = g.get("api_key")
+        fields = {"method": method, "path": path, "status": status, "key": key.name if key is not None else None}
 
         def write_line() -> None:
             token = _request_id.set(request_id)
             try:
                 elapsed = (time.perf_counter() - started) * 1000
                 log.info("%s %s %d %.1fms", method, path, status, elapsed,
-                         extra={"fields": {"method": method, "path": path, "status": status,
-                                           "duration_ms": round(elapsed, 1)}})
+                         extra={"fields": {**fields, "duration_ms": round(elapsed, 1)}})
             finally:
                 _request_id.reset(token)
 

@@ -48,3 +48,18 @@ def test_text_stays_the_default():
     [ours] = [handler for handler in logging.getLogger("phi_api").handlers
               if type(handler).__name__ == "_PhiApiHandler"]
     assert not isinstance(ours.formatter, JSONFormatter)
+
+
+def test_the_request_line_names_the_key_never_the_key_itself(make_app):
+    app = make_app(API_KEYS="sk-secret-123", LOG_FORMAT="json")
+    [ours] = [handler for handler in logging.getLogger("phi_api").handlers
+              if type(handler).__name__ == "_PhiApiHandler"]
+    stream = io.StringIO()
+    ours.setStream(stream)
+    try:
+        app.test_client().get("/v1/models", headers={"Authorization": "Bearer sk-secret-123"}).close()
+    finally:
+        ours.setStream(sys.stderr)
+        configure_logging("INFO", "text")
+    [line] = [json.loads(text) for text in stream.getvalue().splitlines() if '"path": "/v1/models"' in text]
+    assert line["key"] == "key-1" and "sk-secret-123" not in stream.getvalue()
