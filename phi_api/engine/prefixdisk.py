@@ -45,6 +45,7 @@ import itertools
 import mmap
 import os
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -213,6 +214,7 @@ class PrefixStore:
     # The writer thread ------------------------------------------------------------------------------
 
     def _write_loop(self) -> None:
+        _lowest_priority()
         self._trim()  # the folder's size, for /metrics, from the start
         while True:
             while not self._queue:
@@ -298,6 +300,15 @@ class PrefixStore:
     def _bad(self, path: Path) -> None:
         self.stats.corrupt += 1
         _remove(path)
+
+
+def _lowest_priority() -> None:
+    """This thread yields the CPU to every other (nice 19): on a machine whose cores the engine's threads keep busy,
+    writing waits for their idle moments rather than slowing a step."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (OSError, AttributeError):  # not Linux, or not allowed: the writer runs at the worker's priority
+        pass
 
 
 def _touch(path: Path, ns: int) -> None:
