@@ -6,30 +6,44 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-REQUIREMENTS := requirements.txt requirements-model.txt requirements-model-nodeps.txt requirements-dev.txt
+DEV_STAMP := $(VENV)/.installed-dev
+# What serving and preparing models need; the test and benchmark tools come on top (install-dev: make test only).
+REQUIREMENTS := requirements.txt requirements-model.txt requirements-model-nodeps.txt
 INSTRUCTOR_VENV := .venv-instructor
 INSTRUCTOR_STAMP := $(INSTRUCTOR_VENV)/.installed
 
-.PHONY: install model serve test bench bench-spec bench-disk bench-quality clean system-packages
+.PHONY: install install-dev model pull serve test bench bench-spec bench-disk bench-quality clean system-packages
 
 install: $(STAMP)
 
 $(STAMP): $(REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt -r requirements-model.txt -r requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-model.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements-model-nodeps.txt
+	touch $@
+
+install-dev: $(DEV_STAMP)
+
+$(DEV_STAMP): $(STAMP) requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-model.txt -r requirements-dev.txt
 	touch $@
 
 # Prints the prepared model folder as its last line; a second run returns at once.
 model: install
 	$(PY) -m phi_api prepare-model
 
+# Download a model by name and print its folder (MODEL=phi-3.5-mini; without MODEL: the catalog).
+pull: install
+	$(PY) -m phi_api pull $(MODEL)
+
 # With MODEL_PATH set, serve that folder and prepare nothing; otherwise prepare
 # the default model and serve it as smollm2-135m-instruct (unless MODEL_ID is set).
+# MODEL=NAME serves a model by name (an alias such as phi-3.5-mini, or REPO[/SUBFOLDER][@REVISION] on the Hub),
+# pulled first unless it is in the cache; MODEL_PATH a folder; neither: the default model, prepared here.
 serve: install
-	@if [ -n "$${MODEL_PATH:-}" ]; then \
-		exec $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app; \
+	@if [ -n "$${MODEL_PATH:-}" ] || [ -n "$(MODEL)" ]; then \
+		MODEL="$(MODEL)" exec $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app; \
 	else \
 		model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
 		MODEL_PATH="$$model_path" MODEL_ID="$${MODEL_ID:-smollm2-135m-instruct}" \
@@ -47,19 +61,19 @@ $(INSTRUCTOR_STAMP): requirements-instructor.txt
 	$(INSTRUCTOR_VENV)/bin/python -m pip install --quiet -r requirements-instructor.txt
 	touch $@
 
-test: system-packages install $(INSTRUCTOR_STAMP)
+test: system-packages install-dev $(INSTRUCTOR_STAMP)
 	$(VENV)/bin/ruff check phi_api tests wsgi.py gunicorn.conf.py
 	$(VENV)/bin/mypy
 	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
 	PHI_API_TEST_MODEL_PATH="$$model_path" $(PY) -m pytest $(PYTEST_ARGS)
 
 # SHAPE=phi-3.5-mini benchmarks a random-weight model of Phi-3.5-mini's shape instead (built once: minutes, ~23 GB).
-bench: install
+bench: install-dev
 	model_path="$$($(PY) -m phi_api prepare-model $(if $(SHAPE),--shape $(SHAPE)) | tail -n 1)"; \
 	$(PY) -m phi_api bench --model-path "$$model_path" $(BENCH_ARGS)
 
 # Speculative decoding on against off (docs/benchmarks.md); SHAPE=phi-3.5-mini adds that model's step costs.
-bench-spec: install
+bench-spec: install-dev
 	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
 	shape_args=(); \
 	if [ -n "$(SHAPE)" ]; then \
@@ -68,12 +82,12 @@ bench-spec: install
 	$(PY) -m phi_api bench-spec --model-path "$$model_path" "$${shape_args[@]}" $(BENCH_ARGS)
 
 # Prompts read from disk against computed (docs/benchmarks.md); SHAPE=phi-3.5-mini on that model's shape.
-bench-disk: install
+bench-disk: install-dev
 	model_path="$$($(PY) -m phi_api prepare-model $(if $(SHAPE),--shape $(SHAPE)) | tail -n 1)"; \
 	$(PY) -m phi_api bench-disk --model-path "$$model_path" $(BENCH_ARGS)
 
 # The served default model's perplexity and top-1 agreement against a float32 build of the same GGUF (built once).
-bench-quality: install
+bench-quality: install-dev
 	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
 	reference_path="$$($(PY) -m phi_api prepare-model --reference | tail -n 1)"; \
 	$(PY) -m phi_api bench-quality --model-path "$$model_path" --reference-path "$$reference_path" $(BENCH_ARGS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -99,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     disk.add_argument("--out", default="bench/results", help="folder for bench-disk.json")
     disk.set_defaults(run=_bench_disk)
 
+    pull = commands.add_parser("pull", help="download a model by name (an alias, or REPO[/SUBFOLDER][@REVISION] on "
+                                            "the Hugging Face Hub), check it, and print its folder")
+    pull.add_argument("name", nargs="?", help="the model (without it: the catalog)")
+    pull.add_argument("--json", action="store_true", help="progress as JSON lines on stdout (Ollama's pull events), "
+                                                          "the last one {\"status\": \"success\", \"path\": ...}")
+    pull.set_defaults(run=_pull)
+
     batch = commands.add_parser("bench-batch", help="a live request's first token while a batch runs, against "
                                                     "idle and against the same load sent live")
     batch.add_argument("--model-path", required=True, help="model folder the server serves")
@@ -137,6 +145,32 @@ def _bench(args: argparse.Namespace) -> int:
     if not _has_server(args, "bench"):
         return 2
     run(args)
+    return 0
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from phi_api.pull import PullError, catalog_lines, pull
+
+    if not args.name:
+        print("\n".join(catalog_lines()))
+        return 0
+    if args.json or not sys.stderr.isatty():  # progress bars only on a terminal; quiet lines otherwise
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+
+    def event(item: dict) -> None:
+        print(json.dumps(item), flush=True)
+
+    try:
+        folder = pull(args.name, say=lambda line: print(line, file=sys.stderr, flush=True),
+                      report=event if args.json else lambda item: None)
+    except PullError as error:
+        if args.json:
+            event({"error": str(error)})
+        print(f"phi-api pull: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps({"status": "success", "path": str(folder)}) if args.json else folder, flush=True)
     return 0
 
 

@@ -100,6 +100,9 @@ class Settings:
 
     MODEL_PATH: str = setting(DEFAULT_MODEL_PATH, _text(), "ONNX Runtime GenAI model folder")
     MODEL_ID: str = setting("phi-3.5-mini", _text(), "The model name clients must send")
+    MODEL: str = setting("", _stripped, "A model to serve by name (an alias of the catalog, or REPO[/SUBFOLDER][@REV] "
+                         "on the Hugging Face Hub), pulled at start-up unless it is in the cache, served under that "
+                         "name; instead of MODEL_PATH and MODEL_ID")
     SERVER_HOST: str = setting("0.0.0.0", _text(), "Listen address")
     SERVER_PORT: int = setting(8000, _integer(1, 65535), "Listen port")
     WEB_CONCURRENCY: int = setting(1, _integer(1, 64), "gunicorn workers; the cores are shared among them")
@@ -154,6 +157,8 @@ class Settings:
     PLAYGROUND: bool = setting(True, _boolean, "Serve the chat playground at /; false: / is a 404")
     MODELS_FILE: str = setting("", _stripped,
                                "A JSON file declaring several models (ids, folders, options); else MODEL_PATH")
+    ALLOW_PULL: bool = setting(False, _boolean, "Let clients make the server download models (Ollama's /api/pull, "
+                               "POST /v1/models/load by name) without API keys; with API_KEYS, a key is enough")
     MODEL_IDLE_SECONDS: float = setting(0.0, _number(0.0),
                                         "Models loaded at run time that no request used for this long are unloaded "
                                         "(Ollama's keep_alive may ask for longer); 0: kept until unloaded")

@@ -134,6 +134,8 @@ def _idle(engine: Engine) -> bool:
 def declared(settings: Settings) -> list[ModelSpec]:
     """The models the settings declare: ``MODELS_FILE``'s list, or ``MODEL_PATH`` as ``MODEL_ID``."""
     if not settings.MODELS_FILE:
+        if settings.MODEL:
+            return [ModelSpec(settings.MODEL, pulled(settings.MODEL))]
         return [ModelSpec(settings.MODEL_ID, settings.MODEL_PATH)]
     try:
         document = json.loads(Path(settings.MODELS_FILE).read_text(encoding="utf-8"))
@@ -147,13 +149,26 @@ def declared(settings: Settings) -> list[ModelSpec]:
         try:
             path = entry.get("path")
             path = os.path.expanduser(path) if isinstance(path, str) else path  # "~/.cache/..." as a shell reads it
-            specs.append(ModelSpec.checked(entry.get("id"), path, entry.get("options")))
+            if path is None and isinstance(entry.get("model"), str):  # a model by name: pulled unless cached
+                path = pulled(entry["model"])
+            specs.append(ModelSpec.checked(entry.get("id") or entry.get("model"), path, entry.get("options")))
         except (AttributeError, InvalidParameterError) as exc:
             raise ConfigError(f"MODELS_FILE {settings.MODELS_FILE}: {getattr(exc, 'message', exc)}") from None
     ids = [spec.id for spec in specs]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"MODELS_FILE {settings.MODELS_FILE}: model ids must differ")
     return specs
+
+
+def pulled(name: str) -> str:
+    """The folder of the model ``name`` names, pulled now unless it is in the cache (:mod:`phi_api.pull`); a model
+    that cannot be had stops start-up with the reason."""
+    from phi_api.pull import PullError, pull
+
+    try:
+        return str(pull(name, say=lambda line: log.info("%s", line)))
+    except PullError as error:
+        raise ModelLoadingError(name, str(error), name) from None
 
 
 def state_dir() -> Path:

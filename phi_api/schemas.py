@@ -47,6 +47,7 @@ REQUEST_SCHEMAS = {
     "messages": "messages.json",
     "messages_count_tokens": "messages_count_tokens.json",
     "batch_create": "batch_create.json",
+    "ollama_pull": "ollama_pull.json",
 }
 
 _JSON_TYPES = {

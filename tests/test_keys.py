@@ -100,3 +100,13 @@ def test_names_and_keys_must_differ_and_plain_keys_are_named(tmp_path):
     with pytest.raises(ConfigError, match="different"):
         read_keys(path, ())
     assert [key.name for key in read_keys("", ("k1", "k2"))] == ["key-1", "key-2"]
+
+
+def test_a_streamed_answer_counts_for_its_key_too(limited):
+    client = limited.test_client()
+    streamed = client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=as_key("sk-team-a-1"))
+    body = streamed.get_data(as_text=True)  # read to the end, after the request's context has gone
+    assert body.rstrip().endswith("data: [DONE]")
+    report = client.get("/v1/usage/keys", headers=as_key("sk-ops-admin")).get_json()["data"]
+    team = next(item for item in report if item["name"] == "team-a")
+    assert team["requests"] == 1 and team["completion_tokens"] > 0

@@ -27,10 +27,10 @@ from phi_api.errors import (
     from_foreign,
 )
 from phi_api.extensions import get_models, get_settings
-from phi_api.keys import Key, get_keys
+from phi_api.keys import Key, Keys, get_keys
 from phi_api.limiter import Unlimited, get_limiter
 from phi_api.logs import current_request_id
-from phi_api.metrics import get_metrics
+from phi_api.metrics import Metrics, get_metrics
 from phi_api.schemas import get_validator
 from phi_api.service import generation
 from phi_api.service.generation import KEEPALIVE, Services
@@ -71,7 +71,8 @@ def start_generation(typed: Any) -> generation.Run:
             span.fail(error)
         raise
     if key is not None:
-        run.observers.append(functools.partial(count_usage, key))
+        # Bound now: a streamed answer's choices end after the request's context has gone.
+        run.observers.append(functools.partial(count_usage, get_keys(), get_metrics(), key))
     if span is not None:
         run.observers.append(span.observe)
         run.on_close.append(span.close)
@@ -100,12 +101,12 @@ def admit(key: Key) -> None:
                                 f"Retry after {decision.headers['Retry-After']} seconds.")
 
 
-def count_usage(key: Key, finished: Finished) -> None:
+def count_usage(keys: Keys, metrics: Metrics, key: Key, finished: Finished) -> None:
     """A choice of ``key``'s request ended: its tokens count (the prompt once, with the first choice)."""
     prompt = finished.prompt_tokens if finished.index == 0 else 0
     cached = finished.cached_tokens if finished.index == 0 else 0
-    get_keys().usage.record(key, prompt, cached, finished.completion_tokens)
-    get_metrics().observe_key(key.name, prompt, cached, finished.completion_tokens, requests=int(finished.index == 0))
+    keys.usage.record(key, prompt, cached, finished.completion_tokens)
+    metrics.observe_key(key.name, prompt, cached, finished.completion_tokens, requests=int(finished.index == 0))
 
 
 def header_priority() -> int | None:

@@ -2,24 +2,28 @@
 
 Loading and unloading are administrative: when ``API_KEYS`` is set they need
 a key, like every route but the health check. A load names a folder on the
-server's disk; nothing is downloaded. Every worker then serves (or refuses)
+server's disk, or a model by name, which is pulled first (:mod:`phi_api.pull`:
+only with API keys or ``ALLOW_PULL``). Every worker then serves (or refuses)
 the model: see :mod:`phi_api.registry`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
 from phi_api.api.http import read_request
-from phi_api.extensions import get_models
+from phi_api.errors import APIError, InvalidParameterError, ModelLoadingError, PermissionDeniedError
+from phi_api.extensions import get_models, get_settings
 from phi_api.openapi import operation
-from phi_api.registry import ModelSpec
+from phi_api.pull import PullError, in_subprocess, parse
+from phi_api.registry import Models, ModelSpec
 from phi_api.service import catalog
 
 bp = Blueprint("models", __name__)
-ADMIN_STATUSES = (400, 401, 404, 405, 413, 415, 500)
+ADMIN_STATUSES = (400, 401, 403, 404, 405, 413, 415, 500)
 
 
 @bp.get("/v1/models")
@@ -42,6 +46,39 @@ def load_checked(model: Any, path: Any, options: Any, param: str = "options") ->
     return catalog.openai_model(served)
 
 
+def check_pull_allowed(name: str, param: str = "model") -> None:
+    """A pull makes the server download gigabytes, and it listens on every address by default: only with API keys
+    (the request then carries one) or ``ALLOW_PULL`` (403 otherwise); and ``name`` must be one (400)."""
+    settings = get_settings()
+    if not (settings.ALLOW_PULL or settings.api_keys or settings.API_KEYS_FILE):
+        raise PermissionDeniedError("This server does not download models on request: set API_KEYS (and send a "
+                                    "key) or ALLOW_PULL=true to allow it.")
+    try:
+        parse(name)
+    except PullError as error:
+        raise InvalidParameterError(str(error), param=param) from None
+
+
+def pull_events(name: str, options: Any = None, models: Models | None = None) -> Iterator[dict[str, Any]]:
+    """Pull ``name`` (in a process of its own) and then serve it under that name: the pull's events, then
+    ``{"status": "success"}`` or ``{"error": ...}`` (``models``: the app's, for a stream outside its context)."""
+    models = models if models is not None else get_models()
+    for event in in_subprocess(name):
+        if "error" in event:
+            yield {"error": event["error"]}
+            return
+        if event.get("status") != "success":
+            yield event
+            continue
+        if name not in {served.spec.id for served in models.all()}:
+            try:
+                models.load(ModelSpec.checked(name, event["path"], options))
+            except APIError as error:
+                yield {"error": error.message}
+                return
+        yield {"status": "success"}
+
+
 @bp.post("/v1/models/load")
 @operation("Load a model folder from the server's disk, on every worker", request="model_load",
            statuses=ADMIN_STATUSES)
@@ -49,6 +86,12 @@ def load_model() -> Response:
     """Serve another model: 400 for an id already served, past MAX_MODELS or for a folder that is not a
     model; 500 with the cause when it fails to load."""
     body = read_request("model_load")
+    if body.get("path") is None:  # a model by name: pulled first
+        check_pull_allowed(body["model"])
+        last = [event for event in pull_events(body["model"], body.get("options"))][-1]
+        if "error" in last:
+            raise ModelLoadingError(body["model"], last["error"], body["model"])
+        return jsonify({**catalog.openai_model(get_models().served(body["model"])), "status": "loaded"})
     return jsonify({**load_checked(body["model"], body["path"], body.get("options")), "status": "loaded"})
 
 

@@ -13,7 +13,8 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from phi_api.api.http import ndjson_response, read_request, render_errors, start_generation
-from phi_api.errors import ollama_body
+from phi_api.api.models import check_pull_allowed, pull_events
+from phi_api.errors import ModelLoadingError, ollama_body
 from phi_api.extensions import get_models
 from phi_api.openapi import GENERATION_STATUSES, JSON, NDJSON, operation
 from phi_api.service import catalog, generation, ollama
@@ -94,6 +95,24 @@ def show() -> Response:
     """Details of the model."""
     body = read_request("ollama_show", any_media_type=True)
     return jsonify(catalog.ollama_show(get_models().served(ollama.model_id(body.get("model") or body["name"]))))
+
+
+@bp.post("/api/pull")
+@operation("Download a model by name, then serve it (Ollama's pull; NDJSON progress unless stream is false)",
+           request="ollama_pull", media=(JSON, NDJSON), errors="ollama", statuses=(400, 401, 403, 405, 413, 415, 500))
+def pull() -> Response:
+    """Ollama's pull: the model (an alias, or a Hub repository) is downloaded, checked and served under its name;
+    progress as Ollama streams it, then ``success`` (403 unless API keys or ``ALLOW_PULL`` allow pulls)."""
+    body = read_request("ollama_pull", any_media_type=True)
+    name = ollama.model_id(body.get("model") or body["name"])
+    check_pull_allowed(name)
+    events = pull_events(name, models=get_models())
+    if body.get("stream", True) is not False:
+        return ndjson_response(events)
+    last = list(events)[-1]
+    if "error" in last:
+        raise ModelLoadingError(name, last["error"], name)
+    return jsonify(last)
 
 
 @bp.get("/api/version")

@@ -16,8 +16,9 @@ def _iso(timestamp: float) -> str:
 
 
 def openai_model(served: Served) -> dict[str, Any]:
-    """OpenAI's model object."""
-    return {"id": served.spec.id, "object": "model", "created": served.loaded_at, "owned_by": "system"}
+    """OpenAI's model object, with its context length (vLLM's ``max_model_len``), so clients can size prompts."""
+    return {"id": served.spec.id, "object": "model", "created": served.loaded_at, "owned_by": "system",
+            "max_model_len": served.engine.info.context_length}
 
 
 def openai_list(models: list[Served]) -> dict[str, Any]:
@@ -54,7 +55,7 @@ def ollama_show(served: Served) -> dict[str, Any]:
     info = served.engine.info
     return {
         "modelfile": f"# served by phi-api {__version__}\n",
-        "parameters": "",
+        "parameters": f"num_ctx {info.context_length}",
         "template": info.chat_template,
         "details": _details(served),
         "model_info": {"general.architecture": info.model_type, f"{info.model_type}.context_length":

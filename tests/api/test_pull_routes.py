@@ -1,0 +1,40 @@
+"""Pulls over HTTP are refused unless the operator allows them; names are checked; models carry their context."""
+
+from __future__ import annotations
+
+import pytest
+
+from phi_api.pull import CATALOG, PullError, parse
+
+
+@pytest.mark.parametrize("route,body", [("/api/pull", {"model": "phi-3.5-mini"}),
+                                        ("/v1/models/load", {"model": "phi-3.5-mini"})])
+def test_a_pull_over_http_is_refused_unless_keys_or_allow_pull(client, route, body):
+    answer = client.post(route, json=body)
+    assert answer.status_code == 403
+    error = answer.get_json()["error"]
+    assert "ALLOW_PULL" in (error if isinstance(error, str) else error["message"])
+
+
+def test_a_name_that_is_no_model_is_a_400_before_anything_is_downloaded(make_app):
+    client = make_app(ALLOW_PULL=True).test_client()
+    answer = client.post("/v1/models/load", json={"model": "just-a-word"})
+    assert answer.status_code == 400 and answer.get_json()["error"]["param"] == "model"
+    assert client.post("/api/pull", json={"name": "just-a-word"}).status_code == 400
+
+
+def test_names_are_aliases_or_hub_repositories():
+    assert parse("phi-3.5-mini") == CATALOG["phi-3.5-mini"]
+    assert parse("org/repo") .repo == "org/repo" and parse("org/repo").revision == "main"
+    source = parse("org/repo/cpu/int4@abc")
+    assert (source.repo, source.subfolder, source.revision, source.pattern) == ("org/repo", "cpu/int4", "abc",
+                                                                             "cpu/int4/*")
+    with pytest.raises(PullError, match="catalog"):
+        parse("nothing")
+
+
+def test_models_carry_their_context_length(client):
+    [model] = client.get("/v1/models").get_json()["data"]
+    assert model["max_model_len"] > 0
+    show = client.post("/api/show", json={"model": model["id"]}).get_json()
+    assert show["parameters"] == f"num_ctx {model['max_model_len']}"
