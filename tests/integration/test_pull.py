@@ -148,3 +148,19 @@ def test_make_serve_with_a_model_name_pulls_it_and_serves_it(hub, tmp_path):
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
+
+
+def test_a_models_file_entry_may_name_a_model_instead_of_a_path(hub, logs_dir, tmp_path):
+    import json
+
+    import requests
+
+    from tests.support.server import Server
+
+    models = tmp_path / "models.json"
+    models.write_text(json.dumps({"models": [{"id": "tiny", "model": f"{REPO_ID}/{SUBFOLDER}"}]}))
+    with Server(logs_dir, MODELS_FILE=models, WEB_CONCURRENCY=1, HF_ENDPOINT=hub.url, HF_HOME=tmp_path / "hf",
+                HF_HUB_DISABLE_TELEMETRY="1") as server:
+        listed = requests.get(server.url + "/v1/models", timeout=10).json()["data"]
+        assert [model["id"] for model in listed] == ["tiny"] and listed[0]["max_model_len"] > 0
+    assert hub.downloads[f"{SUBFOLDER}/genai_config.json"] == 1
