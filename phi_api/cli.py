@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     disk.add_argument("--runs", type=int, default=3, help="documents per measurement (medians are reported)")
     disk.add_argument("--prompt-tokens", type=int, default=2000, help="about how long each document is")
     disk.add_argument("--answer-tokens", type=int, default=64, help="the streamed answer's length while writing")
-    disk.add_argument("--parts", default="restart,workers,decoding", help="which measurements (comma-separated)")
+    disk.add_argument("--parts", default="restart,workers,first-token,decoding",
+                      help="which measurements (comma-separated)")
     disk.add_argument("--drop-caches", action="store_true", help="drop the page cache before reading (root)")
     disk.add_argument("--out", default="bench/results", help="folder for bench-disk.json")
     disk.set_defaults(run=_bench_disk)

@@ -8,6 +8,8 @@ so that nothing but the disk tier knows it. Greedy, 8 tokens, streamed; first-to
   ``--drop-caches`` (root), the page cache is dropped before, so the chunks come from the device, not memory.
 - Across workers: on one server, worker A answers a question about a document (cold), then worker B another
   (read from disk: B never saw the document).
+- What storing costs a prompt: a ~300-token prompt's first token, the tier on against off (the servers asked in
+  turn), each prompt its own.
 - Decoding while the disk tier writes: a long answer streams while another request's document is prefilled
   (and written, when the tier is on); its decode rate with the tier on against ``PREFIX_CACHE_DISK_MB=0``, the
   two servers used alternately, one idle while the other works.
@@ -119,6 +121,26 @@ def decoding_while_writing(model_path: str, log_dir: Path, runs: int, tokens: in
             "ratio": median(rates["on"]) / median(rates["off"]), "written_chunks": stored(folder)}
 
 
+def first_token_on_off(model_path: str, log_dir: Path, runs: int) -> dict[str, Any]:
+    """A ~300-token prompt's first token (each run a prompt of its own: nothing to read), the tier on against off,
+    the two servers asked in turn: what storing costs a prompt."""
+    from phi_api.bench import LONG_PROMPT
+
+    times: dict[str, list[float]] = {"on": [], "off": []}
+    folder = Path(tempfile.mkdtemp(prefix="phi-api-disk-"))
+    base: dict[str, Any] = dict(MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1, PREFIX_CACHE_DIR=folder)
+    with Server(log_dir, **base) as on, Server(log_dir, PREFIX_CACHE_DISK_MB=0, **base) as off:
+        for run in range(runs + 2):  # the first two warm the servers up
+            for name, server in (("on", on), ("off", off)):
+                body = {"model": MODEL_ID, "max_tokens": 1, "temperature": 0,
+                        "prompt": f"{time.time_ns()} {run} {LONG_PROMPT}"}
+                ttft = stream_completion(server.url, body).ttft
+                if run >= 2:
+                    times[name].append(ttft)
+    return {"first_token_s_on": median(times["on"]), "first_token_s_off": median(times["off"]),
+            "ratio": median(times["on"]) / median(times["off"])}
+
+
 def _decode_beside_prefill(url: str, text: str, answer: int) -> float:
     body = {"model": MODEL_ID, "max_tokens": answer, "temperature": 0, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse."}]}
@@ -142,6 +164,9 @@ def run(options: Any) -> dict[str, Any]:
     if "workers" in parts:
         say(f"across workers: {options.runs} documents cold on one worker, read on the other")
         report["across_workers"] = across_workers(options.model_path, log_dir, options.runs, options.prompt_tokens)
+    if "first-token" in parts:
+        say("a prompt's first token, the tier on against off")
+        report["first_token"] = first_token_on_off(options.model_path, log_dir, max(options.runs, 10))
     if "decoding" in parts:
         say("decoding while the disk tier writes, on against off")
         report["decoding_while_writing"] = decoding_while_writing(options.model_path, log_dir, options.runs,
