@@ -11,6 +11,8 @@ DEV_STAMP := $(VENV)/.installed-dev
 REQUIREMENTS := requirements.txt requirements-model.txt requirements-model-nodeps.txt
 INSTRUCTOR_VENV := .venv-instructor
 INSTRUCTOR_STAMP := $(INSTRUCTOR_VENV)/.installed
+OPENWEBUI_VENV := .venv-openwebui
+OPENWEBUI_STAMP := $(OPENWEBUI_VENV)/.installed
 
 .PHONY: install install-dev model pull serve test bench bench-spec bench-disk bench-quality clean system-packages
 
@@ -56,12 +58,18 @@ system-packages:
 	tests/system_packages.sh
 
 # instructor's own environment (see requirements-instructor.txt): only the tests use it.
+# Open WebUI's own environment (see requirements-openwebui.txt): only the tests use it.
+$(OPENWEBUI_STAMP): requirements-openwebui.txt
+	test -x $(OPENWEBUI_VENV)/bin/python || $(PYTHON) -m venv $(OPENWEBUI_VENV)
+	$(OPENWEBUI_VENV)/bin/python -m pip install --quiet -r requirements-openwebui.txt
+	touch $@
+
 $(INSTRUCTOR_STAMP): requirements-instructor.txt
 	test -x $(INSTRUCTOR_VENV)/bin/python || $(PYTHON) -m venv $(INSTRUCTOR_VENV)
 	$(INSTRUCTOR_VENV)/bin/python -m pip install --quiet -r requirements-instructor.txt
 	touch $@
 
-test: system-packages install-dev $(INSTRUCTOR_STAMP)
+test: system-packages install-dev $(INSTRUCTOR_STAMP) $(OPENWEBUI_STAMP)
 	$(VENV)/bin/ruff check phi_api tests wsgi.py gunicorn.conf.py
 	$(VENV)/bin/mypy
 	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
@@ -93,4 +101,4 @@ bench-quality: install-dev
 	$(PY) -m phi_api bench-quality --model-path "$$model_path" --reference-path "$$reference_path" $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(INSTRUCTOR_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(INSTRUCTOR_VENV) $(OPENWEBUI_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -86,10 +86,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
-    def do_HEAD(self) -> None:  # noqa: N802 (the standard library's name)
+    def do_HEAD(self) -> None:
         self._route(head=True)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._route(head=False)
 
     def _route(self, head: bool) -> None:
