@@ -151,3 +151,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if not head:
             self.wfile.write(body)
+
+
+def main() -> None:
+    """``python -m tests.support.hub FOLDER REPO [SUBFOLDER]``: serve a model folder as a repository on loopback
+    until interrupted (for timing ``python -m phi_api pull`` by hand, with ``HF_ENDPOINT`` set to the printed URL)."""
+    import sys
+
+    folder, repo = Path(sys.argv[1]), sys.argv[2]
+    with Hub() as hub:
+        hub.add(repo, folder, sys.argv[3] if len(sys.argv) > 3 else "")
+        print(hub.url, flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()
