@@ -98,6 +98,9 @@ class Metrics:
         self.disk_written = Counter("phi_api_prefix_disk_written_tokens", "Prompt tokens written to disk", **disk)
         self.disk_failures = Counter("phi_api_prefix_disk_write_failures", "Chunks that could not be written to disk",
                                      **disk)
+        self.disk_unstaged = Counter("phi_api_prefix_disk_unstored_chunks",
+                                     "Chunks not stored: the writer was behind, or the budget had no room to stage "
+                                     "them", **disk)
         self.disk_corrupt = Counter("phi_api_prefix_disk_bad_files", "Files on disk that failed a check, removed",
                                     **disk)
         self.disk_load = Histogram("phi_api_prefix_disk_load_seconds", "Time to read a prompt's stored chunks",
@@ -179,6 +182,7 @@ class Metrics:
             self._advance(self.disk_written, model, stats.tokens_written)
             self._advance(self.disk_failures, model, stats.write_failures)
             self._advance(self.disk_corrupt, model, stats.corrupt)
+            self._advance(self.disk_unstaged, model, stats.not_staged)
             while stats.load_seconds:
                 self.disk_load.observe(stats.load_seconds.popleft())
             self.disk_bytes.set(stats.bytes_on_disk)

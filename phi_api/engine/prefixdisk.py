@@ -82,7 +82,7 @@ class DiskStats:
     tokens_read: int = 0
     tokens_written: int = 0
     write_failures: int = 0
-    not_staged: int = 0  # chunks not stored: no room to stage them
+    not_staged: int = 0  # chunks not stored (for now): the writer was behind, or the budget had no room
     corrupt: int = 0  # files that failed a check when read, removed
     bytes_on_disk: int = 0  # the whole folder, at the writer's last look
     last_error: str = ""
