@@ -38,3 +38,11 @@ def test_models_carry_their_context_length(client):
     assert model["max_model_len"] > 0
     show = client.post("/api/show", json={"model": model["id"]}).get_json()
     assert show["parameters"] == f"num_ctx {model['max_model_len']}"
+
+
+def test_free_disk_space_is_checked_first_naming_what_is_needed_and_free(tmp_path):
+    from phi_api.pull import _check_space
+
+    with pytest.raises(PullError, match=r"not enough disk space in .*: 9\d+\.\d GB needed, \d+\.\d GB free"):
+        _check_space(10**15, tmp_path / "not yet made")
+    _check_space(1, tmp_path)
