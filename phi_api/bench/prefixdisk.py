@@ -171,8 +171,22 @@ def run(options: Any) -> dict[str, Any]:
         say("decoding while the disk tier writes, on against off")
         report["decoding_while_writing"] = decoding_while_writing(options.model_path, log_dir, options.runs,
                                                                   options.prompt_tokens, options.answer_tokens)
+    report["goals"] = goals(report)
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench-disk.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=2))
+    for line in report["goals"]:
+        print(line)
     return report
+
+
+GOALS = (("across_restart", "after a restart: first token <= 0.10x cold", lambda ratio: ratio <= 0.10),
+         ("across_workers", "another worker's prompt: first token <= 0.10x cold", lambda ratio: ratio <= 0.10),
+         ("decoding_while_writing", "decoding while the tier writes >= 0.97x without it", lambda ratio: ratio >= 0.97))
+
+
+def goals(report: dict[str, Any]) -> list[str]:
+    """The issue's goals, met or not, for the measurements this run made."""
+    return [f"[{'    met' if met(report[key]['ratio']) else 'NOT met'}] {text}: {report[key]['ratio']:.3f}x"
+            for key, text, met in GOALS if key in report]
