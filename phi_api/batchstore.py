@@ -70,16 +70,8 @@ class BatchStore:
 
     def add_file(self, filename: str, purpose: str, data: bytes) -> dict[str, Any]:
         """Keep ``data`` as a new file; its file object."""
-        file_id = f"file-{uuid.uuid4().hex[:24]}"
-        path = self._path(file_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temp = path.with_suffix(".tmp")
-        temp.write_bytes(data)
-        os.replace(temp, path)
-        row = (file_id, filename, purpose, len(data), int(time.time()))
         with self._connection() as db:
-            db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?)", row)
-        return _file_object(row)
+            return self._write_file(db, filename, purpose, data)
 
     def file(self, file_id: str) -> dict[str, Any] | None:
         row = self._connection().execute("SELECT * FROM files WHERE id = ?", (file_id,)).fetchone()
@@ -242,19 +234,20 @@ class BatchStore:
         batch.update(finalizing_at=now, status=status, **{f"{status}_at": now})
         for key, lines in (("output_file_id", output), ("error_file_id", errors)):
             if lines:
-                batch[key] = self._write_file(db, f"batch_{batch['id']}_{key[:-8]}.jsonl",
-                                              "".join(line + "\n" for line in lines).encode())
+                batch[key] = self._write_file(db, f"batch_{batch['id']}_{key[:-8]}.jsonl", "batch_output",
+                                              "".join(line + "\n" for line in lines).encode())["id"]
         return batch
 
-    def _write_file(self, db: sqlite3.Connection, filename: str, data: bytes) -> str:
+    def _write_file(self, db: sqlite3.Connection, filename: str, purpose: str, data: bytes) -> dict[str, Any]:
+        """Write ``data`` (a temporary file renamed into place) and its row; its file object."""
         file_id = f"file-{uuid.uuid4().hex[:24]}"
         path = self._path(file_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.with_suffix(".tmp").write_bytes(data)
         os.replace(path.with_suffix(".tmp"), path)
-        db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?)",
-                   (file_id, filename, "batch_output", len(data), int(time.time())))
-        return file_id
+        row = (file_id, filename, purpose, len(data), int(time.time()))
+        db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?)", row)
+        return _file_object(row)
 
     def _batch_in(self, db: sqlite3.Connection, batch_id: str) -> dict[str, Any]:
         row = db.execute("SELECT object FROM batches WHERE id = ?", (batch_id,)).fetchone()

@@ -15,6 +15,7 @@ with limits carries the same headers.
 
 from __future__ import annotations
 
+import hmac
 import json
 import math
 import os
@@ -211,8 +212,6 @@ class Keys:
 
     def identify(self, supplied: str) -> Key | None:
         """The key ``supplied`` is, comparing with every key in constant time."""
-        import hmac
-
         found = None
         for key in self.keys:
             if hmac.compare_digest(supplied.encode("utf-8"), key.secret.encode("utf-8")):

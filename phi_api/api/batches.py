@@ -16,7 +16,7 @@ from werkzeug.test import EnvironBuilder, run_wsgi_app
 from phi_api.api.http import read_request
 from phi_api.batchrunner import BATCH_LINE, BatchRunner, parse_body
 from phi_api.batchstore import BatchStore
-from phi_api.errors import InvalidParameterError, MissingParameterError, NotFoundError
+from phi_api.errors import InvalidParameterError, MissingParameterError, NotFoundError, openai_body
 from phi_api.extensions import get_settings
 from phi_api.logs import REQUEST_ID_HEADER
 from phi_api.openapi import operation
@@ -47,8 +47,8 @@ def dispatcher(app: Flask) -> Any:
 
     def dispatch(url: str, body: dict[str, Any]) -> tuple[int, Any, str]:
         if body.get("stream"):
-            return 400, {"error": {"message": "A batch request cannot stream.", "type": "invalid_request_error",
-                                   "param": "stream", "code": "invalid_parameter"}}, ""
+            refusal = InvalidParameterError("A batch request cannot stream.", param="stream")
+            return refusal.status, openai_body(refusal), ""
         environ = EnvironBuilder(path=url, method="POST", json=body,
                                  environ_overrides={BATCH_LINE: True}).get_environ()
         answer, status, headers = run_wsgi_app(app, environ, buffered=True)

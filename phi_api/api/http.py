@@ -60,12 +60,14 @@ def start_generation(typed: Any) -> generation.Run:
     if request.environ.get(BATCH_LINE):
         batch = Services(get_models(), Unlimited(), get_settings())
         return generation.start(batch, dataclasses.replace(typed, priority=BATCH_PRIORITY), current_request_id())
-    key, priority = current_key(), header_priority()
-    span = _request_span(typed, priority)
+    key = current_key()
+    if typed.priority is None:  # the field wins over the header; neither: 0
+        typed = dataclasses.replace(typed, priority=header_priority() or 0)
+    span = _request_span(typed)
     try:
         if key is not None:
             admit(key)
-        run = generation.start(services(), typed, current_request_id(), priority)
+        run = generation.start(services(), typed, current_request_id())
     except BaseException as error:
         if span is not None:
             span.fail(error)
@@ -79,14 +81,13 @@ def start_generation(typed: Any) -> generation.Run:
     return run
 
 
-def _request_span(typed: Any, header: int | None) -> RequestSpan | None:
+def _request_span(typed: Any) -> RequestSpan | None:
     """The request's trace span (:mod:`phi_api.tracing`; None when tracing is off)."""
     sampling = typed.sampling
     operation = "text_completion" if isinstance(typed, CompletionRequest) else "chat"
-    priority = typed.priority if typed.priority is not None else header or 0
     return get_tracing().start_request(operation, typed.model, dict(request.headers), choices=sampling.n, attributes={
         "gen_ai.request.max_tokens": sampling.max_tokens, "gen_ai.request.temperature": sampling.temperature,
-        "gen_ai.request.top_p": sampling.top_p, "phi_api.priority": priority,
+        "gen_ai.request.top_p": sampling.top_p, "phi_api.priority": typed.priority,
         "phi_api.request_id": current_request_id()})
 
 

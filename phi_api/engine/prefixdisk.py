@@ -144,7 +144,6 @@ class PrefixStore:
         self._temp = itertools.count()
         self._written_since_scan = 0
         self._scanned_at = -RESCAN_SECONDS
-        self._closed = False
         start_thread(self._write_loop, b"phi-api kv disk")
 
     # The engine thread's side -----------------------------------------------------------------------
@@ -207,7 +206,6 @@ class PrefixStore:
 
     def close(self) -> None:
         """The writer writes what is queued, then ends."""
-        self._closed = True
         self._queue.append(None)
         self._signal.set()
 

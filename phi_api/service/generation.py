@@ -118,9 +118,9 @@ class Run:
             closed()
 
 
-def start(services: Services, request: GenerationRequest, request_id: str = "-", priority: int | None = None) -> Run:
-    """Check ``request``, take a concurrency slot (or 429) and start generating, at the request's own priority, else
-    ``priority`` (a header's), else 0; lower is sooner."""
+def start(services: Services, request: GenerationRequest, request_id: str = "-") -> Run:
+    """Check ``request``, take a concurrency slot (or 429) and start generating at its priority (lower is sooner;
+    none given: 0)."""
     engine, settings = services.models.engine(request.model), services.settings
     if engine.draining:
         raise ServiceUnavailableError("This server is shutting down; please retry.")
@@ -133,7 +133,7 @@ def start(services: Services, request: GenerationRequest, request_id: str = "-",
         raise RateLimitError("Too many concurrent requests. Please try again later.")
     try:
         generation = engine.submit(plan.prompt, plan.params, request_id=request_id,
-                                   priority=request.priority if request.priority is not None else priority or 0)
+                                   priority=request.priority or 0)
     except BaseException:  # RetiredError (unloaded a moment ago) becomes a 404 through errors.FOREIGN
         slot.release()
         raise

@@ -167,3 +167,10 @@ def test_a_models_file_entry_may_name_a_model_instead_of_a_path(hub, logs_dir, t
         listed = requests.get(server.url + "/v1/models", timeout=10).json()["data"]
         assert [model["id"] for model in listed] == ["tiny"] and listed[0]["max_model_len"] > 0
     assert hub.downloads[f"{SUBFOLDER}/genai_config.json"] == 1
+
+
+def test_a_pinned_commit_once_checked_is_served_again_without_any_network_call(hub, tmp_path):
+    first = folder_of(pull(hub, tmp_path, ALIAS))
+    hub.shutdown()  # the Hub is gone; no HF_HUB_OFFLINE either
+    again = pull(hub, tmp_path, ALIAS)
+    assert folder_of(again) == first
