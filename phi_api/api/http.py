@@ -82,10 +82,13 @@ def start_generation(typed: Any) -> generation.Run:
 
 
 def _request_span(typed: Any) -> RequestSpan | None:
-    """The request's trace span (:mod:`phi_api.tracing`; None when tracing is off)."""
+    """The request's trace span (:mod:`phi_api.tracing`; None when tracing is off, at no cost)."""
+    tracing = get_tracing()
+    if tracing.provider is None:
+        return None
     sampling = typed.sampling
     operation = "text_completion" if isinstance(typed, CompletionRequest) else "chat"
-    return get_tracing().start_request(operation, typed.model, dict(request.headers), choices=sampling.n, attributes={
+    return tracing.start_request(operation, typed.model, dict(request.headers), choices=sampling.n, attributes={
         "gen_ai.request.max_tokens": sampling.max_tokens, "gen_ai.request.temperature": sampling.temperature,
         "gen_ai.request.top_p": sampling.top_p, "phi_api.priority": typed.priority,
         "phi_api.request_id": current_request_id()})
