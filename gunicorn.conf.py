@@ -10,7 +10,7 @@ from gevent import monkey
 
 monkey.patch_all()
 
-from phi_api import serving  # noqa: E402
+from phi_api.server import serving  # noqa: E402
 
 _settings = serving.settings_or_exit()
 serving.prepare_metrics_dir()  # before the app (and prometheus_client) is imported
@@ -18,7 +18,7 @@ serving.prepare_state_dir()  # the model registry and the slots, shared by the w
 
 bind = serving.bind_address(_settings)
 workers = _settings.workers
-worker_class = "phi_api.worker.Worker"  # gevent, answering protocol errors as JSON
+worker_class = "phi_api.server.worker.Worker"  # gevent, answering protocol errors as JSON
 worker_connections = 1000
 preload_app = _settings.PRELOAD_MODEL
 timeout = 30

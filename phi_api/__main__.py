@@ -2,6 +2,6 @@
 
 import sys
 
-from phi_api.cli import main
+from phi_api.tools.cli import main
 
 sys.exit(main())

@@ -11,15 +11,19 @@ from flask import Flask
 from flask.json.provider import DefaultJSONProvider
 from flask_cors import CORS
 
-from phi_api import extensions, keys, limiter, metrics, openapi, schemas, store, tracing
 from phi_api.api import BLUEPRINTS, batches, playground
-from phi_api.api.http import render_errors
-from phi_api.auth import register_auth
-from phi_api.config import load_settings
 from phi_api.engine import Engine
 from phi_api.errors import openai_body
-from phi_api.logs import configure_logging, register_request_logging
-from phi_api.registry import Loader, ModelSpec, state_dir
+from phi_api.limits import keys
+from phi_api.limits import slots as limiter
+from phi_api.models.registry import Loader, ModelSpec, state_dir
+from phi_api.settings import load_settings
+from phi_api.storage import responses as store
+from phi_api.telemetry import metrics, tracing
+from phi_api.telemetry.logs import configure_logging, register_request_logging
+from phi_api.web import extensions, openapi, schemas
+from phi_api.web.auth import register_auth
+from phi_api.web.http import render_errors
 
 
 class _JSONProvider(DefaultJSONProvider):
@@ -36,7 +40,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
     ``engine`` stands for every declared model, and ``loader`` turns a
     model spec into an engine, instead of loading models (tests pass small
     fakes). Loading failures raise :class:`phi_api.errors.ModelLoadingError`;
-    bad settings raise :class:`phi_api.config.ConfigError`.
+    bad settings raise :class:`phi_api.settings.ConfigError`.
     """
     settings = load_settings(overrides=config)
     configure_logging(settings.LOG_LEVEL, settings.LOG_FORMAT)

@@ -9,9 +9,12 @@ request speaks, and nothing else:
 - :func:`ollama_body`: Ollama's, ``{"error": "message"}``;
 - :func:`anthropic_body`: Anthropic's, ``{"type": "error", "error": {"type", "message"}}``.
 
-Exceptions raised by others (werkzeug's routing and body errors, gunicorn's
-refusals of broken HTTP, the engine's) become members of the tree in one
-place, :func:`from_foreign`, by the table :data:`FOREIGN`.
+This module imports nothing of the package, so every layer, the engine
+included, raises from it. The errors of the layers below the API (the
+engine's, the stores', the settings') are here too, outside the API tree;
+they, and everyone else's exceptions (werkzeug's routing and body errors,
+gunicorn's refusals of broken HTTP), become members of the tree in one
+place: the table of :mod:`phi_api.web.foreign`.
 
 The tree, with the rows of the specification's error table:
 
@@ -48,16 +51,7 @@ The tree, with the rows of the specification's error table:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar
-
-from gunicorn.http import errors as http
-from werkzeug.exceptions import HTTPException
-
-from phi_api.batchstore import BatchError
-from phi_api.engine.guidance import GuidanceError
-from phi_api.engine.loop import CapacityError, RetiredError
-from phi_api.engine.model import ChatTemplateError
 
 GENERIC_SERVER_ERROR = "The server had an error while processing your request."
 
@@ -284,6 +278,96 @@ class ModelLoadingError(APIError):
         super().__init__(f"Failed to load {named} from {path}: {cause}")
 
 
+class ModelExistsError(InvalidRequestError):
+    """A load names a model id that is already loaded (400, as OpenArc answers)."""
+
+    code = "model_exists"
+    default_param = "model"
+
+
+class ModelLimitError(InvalidRequestError):
+    """A load beyond ``MAX_MODELS`` (400): nothing is loaded."""
+
+    code = "model_limit_reached"
+
+
+class InsufficientMemoryError(InvalidRequestError):
+    """A model that does not fit the memory budget (400; at start-up it stops the server): the message says how much
+    it needs and how much is free."""
+
+    code = "insufficient_memory"
+
+
+# Errors of the layers below the API: not shown to clients as they are; phi_api.web.foreign maps them --------
+
+
+class ChatTemplateError(ValueError):
+    """The chat template refused the messages (for example, roles that do not alternate)."""
+
+
+class GuidanceError(ValueError):
+    """A grammar llguidance cannot compile (the message says why)."""
+
+
+class PrepackError(RuntimeError):
+    """The prepacked model could not be made (the message says why)."""
+
+
+class CapacityError(ValueError):
+    """A request that needs more key/value memory than the whole budget allows (it could never run)."""
+
+
+class OgaError(RuntimeError):
+    """An error reported by ONNX Runtime GenAI."""
+
+
+class RetiredError(RuntimeError):
+    """The engine's model was unloaded: it takes nothing new."""
+
+
+class RowsFull(RuntimeError):
+    """No free row (only the spare one is left)."""
+
+
+class PoolError(MemoryError):
+    """The reservation could not be made (for example under strict overcommit, ``vm.overcommit_memory=2``)."""
+
+
+class FolderError(ValueError):
+    """Not a readable ONNX Runtime GenAI model folder; the message says what is wrong."""
+
+
+class BatchError(ValueError):
+    """A request about files or batches that cannot be done (the message says why; ``param`` names the field)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class PreparationError(RuntimeError):
+    """The default model could not be prepared; the message says why."""
+
+
+class PullError(RuntimeError):
+    """A model could not be pulled; the message, one line, says why."""
+
+
+class ConfigError(ValueError):
+    """A setting has a value the server cannot run with."""
+
+
+class KeysFileError(ConfigError):
+    """``API_KEYS_FILE`` cannot be read or is not as documented (the message says where; it never shows a key)."""
+
+
+class ServerError(RuntimeError):
+    """The server did not start, or did not stop, as asked (the message has its log)."""
+
+
+# Each protocol's renderer of the tree ------------------------------------------------------------
+
+
 def openai_body(error: APIError) -> dict[str, Any]:
     """``error`` as OpenAI's error object, with its fields in OpenAI's order."""
     return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
@@ -303,65 +387,3 @@ def anthropic_body(error: APIError) -> dict[str, Any]:
     by the status."""
     kind = _ANTHROPIC_TYPES.get(error.status, "invalid_request_error" if error.status < 500 else "api_error")
     return {"type": "error", "error": {"type": kind, "message": error.message}}
-
-
-# Everyone else's exceptions -------------------------------------------------------------------------
-
-
-def _werkzeug(exc: Any) -> APIError:
-    status = exc.code or 500
-    if status == 404:
-        return RouteNotFoundError("Unknown route; see GET /v1/models for the API's base path.")
-    if status == 405:
-        return MethodNotAllowedError(f"Method not allowed; allowed: {', '.join(sorted(exc.valid_methods or []))}.")
-    if status == 413:
-        return RequestTooLargeError("The request body is larger than the server accepts (MAX_REQUEST_SIZE_MB).")
-    if status == 400:
-        return InvalidJSONError("The request body could not be read as JSON.")
-    if status < 500:
-        return HTTPStatusError(exc.description or "Invalid request.", status)
-    return InternalError()
-
-
-def _gunicorn(status: int) -> Callable[[Any], APIError]:
-    if status == 414:
-        return lambda exc: URITooLongError("The request line is longer than the server accepts.")
-    if status == 431:
-        return lambda exc: HeadersTooLargeError("The request headers are larger or more numerous than the server "
-                                                "accepts.")
-    if status == 500:
-        return lambda exc: InternalError()
-    return lambda exc: HTTPStatusError("The request is not valid HTTP/1.1, or uses a part of it this server "
-                                       "refuses.", status)
-
-
-# exception class -> its member of the tree (the first match wins)
-FOREIGN: tuple[tuple[type[BaseException], Callable[[Any], APIError]], ...] = (
-    (HTTPException, _werkzeug),
-    (http.InvalidResponseHeader, _gunicorn(500)),  # the app's fault, not the client's
-    (http.InvalidResponseHeaderName, _gunicorn(500)),
-    (http.LimitRequestLine, _gunicorn(414)),
-    (http.LimitRequestHeaders, _gunicorn(431)),
-    (http.ForbiddenProxyRequest, _gunicorn(403)),
-    (http.ExpectationFailed, _gunicorn(417)),
-    (http.UnsupportedTransferCoding, _gunicorn(501)),
-    (http.ConfigurationProblem, _gunicorn(500)),
-    (http.ParseException, _gunicorn(400)),
-    (RetiredError, lambda exc: ModelNotFoundError("The model was unloaded.")),
-    (CapacityError, lambda exc: ContextLengthExceededError(f"This request is too large for this server: it {exc}.",
-                                                           param="max_tokens")),
-    # The template's own words name library internals: they go to the log, not to the client.
-    (ChatTemplateError, lambda exc: InvalidMessagesError(
-        "The model's chat template cannot render these messages (for example, roles in an order it does not "
-        "accept).")),
-    (GuidanceError, lambda exc: InvalidParameterError(f"The output format cannot be enforced: {exc}",
-                                                      param="response_format")),
-    (BatchError, lambda exc: InvalidRequestError(str(exc), param=exc.param)),
-)
-
-
-def from_foreign(exc: BaseException) -> APIError:
-    """``exc`` (werkzeug's, gunicorn's or the engine's) as a member of the tree; anything else is internal."""
-    if isinstance(exc, APIError):
-        return exc
-    return next((convert(exc) for kind, convert in FOREIGN if isinstance(exc, kind)), InternalError())

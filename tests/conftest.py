@@ -12,8 +12,8 @@ from flask import Flask
 
 from phi_api.app import create_app
 from phi_api.engine import Engine
-from phi_api.extensions import get_models
-from phi_api.limiter import get_limiter
+from phi_api.limits.slots import get_limiter
+from phi_api.web.extensions import get_models
 from tests.support.fakes import fake_engine, text_pieces
 
 HELLO_PIECES = text_pieces(b"Hello", b",", b" world", b"!", b" How", b" are", b" you", b"?")
@@ -29,7 +29,7 @@ def user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     every run left their prepacked copies in the user's cache (66 MB each
     for the tiny Phi-3).
     """
-    from phi_api.prepare import cache_root
+    from phi_api.settings import cache_root
 
     real = cache_root()
     with pytest.MonkeyPatch.context() as patch:
@@ -43,7 +43,7 @@ def model_path(user_cache: Path) -> str:
     explicit = os.environ.get("PHI_API_TEST_MODEL_PATH")
     if explicit:
         return explicit
-    from phi_api.prepare import default_model_dir, prepare_default_model
+    from phi_api.tools.prepare import default_model_dir, prepare_default_model
 
     return str(prepare_default_model(default_model_dir(user_cache)))
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from phi_api.config import DEFAULT_MODEL_PATH, ConfigError, load_settings, parse_option
+from phi_api.errors import ConfigError
+from phi_api.settings import DEFAULT_MODEL_PATH, load_settings, parse_option
 
 
 def test_defaults_are_the_specification_s():
@@ -70,7 +71,7 @@ def test_each_worker_computes_with_its_share_of_the_cores(monkeypatch):
 
 
 def test_the_memory_limit_is_a_setting_or_three_quarters_of_the_memory_and_kv_cache_mb_a_cap(monkeypatch):
-    monkeypatch.setattr("phi_api.config._memory_bytes", lambda: 16 * 2**30)
+    monkeypatch.setattr("phi_api.settings._memory_bytes", lambda: 16 * 2**30)
     assert load_settings(environ={}).memory_limit_bytes == 12 * 2**30
     assert load_settings(environ={"MEMORY_LIMIT_MB": "2048"}).memory_limit_bytes == 2 * 2**30
     assert load_settings(environ={"KV_CACHE_MB": "512"}).kv_budget_bytes == 512 * 2**20
@@ -85,7 +86,7 @@ def test_booleans(raw, expected):
 def test_every_setting_is_declared_once_and_documented_in_the_readme():
     from pathlib import Path
 
-    from phi_api.config import SETTING_NAMES, describe
+    from phi_api.settings import SETTING_NAMES, describe
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     assert set(describe()) == set(SETTING_NAMES) and all(describe().values())

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from phi_api.config import ConfigError
-from phi_api.keys import Key, Usage, read_keys
+from phi_api.errors import ConfigError
+from phi_api.limits.keys import Key, Usage, read_keys
 
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from phi_api.limiter import ConcurrencyLimiter
+from phi_api.limits.slots import ConcurrencyLimiter
 
 
 @pytest.fixture

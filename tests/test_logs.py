@@ -9,7 +9,7 @@ import sys
 
 import gevent
 
-from phi_api.logs import JSONFormatter, configure_logging
+from phi_api.telemetry.logs import JSONFormatter, configure_logging
 from tests.support.fakes import FakeModel, RecordingEngine, Script, text_pieces
 from tests.support.server import wait_until
 

@@ -11,10 +11,17 @@ from pathlib import Path
 import gevent
 import pytest
 
-from phi_api.config import ConfigError, Settings
-from phi_api.errors import InvalidParameterError, ModelLoadingError, ModelNotFoundError
-from phi_api.extensions import get_models
-from phi_api.registry import ModelExistsError, ModelLimitError, Models, ModelSpec, check_folder, declared
+from phi_api.errors import (
+    ConfigError,
+    InvalidParameterError,
+    ModelExistsError,
+    ModelLimitError,
+    ModelLoadingError,
+    ModelNotFoundError,
+)
+from phi_api.models.registry import Models, ModelSpec, check_folder, declared
+from phi_api.settings import Settings
+from phi_api.web.extensions import get_models
 from tests.api.test_request_errors import assert_error
 from tests.support.fakes import fake_engine, text_pieces
 from tests.support.server import wait_until

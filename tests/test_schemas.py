@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from phi_api.errors import APIError
-from phi_api.schemas import RequestValidator
+from phi_api.web.schemas import RequestValidator
 
 VALIDATOR = RequestValidator()
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

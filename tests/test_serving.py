@@ -1,4 +1,4 @@
-"""The gunicorn hooks of ``phi_api.serving``, called as gunicorn calls them, without a server."""
+"""The gunicorn hooks of ``phi_api.server.serving``, called as gunicorn calls them, without a server."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from phi_api import serving
+from phi_api.server import serving
 
 
 class Exited(Exception):
@@ -30,7 +30,7 @@ def test_worker_exit_in_the_master_for_a_vanished_worker_leaves_the_master_runni
     # gunicorn's Arbiter.kill_worker calls worker_exit in the master when os.kill finds no such process, here
     # while it halts on SIGTERM (inside its `except StopIteration`): the master must go on with its shutdown.
     dead = []
-    monkeypatch.setattr("phi_api.metrics.mark_worker_dead", dead.append)
+    monkeypatch.setattr("phi_api.telemetry.metrics.mark_worker_dead", dead.append)
     worker = SimpleNamespace(pid=os.getpid() + 1, wsgi=None)
     try:
         raise StopIteration

@@ -9,8 +9,8 @@ import socket
 import pytest
 from gunicorn.http import errors
 
-from phi_api.errors import from_foreign
-from phi_api.worker import Worker
+from phi_api.server.worker import Worker
+from phi_api.web.foreign import from_foreign
 
 
 @pytest.mark.parametrize("exc,status", [

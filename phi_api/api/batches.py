@@ -1,9 +1,9 @@
 """OpenAI's Batch API: ``/v1/files`` (purpose ``batch``) and ``/v1/batches``, as the ``openai`` SDK calls them.
 
-The files and batches live in the store (:mod:`phi_api.batchstore`, a resource of the app); each worker's runner
-(:mod:`phi_api.batchrunner`, started after the fork) runs the queued lines through :func:`dispatch`: the app
+The files and batches live in the store (:mod:`phi_api.storage.batches`, a resource of the app); each worker's runner
+(:mod:`phi_api.batch.runner`, started after the fork) runs the queued lines through :func:`dispatch`: the app
 itself, in this process, as a live request to the batch's endpoint, marked as a batch line so that it runs at the
-lowest priority and outside ``MAX_CONCURRENT_REQUESTS`` (:func:`phi_api.api.http.start_generation`).
+lowest priority and outside ``MAX_CONCURRENT_REQUESTS`` (:func:`phi_api.web.http.start_generation`).
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Any
 from flask import Blueprint, Flask, Response, jsonify, request, send_file
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-from phi_api.api.http import read_request
-from phi_api.batchrunner import BATCH_LINE, BatchRunner, parse_body
-from phi_api.batchstore import BatchStore
+from phi_api.batch.runner import BATCH_LINE, BatchRunner, parse_body
 from phi_api.errors import InvalidParameterError, MissingParameterError, NotFoundError, openai_body
-from phi_api.extensions import get_settings
-from phi_api.logs import REQUEST_ID_HEADER
-from phi_api.openapi import operation
-from phi_api.resources import keep, kept
+from phi_api.storage.batches import BatchStore
+from phi_api.telemetry.logs import REQUEST_ID_HEADER
+from phi_api.web.extensions import get_settings
+from phi_api.web.http import read_request
+from phi_api.web.openapi import operation
+from phi_api.web.resources import keep, kept
 
 bp = Blueprint("batches", __name__)
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from phi_api.api.http import read_json_object
-from phi_api.api.openai import respond
-from phi_api.openapi import GENERATION_STATUSES, JSON, SSE, operation
-from phi_api.schemas import get_validator
-from phi_api.service.openai import CompletionShape
+from phi_api.protocols.openai import CompletionShape
 from phi_api.service.requests import CompletionRequest
+from phi_api.web.answers import respond
+from phi_api.web.http import read_json_object
+from phi_api.web.openapi import GENERATION_STATUSES, JSON, SSE, operation
+from phi_api.web.schemas import get_validator
 
 bp = Blueprint("completions", __name__)
 

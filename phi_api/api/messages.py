@@ -1,19 +1,19 @@
 """Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
 
 The key arrives in ``x-api-key`` (one of the headers phi-api reads); ``anthropic-version`` is accepted. Errors on
-these routes take Anthropic's shape (this blueprint renders them; see :func:`phi_api.api.http.render_errors`).
+these routes take Anthropic's shape (this blueprint renders them; see :func:`phi_api.web.http.render_errors`).
 """
 
 from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
-from phi_api.api.http import named_sse_response, read_request, render_errors, services, start_generation
 from phi_api.errors import anthropic_body
-from phi_api.openapi import GENERATION_STATUSES, JSON, SSE, operation
+from phi_api.protocols.anthropic import MessageRenderer, MessagesRequest
+from phi_api.server.transport import disconnect_probe
 from phi_api.service import generation, prompts
-from phi_api.service.messages import MessageRenderer, MessagesRequest
-from phi_api.transport import disconnect_probe
+from phi_api.web.http import named_sse_response, read_request, render_errors, services, start_generation
+from phi_api.web.openapi import GENERATION_STATUSES, JSON, SSE, operation
 
 bp = Blueprint("messages", __name__)
 render_errors(bp, anthropic_body)

@@ -2,9 +2,9 @@
 
 Loading and unloading are administrative: when ``API_KEYS`` is set they need
 a key, like every route but the health check. A load names a folder on the
-server's disk, or a model by name, which is pulled first (:mod:`phi_api.pull`:
+server's disk, or a model by name, which is pulled first (:mod:`phi_api.models.pull`:
 only with API keys or ``ALLOW_PULL``). Every worker then serves (or refuses)
-the model: see :mod:`phi_api.registry`.
+the model: see :mod:`phi_api.models.registry`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from phi_api.api.http import read_request
-from phi_api.errors import APIError, InvalidParameterError, ModelLoadingError, PermissionDeniedError
-from phi_api.extensions import get_models, get_settings
-from phi_api.openapi import operation
-from phi_api.pull import PullError, in_subprocess, parse
-from phi_api.registry import Models, ModelSpec
-from phi_api.service import catalog
+from phi_api.errors import APIError, InvalidParameterError, ModelLoadingError, PermissionDeniedError, PullError
+from phi_api.models.pull import in_subprocess, parse
+from phi_api.models.registry import Models, ModelSpec
+from phi_api.protocols import catalog
+from phi_api.web.extensions import get_models, get_settings
+from phi_api.web.http import read_request
+from phi_api.web.openapi import operation
 
 bp = Blueprint("models", __name__)
 ADMIN_STATUSES = (400, 401, 403, 404, 405, 413, 415, 500)

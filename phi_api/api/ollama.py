@@ -1,7 +1,7 @@
 """Ollama's API, natively: seed 004's ``/v1/tags`` and ``/v1/generate``, and Ollama's own ``/api/*``.
 
 Errors on these routes take Ollama's shape, ``{"error": "message"}`` (this
-blueprint renders them; see :func:`phi_api.api.http.render_errors`).
+blueprint renders them; see :func:`phi_api.web.http.render_errors`).
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from phi_api.api.http import ndjson_response, read_request, render_errors, start_generation
 from phi_api.api.models import check_pull_allowed, pull_events
 from phi_api.errors import ModelLoadingError, ollama_body
-from phi_api.extensions import get_models
-from phi_api.openapi import GENERATION_STATUSES, JSON, NDJSON, operation
-from phi_api.service import catalog, generation, ollama
-from phi_api.transport import disconnect_probe
+from phi_api.protocols import catalog, ollama
+from phi_api.server.transport import disconnect_probe
+from phi_api.service import generation
 from phi_api.version import __version__
+from phi_api.web.extensions import get_models
+from phi_api.web.http import ndjson_response, read_request, render_errors, start_generation
+from phi_api.web.openapi import GENERATION_STATUSES, JSON, NDJSON, operation
 
 bp = Blueprint("ollama", __name__)
 render_errors(bp, ollama_body)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
-from phi_api.api.http import read_request, services
 from phi_api.api.models import ADMIN_STATUSES, load_checked
 from phi_api.engine import Engine
-from phi_api.extensions import get_models, get_settings
-from phi_api.logs import current_request_id
-from phi_api.metrics import get_metrics
-from phi_api.openapi import GENERATION_STATUSES, get_document, operation
-from phi_api.service import catalog, generation, prompts
+from phi_api.protocols import catalog
+from phi_api.server.transport import disconnect_probe
+from phi_api.service import generation, prompts
 from phi_api.service.requests import CompletionRequest, Sampling
-from phi_api.transport import disconnect_probe
+from phi_api.telemetry.logs import current_request_id
+from phi_api.telemetry.metrics import get_metrics
+from phi_api.web.extensions import get_models, get_settings
+from phi_api.web.http import read_request, services
+from phi_api.web.openapi import GENERATION_STATUSES, get_document, operation
 
 bp = Blueprint("ops", __name__)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from flask import Blueprint, Response, send_from_directory
 
-from phi_api.openapi import operation
+from phi_api.web.openapi import operation
 
 FILES = Path(__file__).resolve().parent.parent / "playground"
 PREFIX = "/playground/"

@@ -14,14 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from phi_api.engine.choice import Choice, Event, Finished, PromptLogprobs, TextDelta
 from phi_api.engine.config import EngineConfig
-from phi_api.engine.loop import CapacityError, EngineLoad, EngineLoop, RetiredError
-from phi_api.engine.memory import SharedBudget
-from phi_api.engine.model import ChatTemplateError, ModelInfo
-from phi_api.engine.native import off_hub
+from phi_api.engine.kv.budget import SharedBudget
 from phi_api.engine.params import SamplingParams
-from phi_api.engine.wakeup import HubWaker
+from phi_api.engine.runtime.model import ModelInfo
+from phi_api.engine.sched.choice import Choice, Event, Finished, PromptLogprobs, TextDelta
+from phi_api.engine.sched.loop import EngineLoad, EngineLoop
+from phi_api.engine.threads.native import off_hub
+from phi_api.engine.threads.wakeup import HubWaker
+from phi_api.errors import CapacityError, ChatTemplateError, RetiredError
 
 log = logging.getLogger(__name__)
 DISK_LOG_SECONDS = 60.0

@@ -18,7 +18,6 @@ from typing import Any, Final
 
 import numpy as np
 
-from phi_api.config import Settings
 from phi_api.engine import Engine, Finished, Generation, PromptLogprobs, SamplingParams, TextDelta
 from phi_api.errors import (
     APIError,
@@ -29,13 +28,14 @@ from phi_api.errors import (
     RateLimitError,
     ServiceUnavailableError,
 )
-from phi_api.limiter import Limiter
-from phi_api.registry import Models
+from phi_api.limits.slots import Limiter
+from phi_api.models.registry import Models
 from phi_api.service import prompts
 from phi_api.service.choices import ChoiceAssembler, ChoiceResult, Event, Prompt
 from phi_api.service.grammar import json_schema_grammar
 from phi_api.service.requests import ChatRequest, CompletionRequest, GenerationRequest
 from phi_api.service.tools import ToolPlan
+from phi_api.settings import Settings
 
 KEEPALIVE_SECONDS = 1.0
 DISCONNECT_POLL_SECONDS = 0.25
@@ -126,7 +126,7 @@ def start(services: Services, request: GenerationRequest, request_id: str = "-")
         raise ServiceUnavailableError("This server is shutting down; please retry.")
     plan = _PLANNERS[type(request)](engine, settings, request)
     # The engine's own exceptions (CapacityError here, ChatTemplateError or GuidanceError on the way) become API
-    # errors in one place: errors.FOREIGN, applied by the web layer's error handlers.
+    # errors in one place: phi_api.web.foreign.FOREIGN, applied by the web layer's error handlers.
     engine.check_capacity(len(plan.prompt), plan.params[0].max_tokens, len(plan.params))
     slot = services.limiter.try_acquire()
     if slot is None:
@@ -134,7 +134,7 @@ def start(services: Services, request: GenerationRequest, request_id: str = "-")
     try:
         generation = engine.submit(plan.prompt, plan.params, request_id=request_id,
                                    priority=request.priority or 0)
-    except BaseException:  # RetiredError (unloaded a moment ago) becomes a 404 through errors.FOREIGN
+    except BaseException:  # RetiredError (unloaded a moment ago) becomes a 404 through phi_api.web.foreign.FOREIGN
         slot.release()
         raise
     return Run(request, engine, plan, generation, slot)

@@ -64,7 +64,7 @@ def chat_prompt(engine: Engine, messages: list[dict[str, Any]], plan: ToolPlan |
     knows_tools = engine.info.template_knows_tools
     rendered = template_messages(chat_messages(messages), plan, knows_tools)
     tools = [{"type": "function", "function": f} for f in plan.functions] if plan and knows_tools else None
-    text = engine.render_chat(rendered, tools, add_generation_prompt)  # ChatTemplateError: see errors.FOREIGN
+    text = engine.render_chat(rendered, tools, add_generation_prompt)  # ChatTemplateError: see web.foreign.FOREIGN
     return text_tokens(engine, text, "messages", must_fit=must_fit)
 
 

@@ -8,7 +8,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from phi_api.config import Settings
 from phi_api.engine import ModelInfo, SamplingParams
 from phi_api.errors import (
     ContextLengthExceededError,
@@ -18,6 +17,7 @@ from phi_api.errors import (
 from phi_api.service import features
 from phi_api.service.grammar import strict_violation
 from phi_api.service.tools import ToolPlan, tool_plan
+from phi_api.settings import Settings
 
 
 def given(body: dict[str, Any], key: str, default: Any = None) -> Any:

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from phi_api.api.batches import get_batches, runner
-from phi_api.batchrunner import BATCH_PRIORITY, alive, owner_id
-from phi_api.batchstore import BatchStore
-from phi_api.limiter import get_limiter
+from phi_api.batch.runner import BATCH_PRIORITY, alive, owner_id
+from phi_api.limits.slots import get_limiter
+from phi_api.storage.batches import BatchStore
 from tests.support.fakes import fake_engine, text_pieces
 
 CHAT = "/v1/chat/completions"

@@ -69,7 +69,7 @@ OPEN_WEBUI_OPTIONS = {"temperature": 0, "num_predict": 24, "num_ctx": 2048, "rep
 def test_every_documented_option_is_accepted_the_meaningful_ones_applied(make_app, caplog, path, request_body):
     engine = fake_engine([1, 1, 1, 1, 0], text_pieces(b"a"))
     client = make_app(engine).test_client()
-    with caplog.at_level("INFO", logger="phi_api.service.ollama"):
+    with caplog.at_level("INFO", logger="phi_api.protocols.ollama"):
         answer = client.post(path, json={**request_body, "options": OPEN_WEBUI_OPTIONS})
     assert answer.status_code == 200, answer.get_json()
     used = engine.model.script.params[-1]
@@ -171,7 +171,7 @@ def test_rate_limit_in_ollama_s_shape(make_app):
 @pytest.mark.parametrize("value,seconds", [("10m", 600.0), ("30s", 30.0), ("1.5h", 5400.0), (45, 45.0),
                                            ("-1", 10 * 365 * 86400.0), ("soon", None), (None, None)])
 def test_keep_alive_durations_as_ollama_writes_them(value, seconds):
-    from phi_api.service.ollama import keep_alive_seconds
+    from phi_api.protocols.ollama import keep_alive_seconds
 
     assert keep_alive_seconds({"keep_alive": value}) == seconds
 
@@ -179,7 +179,7 @@ def test_keep_alive_durations_as_ollama_writes_them(value, seconds):
 def test_keep_alive_keeps_the_model_at_least_that_long_on_every_worker(make_app):
     import time
 
-    from phi_api.extensions import get_models
+    from phi_api.web.extensions import get_models
 
     app = make_app()
     client = app.test_client()

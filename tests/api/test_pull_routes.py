@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from phi_api.pull import CATALOG, PullError, parse
+from phi_api.errors import PullError
+from phi_api.models.pull import CATALOG, parse
 
 
 @pytest.mark.parametrize("route,body", [("/api/pull", {"model": "phi-3.5-mini"}),
@@ -41,7 +42,7 @@ def test_models_carry_their_context_length(client):
 
 
 def test_free_disk_space_is_checked_first_naming_what_is_needed_and_free(tmp_path):
-    from phi_api.pull import _check_space
+    from phi_api.models.pull import _check_space
 
     with pytest.raises(PullError, match=r"not enough disk space in .*: 9\d+\.\d GB needed, \d+\.\d GB free"):
         _check_space(10**15, tmp_path / "not yet made")

@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from phi_api.engine.batch import Batch
-from phi_api.engine.choice import Choice, Finished
-from phi_api.engine.kvpool import KVPool
-from phi_api.engine.ledger import Ledger, row_bytes
-from phi_api.engine.memory import SharedBudget
+from phi_api.engine.kv.budget import SharedBudget
+from phi_api.engine.kv.ledger import Ledger, row_bytes
+from phi_api.engine.kv.pool import KVPool
+from phi_api.engine.kv.reuse import ReusePolicy
 from phi_api.engine.params import SamplingParams
-from phi_api.engine.prefill import ChunkPlanner
-from phi_api.engine.reuse import ReusePolicy
-from phi_api.engine.sequence import Kept, Phase, Request
-from phi_api.engine.stepcost import StepCosts
+from phi_api.engine.sched.batch import Batch
+from phi_api.engine.sched.choice import Choice, Finished
+from phi_api.engine.sched.prefill import ChunkPlanner
+from phi_api.engine.sched.sequence import Kept, Phase, Request
+from phi_api.engine.sched.stepcost import StepCosts
 from tests.support.fakes import EOS, FakeModel, Script, text_pieces
 
 PIECES = text_pieces(b"a", b"b", b"c")
@@ -175,7 +175,7 @@ def test_speculation_keeps_draft_tokens_through_the_same_output_handling():
 
 
 def test_a_prompt_that_has_waited_long_goes_in_whole_chunks_not_time_slices():
-    from phi_api.engine.scheduler import WHOLE_CHUNKS_AFTER
+    from phi_api.engine.sched.scheduler import WHOLE_CHUNKS_AFTER
 
     b = bench(chunk=64, mode="off")
     b.script.step_seconds, b.script.token_seconds = 0.1, 0.01  # a 0.2 s slice holds 10 prompt tokens

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phi_api.engine import kvquant
+from phi_api.engine.kv import quant as kvquant
 
 
 @pytest.mark.parametrize("setting,bytes_per_token,wanted", [
@@ -22,9 +22,9 @@ def test_auto_picks_int8_from_256_kb_a_token(setting, bytes_per_token, wanted):
 @pytest.fixture(scope="module")
 def graph(model_path, tmp_path_factory):
     """The default model's float32-cache decoder graph, prepacked in a folder of the test's own."""
-    from phi_api.engine.model import ModelInfo
-    from phi_api.engine.prepack import prepacked_model
-    from phi_api.engine.runtime import Decoder, DecoderSpec
+    from phi_api.engine.runtime.model import ModelInfo
+    from phi_api.engine.runtime.prepack import prepacked_model
+    from phi_api.engine.runtime.session import Decoder, DecoderSpec
 
     info = ModelInfo.read(model_path)
     model_file = prepacked_model(Path(model_path), info.decoder_file, tmp_path_factory.mktemp("prepacked"))

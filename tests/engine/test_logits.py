@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from phi_api.engine import SamplingParams
-from phi_api.engine.logits import LogitsEditor, Sampler, _draw, distribution, sample
+from phi_api.engine.sampling.logits import LogitsEditor, Sampler, _draw, distribution, sample
 
 
 def edited(params: SamplingParams, seen: list[int], size: int = 8) -> np.ndarray:

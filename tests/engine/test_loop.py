@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from phi_api.engine import CapacityError, Engine, EngineConfig, Finished, SamplingParams, TextDelta
-from phi_api.engine.ledger import row_bytes
-from phi_api.engine.loop import RetiredError
+from phi_api.engine.kv.ledger import row_bytes
+from phi_api.errors import RetiredError
 from tests.support.fakes import EOS, FakeDecoder, FakeModel, RecordingEngine, Script, text_pieces
 from tests.support.generations import collect, generate
 from tests.support.server import wait_until

@@ -7,9 +7,9 @@ import time
 
 import numpy as np
 
-from phi_api.engine.ledger import row_bytes
-from phi_api.engine.memory import SharedBudget
-from phi_api.engine.sequence import Kept
+from phi_api.engine.kv.budget import SharedBudget
+from phi_api.engine.kv.ledger import row_bytes
+from phi_api.engine.sched.sequence import Kept
 from tests.engine.test_batch import Bench, bench
 from tests.support.fakes import EOS, FakeDecoder, Script
 

@@ -8,7 +8,7 @@ import time
 import gevent
 import pytest
 
-from phi_api.engine.native import off_hub
+from phi_api.engine.threads.native import off_hub
 
 
 def test_the_call_runs_on_another_os_thread_and_returns_its_value():

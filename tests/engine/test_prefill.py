@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from phi_api.engine import SamplingParams
-from phi_api.engine.prefill import MIN_TOKENS, ChunkPlanner
-from phi_api.engine.stepcost import StepCosts
+from phi_api.engine.sched.prefill import MIN_TOKENS, ChunkPlanner
+from phi_api.engine.sched.stepcost import StepCosts
 from tests.support.fakes import fake_engine, text_pieces
 from tests.support.generations import collect, generate
 

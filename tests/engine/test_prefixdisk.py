@@ -14,15 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phi_api.engine.batch import Batch
-from phi_api.engine.choice import Choice, TextDelta
-from phi_api.engine.kvpool import KVPool
-from phi_api.engine.ledger import Ledger
-from phi_api.engine.memory import SharedBudget
-from phi_api.engine.prefill import ChunkPlanner
-from phi_api.engine.prefixdisk import BlockLayout, PrefixStore, chain, store_key
-from phi_api.engine.reuse import ReusePolicy
-from phi_api.engine.stepcost import StepCosts
+from phi_api.engine.kv.budget import SharedBudget
+from phi_api.engine.kv.disk import BlockLayout, PrefixStore, chain, store_key
+from phi_api.engine.kv.ledger import Ledger
+from phi_api.engine.kv.pool import KVPool
+from phi_api.engine.kv.reuse import ReusePolicy
+from phi_api.engine.sched.batch import Batch
+from phi_api.engine.sched.choice import Choice, TextDelta
+from phi_api.engine.sched.prefill import ChunkPlanner
+from phi_api.engine.sched.stepcost import StepCosts
 from tests.engine.test_batch import PIECES, Bench
 from tests.support.fakes import FakeModel, Script
 from tests.support.server import wait_until

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phi_api.engine import prepack
-from phi_api.engine.kvpool import KVPool
-from phi_api.engine.runtime import Decoder, DecoderSpec
+from phi_api.engine.kv.pool import KVPool
+from phi_api.engine.runtime import prepack
+from phi_api.engine.runtime.session import Decoder, DecoderSpec
 
 
 def logits_of(model_file: Path, folder: Path) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from phi_api.engine.text import Piece, StopMatcher, TextAssembler
+from phi_api.engine.sampling.text import Piece, StopMatcher, TextAssembler
 
 
 def text_of(pieces: list[Piece]) -> str:

@@ -6,7 +6,7 @@ import threading
 
 import gevent
 
-from phi_api.engine.wakeup import HubRelay, HubWaker
+from phi_api.engine.threads.wakeup import HubRelay, HubWaker
 
 
 def test_a_notification_from_another_os_thread_wakes_the_waiting_greenlet():

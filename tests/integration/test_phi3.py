@@ -7,7 +7,7 @@ import json
 import pytest
 import requests
 
-from phi_api.engine.model import PHI3_CHAT_TEMPLATE
+from phi_api.engine.runtime.model import PHI3_CHAT_TEMPLATE
 from tests.support.server import Server
 from tests.support.sse import parse_sse
 from tests.support.tiny_phi3 import PHI3_EOS_TOKENS, ROPE_CONTEXT, ROPE_SWITCH
@@ -63,7 +63,7 @@ def test_each_end_of_sequence_id_ends_the_answer(phi3_server, tiny_phi3, eos_tok
 
 
 def test_the_graph_says_where_longrope_switches(tiny_phi3):
-    from phi_api.engine.model import ModelInfo
+    from phi_api.engine.runtime.model import ModelInfo
 
     assert ModelInfo.read(str(tiny_phi3)).rope_switch == ROPE_SWITCH
     assert ModelInfo.read(str(tiny_phi3)).context_length == ROPE_CONTEXT

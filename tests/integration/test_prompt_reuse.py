@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from openai import OpenAI
 
-from phi_api.engine.reuse import MIN_REUSED_TOKENS
+from phi_api.engine.kv.reuse import MIN_REUSED_TOKENS
 from tests.integration.conftest import MODEL_ID
 from tests.support.server import Server
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phi_api.bench import quality
-from phi_api.prepare import DEFAULT_RECIPE, check_quantization, default_model_dir, prepare_default_model
+from phi_api.tools.bench import quality
+from phi_api.tools.prepare import DEFAULT_RECIPE, check_quantization, default_model_dir, prepare_default_model
 
 TOKENS = 1024
 
@@ -22,7 +22,7 @@ def float32_build(user_cache: Path) -> str:
 
 @pytest.fixture(scope="module")
 def logprobs(model_path: str, float32_build: str, tmp_path_factory: pytest.TempPathFactory):
-    from phi_api.engine.model import LanguageModel
+    from phi_api.engine.runtime.model import LanguageModel
 
     cache = tmp_path_factory.mktemp("runtime")
     served = LanguageModel(model_path, cache_dir=cache, kv_dtype="float32")

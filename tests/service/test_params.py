@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from phi_api.config import Settings
 from phi_api.engine import ModelInfo
 from phi_api.errors import ContextLengthExceededError, InvalidParameterError
 from phi_api.service.requests import Sampling
+from phi_api.settings import Settings
 
 MODEL = ModelInfo(path="/m", model_type="llama", context_length=100, vocab_size=50, eos_token_ids=frozenset({2}),
                   has_chat_template=True, fingerprint="fp_test")

@@ -7,7 +7,7 @@ it is fed into the row's key/value buffer (the index of the token it chose
 at that step), at the row's own offset, so a sequence's place in its script
 travels with its row through joins, leaves, moves and prompt reuse. Its
 logits are 0 but for the scripted token's, :data:`SCRIPTED_LOGIT`; the real
-:class:`~phi_api.engine.logits.Sampler` chooses from them. A test can make a
+:class:`~phi_api.engine.sampling.logits.Sampler` chooses from them. A test can make a
 step block until it says so (``gate``), or a decode step fail.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from phi_api.engine import Engine, EngineConfig, ModelInfo
-from phi_api.engine.kvpool import KVPool
-from phi_api.engine.runtime import DecoderSpec
+from phi_api.engine.kv.pool import KVPool
+from phi_api.engine.runtime.session import DecoderSpec
 
 EOS = 0
 VOCAB = 64

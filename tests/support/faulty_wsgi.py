@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from phi_api.engine import sequence
-from phi_api.serving import build_wsgi_app
+from phi_api.engine.sched import sequence
+from phi_api.server.serving import build_wsgi_app
 from tests.support.faults import FAIL_AFTER_TOKENS, FAIL_SEED
 
 

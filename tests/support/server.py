@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from phi_api.bench.server import Server, ServerError, free_port, poll
+from phi_api.errors import ServerError
+from phi_api.tools.bench.server import Server, free_port, poll
 
 __all__ = ["Server", "ServerError", "failed_start", "free_port", "wait_until"]
 

@@ -7,7 +7,7 @@ block-128 accuracy-level-4 recipe, and Phi-3.5's kind of LongRoPE: rotary
 factors that switch from short to long past
 ``original_max_position_embeddings`` (4096, Phi-3.5's own value and the one
 ONNX Runtime GenAI's generator re-prefills at for every ``phi3`` model),
-under a longer context. It is :data:`phi_api.shapes.TINY_PHI3`: the recipe of
+under a longer context. It is :data:`phi_api.tools.random_models.TINY_PHI3`: the recipe of
 the Phi-3.5-mini-shaped benchmark model (``prepare-model --shape``) at a toy size.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from phi_api.prepare import run_builder
-from phi_api.shapes import PHI3_EOS_TOKENS, TINY_PHI3, drop_chat_template, write_phi3_folder
+from phi_api.tools.prepare import run_builder
+from phi_api.tools.random_models import PHI3_EOS_TOKENS, TINY_PHI3, drop_chat_template, write_phi3_folder
 
 __all__ = ["PHI3_EOS_TOKENS", "ROPE_CONTEXT", "ROPE_SWITCH", "build_tiny_phi3"]
 

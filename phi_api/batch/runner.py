@@ -1,0 +1,101 @@
+"""Each worker's batch runner: it takes the queued lines of batches, one at a time per free place, and runs each
+through the app itself, as a live request to the batch's endpoint (validation, the one generation path, the
+answer's rendering), at the lowest priority and outside ``MAX_CONCURRENT_REQUESTS``.
+
+So a live request never gets 429 because of batch work, and the engine admits and prefills every live request
+before any batch line (:mod:`engine.scheduler`); a batch line holds at most one place of ``BATCH_CONCURRENCY``
+per worker. The lines are claimed in the store (:mod:`phi_api.storage.batches`), so each runs once however many
+workers there are; lines of a worker that died are queued again by the others.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gevent
+from gevent.pool import Pool
+
+from phi_api.storage.batches import BatchStore, Line
+
+log = logging.getLogger(__name__)
+
+BATCH_LINE = "phi_api.batch_line"  # set in the environ of a batch line's request: no client can set it
+BATCH_PRIORITY = 2**62  # below every live request's (theirs are 32-bit integers)
+SERVICE_UNAVAILABLE = 503
+POLL_SECONDS = 0.5  # how soon a new batch's first line is taken
+RECOVER_SECONDS = 10.0  # how often lines of dead workers are looked for
+Dispatch = Callable[[str, dict[str, Any]], tuple[int, Any, str]]  # (url, body) -> (status, body, request id)
+
+
+def owner_id(pid: int | None = None) -> str:
+    """This process as the owner of claimed lines: its pid and start time (a pid alone may be reused)."""
+    pid = pid or os.getpid()
+    return f"{pid}:{_start_time(pid)}"
+
+
+def alive(owner: str) -> bool:
+    """Whether the process that claimed lines as ``owner`` still runs."""
+    pid, _, started = owner.partition(":")
+    return pid.isdigit() and _start_time(int(pid)) == started
+
+
+def _start_time(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+class BatchRunner:
+    """Runs queued batch lines with ``dispatch``, ``concurrency`` at a time."""
+
+    def __init__(self, store: BatchStore, dispatch: Dispatch, concurrency: int) -> None:
+        self.store = store
+        self.dispatch = dispatch
+        self.pool = Pool(concurrency)
+        self.owner = owner_id()
+
+    def run_forever(self) -> None:
+        recovered_at = 0.0
+        while True:
+            try:
+                if time.monotonic() - recovered_at > RECOVER_SECONDS:
+                    self.store.recover(alive)
+                    self.store.expire(time.time())
+                    recovered_at = time.monotonic()
+                line = self.store.claim(self.owner) if self.pool.free_count() else None
+            except Exception:  # the store's disk or database: logged, and tried again
+                log.exception("the batch runner could not look at its queue")
+                line = None
+            if line is None:
+                gevent.sleep(POLL_SECONDS)
+                continue
+            self.pool.spawn(self.run_line, line)
+
+    def run_line(self, line: Line) -> None:
+        """Run one line and record its answer (an answer that cannot be had is recorded as an error); a line the
+        server could not take now (503: shutting down, or its model not ready) goes back to the queue."""
+        try:
+            status, body, request_id = self.dispatch(line.url, line.body)
+        except Exception as error:  # a bug of ours: the line fails, the runner goes on
+            log.exception("batch %s line %d failed", line.batch_id, line.line)
+            self.store.finish(line, None, None, None, {"code": "server_error", "message": type(error).__name__})
+            return
+        if status == SERVICE_UNAVAILABLE:
+            self.store.release(line)
+            gevent.sleep(POLL_SECONDS)  # not at once again
+            return
+        self.store.finish(line, status, body, request_id)
+
+
+def parse_body(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return {"error": {"message": data.decode("utf-8", "replace")[:1000], "type": "server_error"}}

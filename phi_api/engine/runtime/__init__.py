@@ -1,0 +1,1 @@
+"""The model and its runtime: the model folder, the tokenizer binding, the prepacked weights, the decoder session."""

@@ -1,0 +1,73 @@
+"""A model folder as ONNX Runtime GenAI lays it out: the one reader of its files.
+
+``genai_config.json`` (the model's type, context, vocabulary, end-of-sequence
+ids, and the decoder graph's file and tensor names), the chat template
+(``chat_template.jinja``, else ``tokenizer_config.json``'s), and which of the
+files a model needs are there. The registry checks folders with it, the
+loader reads models with it, and preparation checks what it built with it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from phi_api.errors import FolderError
+
+CONFIG_FILE = "genai_config.json"
+REQUIRED_FILES = (CONFIG_FILE, "tokenizer.json")
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    """A model folder and its parsed ``genai_config.json``."""
+
+    root: Path
+    config: dict[str, Any]
+
+    @classmethod
+    def read(cls, path: str | Path) -> ModelFolder:
+        """Read ``path``'s configuration; :class:`FolderError` if it has none that can be read."""
+        root = Path(path)
+        try:
+            config = json.loads((root / CONFIG_FILE).read_text(encoding="utf-8"))
+            if not isinstance(config, dict) or not isinstance(config["model"], dict):
+                raise TypeError("not an object")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise FolderError(f"{root} has no readable {CONFIG_FILE}: not a model folder ({exc})") from None
+        return cls(root, config)
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return self.config["model"]
+
+    @property
+    def decoder(self) -> dict[str, Any]:
+        decoder = self.model.get("decoder", {})
+        return decoder if isinstance(decoder, dict) else {}
+
+    @property
+    def decoder_file(self) -> str:
+        """The decoder graph's file name."""
+        return str(self.decoder.get("filename", "model.onnx"))
+
+    def missing_files(self, extra: tuple[str, ...] = ()) -> list[str]:
+        """The files a model needs (its configuration, tokenizer and graph, and ``extra``) that are not there."""
+        names = (*REQUIRED_FILES, self.decoder_file, *extra)
+        return [name for name in dict.fromkeys(names) if not (self.root / name).is_file()]
+
+    def chat_template(self) -> str:
+        """The folder's own chat template text ("" when it has none)."""
+        jinja = self.root / "chat_template.jinja"
+        if jinja.is_file():
+            return jinja.read_text(encoding="utf-8")
+        try:
+            tokenizer_config = json.loads((self.root / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return ""
+        template = tokenizer_config.get("chat_template") if isinstance(tokenizer_config, dict) else None
+        if isinstance(template, list):  # named templates: the default one
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        return template if isinstance(template, str) else ""

@@ -1,0 +1,277 @@
+"""The loaded model: tokenizer, chat template, the decoder graph's host copy, and what its folder says."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import phi_api.engine.runtime.oga as oga  # the submodules, not the package (which imports this module)
+import phi_api.engine.sampling.vocab as vocab
+from phi_api.engine.runtime.folder import CONFIG_FILE, ModelFolder
+from phi_api.engine.threads.native import new_lock
+from phi_api.errors import ChatTemplateError
+
+# The Phi-3.5 chat format of the specification, for model folders that ship no
+# template of their own (the official Phi-3.5 ONNX folders do ship this one).
+PHI3_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' and message['content'] %}"
+    "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% elif message['role'] == 'user' %}"
+    "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about a model folder, read from its ``genai_config.json``."""
+
+    path: str
+    model_type: str
+    context_length: int
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    has_chat_template: bool
+    fingerprint: str
+    template_knows_tools: bool = False
+    chat_template: str = ""
+    size_bytes: int = 0
+    modified_at: float = 0.0
+    decoder_file: str = "model.onnx"
+    rope_switch: int | None = None  # LongRoPE: sequences longer than this use the long rotary factors
+
+    @classmethod
+    def read(cls, folder: str) -> ModelInfo:
+        """Read the folder's configuration; raises ``OSError``/``ValueError`` if it is not a model folder."""
+        read = ModelFolder.read(folder)
+        root, model = read.root, read.model
+        eos = model.get("eos_token_id", [])
+        template = read.chat_template()
+        decoder_file = read.decoder_file
+        return cls(
+            path=str(root),
+            model_type=str(model.get("type", "unknown")),
+            context_length=int(model["context_length"]),
+            vocab_size=int(model.get("vocab_size", 0)),
+            eos_token_ids=frozenset(eos if isinstance(eos, list) else [eos]),
+            has_chat_template=bool(template),
+            template_knows_tools="tools" in template,
+            chat_template=template or PHI3_CHAT_TEMPLATE,
+            size_bytes=sum(entry.stat().st_size for entry in os.scandir(root) if entry.is_file()),
+            modified_at=(root / CONFIG_FILE).stat().st_mtime,
+            fingerprint=_fingerprint(root, read.config),
+            decoder_file=decoder_file,
+            rope_switch=_rope_switch(root / decoder_file),
+        )
+
+
+def _rope_switch(graph_file: Path) -> int | None:
+    """Where the decoder graph switches LongRoPE to its long factors (its weights are not read; None: it does not).
+
+    The model builder makes LongRoPE models pick their rotary caches with
+    ``If(Greater(attention mask width, original_max_position_embeddings))``;
+    that constant is the switch. (ONNX Runtime GenAI hard-codes it: 4096
+    for every ``phi3`` model, Phi-3.5's value; the graph holds the real one.)
+    """
+    import onnx
+
+    graph = onnx.load(str(graph_file), load_external_data=False).graph
+    producers = {output: node for node in graph.node for output in node.output}
+    constants = {node.output[0]: node for node in graph.node if node.op_type == "Constant"}
+    switch = None
+    for node in graph.node:
+        if node.op_type != "If" or "cos_cache" not in node.output:
+            continue
+        condition = producers.get(node.input[0])
+        if condition is not None and condition.op_type == "Greater" and condition.input[1] in constants:
+            value = onnx.numpy_helper.to_array(constants[condition.input[1]].attribute[0].t)
+            switch = int(value.reshape(-1)[0])
+    return switch
+
+
+
+def _longest_token_bytes(tokenizer_json: Path) -> int:
+    """Bytes of the vocabulary's longest token; 0 when the folder has no readable ``tokenizer.json``.
+
+    Read once, at load (before gunicorn forks), without keeping the vocabulary:
+    workers that never answer with log-probabilities never load it.
+    """
+    try:
+        return max((len(piece) for piece in vocab.token_bytes(tokenizer_json).values()), default=0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _fingerprint(root: Path, config: dict[str, Any]) -> str:
+    """A short, stable id of the build: phi-api's version, the model's configuration and its files' sizes."""
+    from phi_api.version import __version__
+
+    digest = hashlib.sha256(f"phi-api {__version__};".encode())
+    digest.update(json.dumps(config, sort_keys=True).encode("utf-8"))
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.is_file() and not entry.name.startswith("."):
+            digest.update(f"{entry.name}:{entry.stat().st_size};".encode())
+    return "fp_" + digest.hexdigest()[:12]
+
+
+class LanguageModel:
+    """A model folder: its tokenizer (shared, loaded once before gunicorn forks) and its decoder graph.
+
+    Loading checks everything a worker will need: the tokenizer and chat
+    template, the host's prepacked copy of the graph (made now if missing,
+    see :mod:`engine.prepack`), a session on it, and the guidance tokenizer.
+    The sessions that compute are made by each worker's engine thread
+    (:meth:`new_decoder`), after the fork.
+    """
+
+    def __init__(self, folder: str, *, cache_dir: Path, kv_dtype: str = "float32") -> None:
+        from phi_api.engine.runtime.prepack import prepacked_model
+        from phi_api.engine.runtime.session import Decoder, DecoderSpec
+        from phi_api.engine.sampling.guidance import GuideFactory
+
+        root = Path(folder)
+        self.info = ModelInfo.read(folder)
+        cache_dir = _writable(cache_dir)
+        self.model = oga.Model(folder, decoder=str(oga.stub_decoder(cache_dir)))
+        # The C API promises no thread safety, so each tokenizer's calls take turns.
+        # Requests (encode, templates) and the engine thread (streaming decode) have
+        # one each: a long prompt being encoded never stalls running generations.
+        self._tokenizer = oga.Tokenizer(self.model)
+        self._tokenizer_lock = new_lock()
+        self._stream_tokenizer = oga.Tokenizer(self.model)
+        self._stream_lock = new_lock()
+        self.longest_token_bytes = _longest_token_bytes(root / "tokenizer.json")
+        self.decoder_file = prepacked_model(root, self.info.decoder_file, cache_dir / "prepacked")
+        self.spec = Decoder(self.decoder_file, DecoderSpec.read(root, self.info.rope_switch), threads=1).spec
+        if self._int8_wanted(kv_dtype, root):
+            from phi_api.engine.kv.quant import int8_model
+
+            self.decoder_file = int8_model(self.decoder_file, self.spec, self._calibration_ids(),
+                                           threads=os.cpu_count() or 1)
+            self.spec = Decoder(self.decoder_file, self.spec, threads=1).spec
+        self.guides = GuideFactory(root / "tokenizer.json", self.info.vocab_size, self.info.eos_token_ids)
+
+    @property
+    def identity(self) -> str:
+        """The graph file that computes (its path names the source model's and the host's prepacking key) and its
+        size and modification time: keys and values stored on disk (:mod:`engine.prefixdisk`) are only ever read
+        back by the same graph."""
+        stat = self.decoder_file.stat()
+        return f"{self.decoder_file}:{stat.st_size}:{stat.st_mtime_ns}"
+
+    def _int8_wanted(self, kv_dtype: str, root: Path) -> bool:
+        from phi_api.engine.kv.quant import wants_int8
+
+        if not wants_int8(kv_dtype, self.spec.kv_bytes_per_token):
+            return False
+        if self.decoder_file.parent == root:  # the host's prepacked copy proved unusable: no folder of ours
+            import logging
+
+            logging.getLogger(__name__).warning("int8 keys and values need the host's prepacked copy of %s, "
+                                                "which is unusable: serving float32 keys and values", root)
+            return False
+        return True
+
+    def _calibration_ids(self) -> np.ndarray:
+        """Token ids that show the model the kinds of text it meets: prose, code, tables, languages, a chat."""
+        from phi_api.engine.kv.quant import CALIBRATION_TEXT
+
+        chat = self.render_chat([{"role": "system", "content": "You are a helpful assistant."},
+                                 {"role": "user", "content": "What is the capital of France?"},
+                                 {"role": "assistant", "content": "Paris is the capital of France."},
+                                 {"role": "user", "content": "Thanks! Anything else worth knowing?"}])
+        text = CALIBRATION_TEXT.read_text(encoding="utf-8")
+        return np.concatenate([self.encode(chat), self.encode(text)]).astype(np.int64)
+
+    def new_decoder(self, threads: int) -> Any:
+        """A session of the decoder graph computing with ``threads`` threads (make it where it will run)."""
+        from phi_api.engine.runtime.session import Decoder
+
+        return Decoder(self.decoder_file, self.spec, threads)
+
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids of ``text``, exactly as the model will see them."""
+        with self._tokenizer_lock:
+            return self._tokenizer.encode(text)
+
+    def decode(self, tokens: Any) -> str:
+        """Text of ``tokens``."""
+        with self._tokenizer_lock:
+            return self._tokenizer.decode(tokens)
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    add_generation_prompt: bool = True) -> str:
+        """The prompt for ``messages`` (and ``tools``): the folder's own chat template, else the Phi-3.5 one."""
+        template = None if self.info.has_chat_template else PHI3_CHAT_TEMPLATE
+        tools_json = json.dumps(tools) if tools else None
+        with self._tokenizer_lock:
+            try:
+                return self._tokenizer.apply_chat_template(json.dumps(messages), template=template,
+                                                           tools_json=tools_json,
+                                                           add_generation_prompt=add_generation_prompt)
+            except oga.OgaError as exc:
+                raise ChatTemplateError(str(exc)) from exc
+
+    def guide(self, grammar: tuple[str, str]) -> Any:
+        """A fresh grammar state for one sequence (compiling takes a while: call off the hub)."""
+        return self.guides.guide(*grammar)
+
+    @functools.cached_property
+    def token_bytes(self) -> dict[int, bytes]:
+        """Token id -> the bytes it stands for (read from tokenizer.json on first use)."""
+        return vocab.token_bytes(Path(self.info.path) / "tokenizer.json")
+
+    def create_stream(self) -> LockedStream:
+        """An incremental decoder for one generation."""
+        with self._stream_lock:
+            return LockedStream(self._stream_tokenizer.create_stream(), self._stream_lock)
+
+
+def _writable(folder: Path) -> Path:
+    """``folder``, made if need be; a private temporary folder when it cannot be written (the prepacked
+    model is then made again at each start, in each process that loads the model)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+        return folder
+    except OSError as exc:
+        import logging
+        import tempfile
+
+        fallback = Path(tempfile.mkdtemp(prefix="phi-api-runtime-"))
+        logging.getLogger(__name__).warning("cannot write %s (%s); using %s for the host's model files: set "
+                                            "PHI_API_CACHE_DIR to a writable folder to keep them", folder, exc,
+                                            fallback)
+        return fallback
+
+
+class LockedStream:
+    """A tokenizer stream whose calls take turns with the shared tokenizer's."""
+
+    def __init__(self, stream: oga.TokenizerStream, lock: Any) -> None:
+        self._stream = stream
+        self._lock = lock
+
+    def decode(self, token: int) -> bytes:
+        """The UTF-8 bytes this token completes (often none)."""
+        with self._lock:
+            return self._stream.decode(token)
+
+    def close(self) -> None:
+        """Free the stream."""
+        with self._lock:
+            self._stream.close()

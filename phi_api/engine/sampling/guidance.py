@@ -1,0 +1,63 @@
+"""Constrained output: each guided sequence's token mask, from llguidance (the library ONNX Runtime GenAI's
+own guidance is built on), used directly so that every row of a batch has a grammar of its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from phi_api.errors import GuidanceError
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
+
+
+class GuideFactory:
+    """The model's tokenizer as llguidance sees it, and the grammars built on it (one per model, shared)."""
+
+    def __init__(self, tokenizer_json: Path, vocab_size: int, eos_ids: frozenset[int]) -> None:
+        from llguidance import LLTokenizer
+
+        # n_vocab: the logits' width (a vocabulary padded past the tokenizer's last id masks the rest).
+        self._tokenizer = LLTokenizer(str(tokenizer_json), n_vocab=vocab_size, eos_token=sorted(eos_ids))
+        self.vocab_size = vocab_size
+
+    def guide(self, kind: str, grammar: str) -> Guide:
+        """A fresh matcher for ``grammar`` of ``kind`` (``json_schema``); compiles it (can take a while:
+        call off the hub)."""
+        from llguidance import LLMatcher
+
+        if kind != "json_schema":
+            raise GuidanceError(f"unknown grammar kind {kind!r}")
+        matcher = LLMatcher(self._tokenizer, LLMatcher.grammar_from_json_schema(grammar), log_level=0)
+        if matcher.is_error():
+            raise GuidanceError(matcher.get_error())
+        return Guide(matcher, self.vocab_size)
+
+
+class Guide:
+    """One sequence's grammar state: the mask of its next token, and the tokens it has taken."""
+
+    def __init__(self, matcher: LLMatcher, vocab_size: int) -> None:
+        from llguidance.numpy import allocate_token_bitmask
+
+        self._matcher = matcher
+        self._bitmask = allocate_token_bitmask(1, vocab_size)
+
+    def mask(self, logits: np.ndarray) -> None:
+        """Set the logits of the tokens the grammar does not allow now to minus infinity."""
+        from llguidance.numpy import apply_token_bitmask_inplace, fill_next_token_bitmask
+
+        fill_next_token_bitmask(self._matcher, self._bitmask, 0)
+        apply_token_bitmask_inplace(logits[None, :], self._bitmask)
+
+    def consume(self, token: int) -> None:
+        """Advance the grammar past ``token``."""
+        self._matcher.consume_token(token)
+
+    @property
+    def failed(self) -> str | None:
+        """Why the grammar can no longer continue, if it cannot (else None)."""
+        return self._matcher.get_error() if self._matcher.is_error() else None

@@ -1,0 +1,260 @@
+"""One engine's continuous batch: what one iteration of the engine thread does.
+
+Each iteration (:meth:`Batch.iterate`) is decided, then executed, then its
+results applied, each by a module of its own:
+
+1. the decisions (:mod:`engine.scheduler`): the waiting requests start, in
+   order, while the key/value budget has room for them (:mod:`engine.kvcache`
+   gives up kept prefixes to make it), each from the longest prefix any row
+   holds; and one prompt chunk is planned;
+2. execution (here): the chunk is computed, then every running sequence
+   advances by one token in one batched step (rows with a draft check it in a
+   step of their own first: :mod:`engine.speculation`), every step through
+   :meth:`Batch.step`, which times it into the cost model;
+3. the results (:mod:`engine.outputs`): tokens chosen, text streamed,
+   generations ended and reported.
+
+A sequence joins the running rows as soon as its prompt is in and leaves them
+as soon as it finishes, is cancelled or times out; its row is then kept for
+reuse, or freed (:mod:`engine.rows`).
+
+LongRoPE (Phi-3.5): the graph switches to its long rotary factors when a
+step's attention mask is wider than ``original_max_position_embeddings``.
+Rows still short and rows already long cannot share a step, so the running
+rows are kept in two groups, each stepped on its own. A short row that
+reaches the switch is prefilled again whole, in one step (as ONNX Runtime
+GenAI's own generator does), and joins the long group. A prompt longer than
+the switch is prefilled with a first chunk that already crosses it.
+
+Everything here runs on the engine thread; it reports through ``publish``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from phi_api.engine.kv.cache import KVCache
+from phi_api.engine.kv.disk import PrefixStore
+from phi_api.engine.kv.ledger import Ledger
+from phi_api.engine.kv.pool import KVPool
+from phi_api.engine.kv.reuse import ReusePolicy
+from phi_api.engine.runtime.session import ORT_ERRORS
+from phi_api.engine.sampling.logits import prompt_records
+from phi_api.engine.sched.choice import Finished, PromptLogprobs
+from phi_api.engine.sched.outputs import Outputs, Publish, trace
+from phi_api.engine.sched.prefill import ChunkPlanner
+from phi_api.engine.sched.scheduler import Chunk, Scheduler
+from phi_api.engine.sched.sequence import Phase, Request, Sequence, row_of
+from phi_api.engine.speculation.verify import Speculation
+
+
+class Decoder(Protocol):
+    """What a batch needs from a decoder session (:class:`runtime.Decoder`, or a fake in tests)."""
+
+    spec: Any
+
+    def step(self, pool: KVPool, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool,
+             every_position: bool = False) -> np.ndarray: ...
+
+
+class Batch:
+    """The rows, the waiting and prefilling requests, and the steps that advance them."""
+
+    def __init__(self, model: Any, decoder: Decoder, pool: KVPool, ledger: Ledger, policy: ReusePolicy,
+                 planner: ChunkPlanner, publish: Publish, draft_max: int = 0, disk: PrefixStore | None = None) -> None:
+        """``planner``'s cost model (:mod:`engine.stepcost`) is the batch's: every step is timed into it; ``disk``:
+        the disk tier under the kept prefixes, if any (:mod:`engine.prefixdisk`)."""
+        self.model = model
+        self.decoder = decoder
+        self.kv = KVCache(pool, ledger, policy, disk)
+        self.rows = self.kv.rows
+        self.ledger = ledger
+        self.policy = policy
+        self.planner = planner
+        self.publish = publish
+        self.outputs = Outputs(model.info.eos_token_ids, self.kv, publish)
+        self.scheduler = Scheduler(model, self.kv, planner, self.outputs, draft_max)
+        self.waiting = self.scheduler.waiting  # the same queue and list: the loop adds to it, tests look at them
+        self.prefilling = self.scheduler.prefilling
+        self._switch = decoder.spec.rope_switch
+        self.costs = planner.costs
+        self.speculation = Speculation(self)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.prefilling or self.rows.running)
+
+    def iterate(self, after_admission: Callable[[], None] = lambda: None) -> bool:
+        """One iteration, decided then executed: the waiting requests that fit start, and one prompt chunk is planned
+        (:mod:`engine.scheduler`), the chunk is computed (:meth:`prefill`), then every running sequence advances
+        (:meth:`decode`); the outputs of each step go through :class:`engine.outputs.Outputs`. False when there was
+        nothing to do."""
+        self.kv.upkeep(time.monotonic())
+        self.scheduler.admit()
+        after_admission()
+        worked = bool(self.prefilling)
+        chunk = self.scheduler.plan_chunk() if self.prefilling else None
+        if chunk is not None:
+            self.prefill(chunk)
+        if self.rows.running:  # a prompt just completed by the chunk runs in this iteration's step too
+            self.decode()
+            worked = True
+        return worked
+
+    def check(self) -> None:
+        """Raise AssertionError unless the rows' layout and the budget's books hold (tests run this after every
+        iteration)."""
+        self.kv.check([*self.rows.group(0, self.rows.running), *(s for r in self.prefilling for s in r.sequences)])
+        for request in self.prefilling:
+            assert request.leader.phase is Phase.PREFILLING
+            assert request.leader.slot is not None and request.leader.slot >= self.rows.running
+            assert request.leader.length == request.prefilled
+
+    # Prefill ----------------------------------------------------------------------------------------
+
+    def prefill(self, chunk: Chunk) -> None:
+        """Compute a planned prompt chunk; a prompt whose last chunk it was starts running."""
+        request, start, end = chunk
+        leader, prompt = request.leader, request.prompt
+        every = request.prompt_logprobs is not None
+        try:
+            logits = self.step(row_of(leader), prompt[start:end][None, :], np.array([start]), prefill=True,
+                               every_position=every)
+        except ORT_ERRORS as error:
+            self.outputs.end_request(request, "error", trace(error))
+            return
+        if request.prompt_logprobs is not None:  # each position's logits give the next prompt token's logprob
+            targets = prompt[start + 1:end + 1]
+            request.prompt_records += prompt_records(logits[:len(targets)], targets, request.prompt_logprobs)
+            logits = logits[-1:]
+        leader.prefilled(start, end, self.policy)
+        request.prefilled = end
+        self.kv.store(request)
+        if end < len(prompt):
+            self.prefilling.append(request)
+            return
+        self.start_running(request, logits[0])
+
+    def start_running(self, request: Request, logits: np.ndarray) -> None:
+        """The prompt is in: give each choice its row, its first token, and a place among the running."""
+        leader = request.leader
+        for sequence in request.sequences[1:]:
+            self.rows.place(sequence, self.rows.free_slot(self.rows.running))
+            self.rows.pool.copy(row_of(leader), row_of(sequence), leader.length)
+            sequence.copied_from(leader)
+        shared = len(request.sequences) > 1
+        for sequence in request.sequences:
+            self.rows.join(sequence)
+            if request.prompt_logprobs is not None:
+                first = (int(request.prompt[0]), None)
+                sequence.choice.emit(PromptLogprobs((first, *((record.token, record) for record in
+                                                           request.prompt_records)), sequence.choice.index))
+            if sequence.choice.cancelled:
+                self.outputs.finish(sequence, "cancelled")
+            elif sequence.choice.params.max_tokens == 0:  # the prompt's log-probabilities were all that was asked
+                self.outputs.finish(sequence, "length")
+            else:
+                self.outputs.take_token(sequence, logits.copy() if shared else logits)
+
+    # Execution ------------------------------------------------------------------------------------
+
+    def step(self, first: int, ids: np.ndarray, past: np.ndarray, *, prefill: bool, every_position: bool = False,
+             timed: bool = True) -> np.ndarray:
+        """The one place the decoder runs (:meth:`Decoder.step`), timed into the cost model: a prompt chunk by its
+        tokens, a draft's check (several new tokens, not a prompt) by its draft, a decode step by its rows."""
+        started = self.costs.clock()
+        logits = self.decoder.step(self.rows.pool, first, ids, past, prefill, every_position=every_position)
+        if timed:
+            seconds = self.costs.clock() - started
+            rows, new = ids.shape
+            if prefill:
+                self.costs.observe_prefill(new, seconds)
+            elif new > 1:
+                self.costs.observe_check(new - 1, seconds)
+            else:
+                self.costs.observe_step(rows, seconds)
+        return logits
+
+    # Decode -----------------------------------------------------------------------------------------
+
+    def decode(self) -> None:
+        """Advance every running sequence: rows with a draft first, by as many tokens as their draft keeps
+        (:mod:`engine.speculation`), then every row by one token in one batched step per LongRoPE group, long
+        first; a group whose every row advanced by its draft is not stepped again."""
+        if self._switch is not None:
+            for row in [row for row in self.rows.group(0, self.rows.short) if row.length >= self._switch]:
+                self._cross(row)
+        advanced = self.speculation.advance()
+        # The long group first: its rows leaving move only rows of its own group.
+        if self.rows.running > self.rows.short:
+            self._step_unless_advanced(self.rows.short, self.rows.running, advanced)
+        if self.rows.short:
+            self._step_unless_advanced(0, self.rows.short, advanced)
+
+    def _step_unless_advanced(self, first: int, end: int, advanced: set[int]) -> None:
+        if not all(id(row) in advanced for row in self.rows.group(first, end)):
+            self._step_rows(first, end)
+
+    def _step_rows(self, first: int, end: int) -> None:
+        rows = self.rows.group(first, end)
+        ids = np.array([[row.pending] for row in rows], dtype=np.int64)
+        past = np.array([row.length for row in rows], dtype=np.int64)
+        try:
+            logits = self.step(first, ids, past, prefill=False)
+        except ORT_ERRORS as error:
+            detail = trace(error)
+            for row in rows:
+                self.outputs.finish(row, "error", detail)
+            return
+        for row in rows:  # every row holds its new key and value before any row moves
+            row.fed(self.policy, len(rows))
+        # Rows that want the raw argmax get it for the whole step at once.
+        greedy = [index for index, row in enumerate(rows) if row.sampler.plain_greedy]
+        if len(greedy) == len(rows):
+            chosen = dict(enumerate(np.argmax(logits, axis=1).tolist()))
+        else:
+            chosen = dict(zip(greedy, np.argmax(logits[greedy], axis=1).tolist(), strict=True)) if greedy else {}
+        for index, row in enumerate(rows):
+            self.outputs.take_token(row, logits[index], chosen.get(index))
+
+    def _cross(self, row: Sequence) -> None:
+        """LongRoPE: the row reaches the switch; prefill it again whole, with the long factors."""
+        assert row.pending is not None
+        sequence = np.array([*row.tokens, row.pending], dtype=np.int64)
+        try:
+            logits = self.step(row_of(row), sequence[None, :], np.array([0]), prefill=True, timed=False)
+        except ORT_ERRORS as error:
+            self.outputs.finish(row, "error", trace(error))
+            return
+        row.prefilled_again(self.policy)
+        self.rows.regroup(row)
+        self.outputs.take_token(row, logits[0])
+
+    def fail_everything(self, detail: str) -> None:
+        """After a bug of ours: every request fails with ``detail``, without trusting the rows' bookkeeping; then
+        the batch starts over, empty."""
+        choices = [choice for request in [*self.waiting, *self.prefilling] for choice in request.choices]
+        choices += [row.choice for row in self.rows.occupants() if isinstance(row, Sequence) and row in self._running()]
+        for choice in choices:
+            self.publish(choice, Finished("error", len(choice.prompt), 0, None, 0.0, detail, index=choice.index))
+        self.waiting.clear()
+        self.prefilling.clear()
+        self.rows.clear()
+        self.ledger.reset()
+
+    def _running(self) -> list[Sequence]:
+        return self.rows.group(0, self.rows.running)
+
+    def cancel_everything(self, reason: str, error: str | None = None) -> None:
+        """End whatever waits, prefills or runs (the engine stops, or failed)."""
+        for request in list(self.waiting) + list(self.prefilling):
+            self.outputs.end_request(request, reason, error)
+        self.waiting.clear()
+        self.prefilling.clear()
+        for row in [row for row in self.rows.occupants() if isinstance(row, Sequence)]:
+            self.outputs.finish(row, reason, error)
+        self.kv.evict_all()

@@ -1,0 +1,1 @@
+"""Speculative decoding from the prompt: drafts by n-gram lookup, checked in one step."""

@@ -1,0 +1,231 @@
+"""API keys with names and limits, and what each key used, counted alike by every worker.
+
+Keys come from ``API_KEYS`` (comma-separated: named ``key-1``, ``key-2``, ..., no limits) and from
+``API_KEYS_FILE``, a JSON file of named keys with optional limits::
+
+    {"keys": [{"name": "team-a", "key": "sk-...", "requests_per_minute": 60, "tokens_per_minute": 40000,
+               "tokens_per_day": 1000000, "admin": false}]}
+
+A key's name, never the key, appears in logs, ``/metrics`` and the usage route. Limits count in fixed windows
+(the current minute, the current UTC day), in one SQLite file in the server's state folder, so that every worker
+sees the same counts: a request is refused (429, with ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers)
+when its key has used up a limit; its tokens (prompt and completion) count when it ends. Every answer to a key
+with limits carries the same headers.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, Response, g
+
+from phi_api.errors import KeysFileError
+from phi_api.web.resources import keep, kept
+
+_KEY = "phi_api.limits.keys"
+LIMITS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day")
+DAY = 86_400
+
+
+@dataclass(frozen=True)
+class Key:
+    """A named key and its limits (None: no limit)."""
+
+    name: str
+    secret: str = field(repr=False)
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    admin: bool = False
+
+    @property
+    def limited(self) -> bool:
+        return any(getattr(self, limit) is not None for limit in LIMITS)
+
+
+def read_keys(path: str, plain: tuple[str, ...]) -> tuple[Key, ...]:
+    """The keys of ``API_KEYS`` (``plain``) and of the file at ``path`` ("": none)."""
+    keys = [Key(f"key-{index}", secret) for index, secret in enumerate(plain, start=1)]
+    if path:
+        try:
+            entries = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))["keys"]
+            if not isinstance(entries, list):
+                raise TypeError("keys is not a list")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise KeysFileError(f"API_KEYS_FILE {path}: not a JSON object with a list of keys ({exc})") from None
+        keys += [_entry(entry, index, path) for index, entry in enumerate(entries, start=1)]
+    names = [key.name for key in keys]
+    if len(set(names)) != len(names) or len({key.secret for key in keys}) != len(keys):
+        raise KeysFileError(f"API_KEYS_FILE {path}: every key and every name must be different")
+    return tuple(keys)
+
+
+def _entry(entry: Any, index: int, path: str) -> Key:
+    where = f"API_KEYS_FILE {path}, key {index}"
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+        raise KeysFileError(f"{where}: needs a name")
+    if not isinstance(entry.get("key"), str) or len(entry["key"]) < 8:
+        raise KeysFileError(f"{where} ({entry['name']}): needs a key of at least 8 characters")
+    unknown = set(entry) - {"name", "key", "admin", *LIMITS}
+    if unknown:
+        raise KeysFileError(f"{where} ({entry['name']}): unknown fields {', '.join(sorted(unknown))}")
+    for limit in LIMITS:
+        value = entry.get(limit)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise KeysFileError(f"{where} ({entry['name']}): {limit} must be a positive integer")
+    return Key(entry["name"], entry["key"], entry.get("requests_per_minute"), entry.get("tokens_per_minute"),
+               entry.get("tokens_per_day"), bool(entry.get("admin")))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether a request may run now, the headers to send either way, and why not."""
+
+    allowed: bool
+    headers: dict[str, str]
+    reason: str = ""
+
+
+class Usage:
+    """Each key's counts, in an SQLite file every worker shares."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._pid: int | None = None
+        self._db: sqlite3.Connection | None = None
+
+    def admit(self, key: Key, now: float | None = None) -> Decision:
+        """Count a request of ``key`` if its limits allow it now."""
+        now = time.time() if now is None else now
+        minute, day = math.floor(now / 60) * 60, math.floor(now / DAY) * DAY
+        db = self._connection()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            requests, minute_tokens = self._window(db, key.name, minute)
+            _, day_tokens = self._window(db, key.name, day, "day")
+            reason = _over(key, requests, minute_tokens, day_tokens)
+            if not reason:
+                db.execute("INSERT INTO windows VALUES (?, 'minute', ?, 1, 0) ON CONFLICT(name, kind, start) DO "
+                           "UPDATE SET requests = requests + 1", (key.name, minute))
+                db.execute("INSERT INTO totals VALUES (?, 1, 0, 0, 0) ON CONFLICT(name) DO UPDATE SET "
+                           "requests = requests + 1", (key.name,))
+                requests += 1
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return Decision(not reason, _headers(key, requests, minute_tokens, day_tokens, now, reason), reason)
+
+    def record(self, key: Key, prompt: int, cached: int, completion: int, now: float | None = None) -> None:
+        """Count a finished generation's tokens."""
+        now = time.time() if now is None else now
+        tokens = prompt + completion
+        with self._connection() as db:
+            for kind, start in (("minute", math.floor(now / 60) * 60), ("day", math.floor(now / DAY) * DAY)):
+                db.execute("INSERT INTO windows VALUES (?, ?, ?, 0, ?) ON CONFLICT(name, kind, start) DO UPDATE SET "
+                           "tokens = tokens + excluded.tokens", (key.name, kind, start, tokens))
+            db.execute("INSERT INTO totals VALUES (?, 0, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET prompt_tokens = "
+                       "prompt_tokens + excluded.prompt_tokens, cached_tokens = cached_tokens + "
+                       "excluded.cached_tokens, completion_tokens = completion_tokens + excluded.completion_tokens",
+                       (key.name, prompt, cached, completion))
+            db.execute("DELETE FROM windows WHERE start < ?", (now - 2 * DAY,))
+
+    def windows(self, name: str, now: float) -> dict[str, int]:
+        """What ``name`` used this minute and this UTC day."""
+        db = self._connection()
+        requests, minute_tokens = self._window(db, name, math.floor(now / 60) * 60)
+        _, day_tokens = self._window(db, name, math.floor(now / DAY) * DAY, "day")
+        return {"requests_this_minute": requests, "tokens_this_minute": minute_tokens, "tokens_today": day_tokens}
+
+    def totals(self) -> dict[str, dict[str, int]]:
+        rows = self._connection().execute("SELECT * FROM totals").fetchall()
+        return {name: {"requests": requests, "prompt_tokens": prompt, "cached_tokens": cached,
+                       "completion_tokens": completion} for name, requests, prompt, cached, completion in rows}
+
+    def _window(self, db: sqlite3.Connection, name: str, start: float, kind: str = "minute") -> tuple[int, int]:
+        row = db.execute("SELECT requests, tokens FROM windows WHERE name = ? AND kind = ? AND start = ?",
+                         (name, kind, start)).fetchone()
+        return (row[0], row[1]) if row else (0, 0)
+
+    def _connection(self) -> sqlite3.Connection:
+        # A connection per process: sqlite's must not cross a fork.
+        if self._pid != os.getpid() or self._db is None:
+            self._pid = os.getpid()
+            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(
+                "CREATE TABLE IF NOT EXISTS windows (name TEXT, kind TEXT, start REAL, requests INTEGER, "
+                "tokens INTEGER, PRIMARY KEY (name, kind, start));"
+                "CREATE TABLE IF NOT EXISTS totals (name TEXT PRIMARY KEY, requests INTEGER, prompt_tokens INTEGER, "
+                "cached_tokens INTEGER, completion_tokens INTEGER);")
+        return self._db
+
+
+def _over(key: Key, requests: int, minute_tokens: int, day_tokens: int) -> str:
+    """Which of ``key``'s limits is used up ("" when none)."""
+    for limit, used in (("requests_per_minute", requests), ("tokens_per_minute", minute_tokens),
+                        ("tokens_per_day", day_tokens)):
+        most = getattr(key, limit)
+        if most is not None and used >= most:
+            return limit
+    return ""
+
+
+def _headers(key: Key, requests: int, minute_tokens: int, day_tokens: int, now: float, reason: str) -> dict[str, str]:
+    """OpenAI's rate-limit headers for ``key`` (none for a key without limits), and ``Retry-After`` when refused."""
+    headers: dict[str, str] = {}
+    to_minute = math.ceil(60 - now % 60)
+    to_day = math.ceil(DAY - now % DAY)
+    if key.requests_per_minute is not None:
+        headers.update({"x-ratelimit-limit-requests": str(key.requests_per_minute),
+                        "x-ratelimit-remaining-requests": str(max(0, key.requests_per_minute - requests)),
+                        "x-ratelimit-reset-requests": f"{to_minute}s"})
+    token_limit = key.tokens_per_minute if key.tokens_per_minute is not None else key.tokens_per_day
+    if token_limit is not None:
+        used, reset = (minute_tokens, to_minute) if key.tokens_per_minute is not None else (day_tokens, to_day)
+        headers.update({"x-ratelimit-limit-tokens": str(token_limit),
+                        "x-ratelimit-remaining-tokens": str(max(0, token_limit - used)),
+                        "x-ratelimit-reset-tokens": f"{reset}s"})
+    if reason:
+        headers["Retry-After"] = str(to_day if reason == "tokens_per_day" else to_minute)
+    return headers
+
+
+@dataclass
+class Keys:
+    """The server's keys and their usage (a resource of the app)."""
+
+    keys: tuple[Key, ...]
+    usage: Usage
+
+    def identify(self, supplied: str) -> Key | None:
+        """The key ``supplied`` is, comparing with every key in constant time."""
+        found = None
+        for key in self.keys:
+            if hmac.compare_digest(supplied.encode("utf-8"), key.secret.encode("utf-8")):
+                found = key
+        return found
+
+
+def init_app(app: Flask, path: str, plain: tuple[str, ...], folder: Path) -> Keys:
+    """Keep the app's keys (raises :class:`KeysFileError` for a bad ``API_KEYS_FILE``) and their usage, in the
+    server's state ``folder``; every answer to a request counted against a key carries its rate-limit headers."""
+
+    @app.after_request
+    def _rate_headers(response: Response) -> Response:
+        response.headers.update(g.get("rate_headers", {}))
+        return response
+
+    return keep(app, _KEY, Keys(read_keys(path, plain), Usage(Path(folder) / "keys.sqlite3")))
+
+
+def get_keys(app: Flask | None = None) -> Keys:
+    return kept(_KEY, app)

@@ -1,0 +1,259 @@
+"""Models by name: an alias of the catalog, or any ONNX Runtime GenAI folder on the Hugging Face Hub, downloaded
+through ``huggingface_hub`` and checked before it is used.
+
+``python -m phi_api pull NAME`` (and ``make pull MODEL=NAME``, ``MODEL=NAME`` for the server): NAME is an alias
+(:data:`CATALOG`) or ``REPO[/SUBFOLDER][@REVISION]``. The client brings the Hub's cache (``HF_HOME``), its
+endpoint (``HF_ENDPOINT``), a token for gated repositories (``HF_TOKEN``, never logged), proxies (the usual
+variables), resumed transfers and ``HF_HUB_OFFLINE``. What it does not do, phi-api does here:
+
+- refuse a repository or subfolder that is not an ONNX Runtime GenAI model (no ``genai_config.json``) before
+  downloading anything;
+- check the free disk space first, and say what is needed and what is free;
+- check every downloaded file against the hash the Hub announces (SHA-256 for LFS files, the git blob id for
+  the others): the client checks sizes only. A file that does not match is removed, and named;
+- remember, in the client's cache, a pinned commit's folder once checked: serving it again needs no network;
+- turn the client's failures (its own errors, and its HTTP library's when a transfer keeps failing) into one
+  line, :class:`PullError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from phi_api.errors import PullError
+
+GENAI_CONFIG = "genai_config.json"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a model is on the Hub."""
+
+    repo: str
+    subfolder: str = ""
+    revision: str = "main"
+    size: str = ""  # for the catalog's listing
+
+    @property
+    def pattern(self) -> str | None:
+        return f"{self.subfolder}/*" if self.subfolder else None
+
+
+# The production model's CPU build, at a pinned commit (the README lists the catalog).
+CATALOG = {
+    "phi-3.5-mini": Source("microsoft/Phi-3.5-mini-instruct-onnx", "cpu_and_mobile/cpu-int4-awq-block-128-acc-level-4",
+                           "4236bc73154e9bc39c97ebcc28c4897a0454a815", "2.7 GB"),
+}
+
+
+def parse(name: str) -> Source:
+    """An alias, or ``REPO[/SUBFOLDER][@REVISION]``."""
+    if name in CATALOG:
+        return CATALOG[name]
+    path, _, revision = name.partition("@")
+    parts = [part for part in path.strip("/").split("/") if part]
+    if len(parts) < 2:
+        known = ", ".join(CATALOG)
+        raise PullError(f"'{name}' is neither a model of the catalog ({known}) nor a Hub repository "
+                        "(OWNER/NAME[/SUBFOLDER][@REVISION])")
+    return Source("/".join(parts[:2]), "/".join(parts[2:]), revision or "main")
+
+
+def pull(name: str, say: Callable[[str], None] = lambda line: None,
+         report: Callable[[dict[str, Any]], None] = lambda event: None) -> Path:
+    """Download the model ``name`` names (files already in the cache are not downloaded again), check it, and
+    return its folder; :class:`PullError` if it cannot be had. ``say``: progress as lines; ``report``: as
+    Ollama's pull events (``status``, and ``digest``, ``total``, ``completed`` while downloading)."""
+    source = parse(name)
+    try:
+        return _pull(source, say, report)
+    except PullError:
+        raise
+    except Exception as error:  # the client's and its HTTP library's errors: one line, never a traceback
+        raise PullError(f"could not pull {name}: {_reason(error)}") from None
+
+
+def _pull(source: Source, say: Callable[[str], None], report: Callable[[dict[str, Any]], None]) -> Path:
+    from huggingface_hub import HfApi, constants, snapshot_download
+
+    if constants.HF_HUB_OFFLINE or _verified(source):  # a pinned commit pulled and checked before: no network
+        folder = Path(snapshot_download(source.repo, revision=source.revision, allow_patterns=source.pattern,
+                                        local_files_only=True)) / source.subfolder
+        _check_folder(folder, source)
+        return folder
+    api = HfApi()
+    report({"status": "pulling manifest"})
+    files = _files(api, source)
+    needed = sum(entry.size for entry in files)
+    _check_space(needed, Path(constants.HF_HUB_CACHE))
+    say(f"pulling {source.repo}{'/' + source.subfolder if source.subfolder else ''} at {source.revision}: "
+        f"{len(files)} files, {needed / 2**20:.0f} MB")
+    with Watcher(source, files, report):
+        root = Path(snapshot_download(source.repo, revision=source.revision, allow_patterns=source.pattern))
+    report({"status": "verifying sha256 digest"})
+    _verify(root, files, say)
+    folder = root / source.subfolder
+    _check_folder(folder, source)
+    if _pinned(source):
+        _mark(source).parent.mkdir(parents=True, exist_ok=True)
+        _mark(source).write_text(str(folder), encoding="utf-8")
+    return folder
+
+
+class Watcher:
+    """While the client downloads: Ollama's progress events, from the sizes of the cache's blobs (finished and
+    ``.incomplete``), every half second, on a thread of its own."""
+
+    def __init__(self, source: Source, files: list[Any], report: Callable[[dict[str, Any]], None]) -> None:
+        from huggingface_hub import constants
+        from huggingface_hub.file_download import repo_folder_name
+
+        self.blobs = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=source.repo, repo_type="model") / "blobs"
+        self.ids = [entry.lfs.sha256 if entry.lfs is not None else entry.blob_id for entry in files]
+        self.total = sum(entry.size for entry in files)
+        self.digest = "sha256:" + hashlib.sha256(":".join(self.ids).encode()).hexdigest()
+        self.report = report
+        self.done = threading.Event()
+
+    def __enter__(self) -> Watcher:
+        threading.Thread(target=self._run, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.done.set()
+        self._tell()
+
+    def _run(self) -> None:
+        while not self.done.wait(0.5):
+            self._tell()
+
+    def _tell(self) -> None:
+        completed = sum(_size(self.blobs / blob) or _size(self.blobs / f"{blob}.incomplete") for blob in self.ids)
+        self.report({"status": f"pulling {self.digest[7:19]}", "digest": self.digest, "total": self.total,
+                     "completed": min(completed, self.total)})
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _pinned(source: Source) -> bool:
+    """Whether the revision is a commit (whose files never change), not a branch or a tag."""
+    return len(source.revision) == 40 and all(char in "0123456789abcdef" for char in source.revision)
+
+
+def _mark(source: Source) -> Path:
+    from huggingface_hub import constants
+
+    key = hashlib.sha256(f"{source.repo}@{source.revision}/{source.subfolder}".encode()).hexdigest()[:24]
+    return Path(constants.HF_HUB_CACHE) / ".phi-api-verified" / key
+
+
+def _verified(source: Source) -> bool:
+    """Whether this pinned commit's folder was pulled and checked in this cache, and is still whole."""
+    mark = _mark(source)
+    return _pinned(source) and mark.is_file() and (Path(mark.read_text(encoding="utf-8")) / GENAI_CONFIG).is_file()
+
+
+def _files(api: Any, source: Source) -> list[Any]:
+    """The model's files on the Hub (with their sizes and hashes); refused unless it is an ONNX Runtime GenAI
+    folder."""
+    from huggingface_hub.hf_api import RepoFile
+
+    entries = api.list_repo_tree(source.repo, path_in_repo=source.subfolder or None, recursive=True,
+                                 revision=source.revision)
+    files = [entry for entry in entries if isinstance(entry, RepoFile)]
+    config = f"{source.subfolder}/{GENAI_CONFIG}" if source.subfolder else GENAI_CONFIG
+    if not any(entry.path == config for entry in files):
+        where = f"{source.repo}/{source.subfolder}" if source.subfolder else source.repo
+        raise PullError(f"{where} is not an ONNX Runtime GenAI model folder: it has no {GENAI_CONFIG}")
+    return files
+
+
+def _check_space(needed: int, cache: Path) -> None:
+    probe = cache
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if needed > free:
+        raise PullError(f"not enough disk space in {cache}: {needed / 2**30:.1f} GB needed, {free / 2**30:.1f} GB "
+                        "free")
+
+
+def _verify(root: Path, files: list[Any], say: Callable[[str], None]) -> None:
+    """Check each file against the hash the Hub announced; remove and name those that do not match."""
+    from huggingface_hub.utils._verification import compute_file_hash
+
+    bad = []
+    for entry in files:
+        path = root / entry.path
+        algorithm, expected = ("sha256", entry.lfs.sha256) if entry.lfs is not None else ("git-sha1", entry.blob_id)
+        if compute_file_hash(path, algorithm) != expected.lower():  # type: ignore[arg-type]
+            bad.append(entry.path)
+            _remove_cached(path)
+    if bad:
+        raise PullError(f"{', '.join(bad)}: the bytes downloaded do not match the hash the Hub announces; removed "
+                        "(pull again)")
+    say(f"checked {len(files)} files against the Hub's hashes")
+
+
+def _remove_cached(path: Path) -> None:
+    """Remove a snapshot's file and the cached blob it links to."""
+    target = path.resolve()
+    for item in (path, target):
+        try:
+            item.unlink()
+        except OSError:
+            pass
+
+
+def _check_folder(folder: Path, source: Source) -> None:
+    if not (folder / GENAI_CONFIG).is_file():
+        raise PullError(f"{folder} has no {GENAI_CONFIG}: {source.repo} is not an ONNX Runtime GenAI model here")
+
+
+def _reason(error: BaseException) -> str:
+    """A client error as one line (its first, without the library's hints)."""
+    text = str(error).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def catalog_lines() -> list[str]:
+    return [f"{alias}: {source.repo}/{source.subfolder} ({source.size})" for alias, source in CATALOG.items()]
+
+
+def in_subprocess(name: str) -> Iterator[dict[str, Any]]:
+    """Pull ``name`` in a process of its own (``python -m phi_api pull --json``: downloading and hashing gigabytes
+    never hold up a server's worker), yielding its events; the last is ``{"status": "success", "path": ...}`` or
+    ``{"error": ...}``."""
+    process = subprocess.Popen([sys.executable, "-m", "phi_api", "pull", "--json", name], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    last: dict[str, Any] = {}
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            try:
+                last = json.loads(line)
+            except ValueError:
+                continue
+            yield last
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+    if "error" not in last and last.get("status") != "success":
+        yield {"error": f"could not pull {name}: the download stopped (exit status {process.returncode})"}
+

@@ -1,0 +1,210 @@
+"""Running under gunicorn: the WSGI app, its start-up failures, and the worker lifecycle hooks.
+
+The model is loaded once, in the master, before gunicorn forks its workers
+(``preload_app``); each worker then starts its own engine thread. A forked
+process that holds an ONNX Runtime GenAI model hangs at normal interpreter
+exit (it joins thread-pool threads that do not exist in the child), so a
+worker leaves through ``os._exit`` once gunicorn has finished with it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from typing import Any
+
+import gevent
+from flask import Flask
+
+from phi_api.errors import ConfigError
+from phi_api.limits.slots import get_limiter
+from phi_api.settings import Settings, load_settings
+from phi_api.telemetry import tracing
+from phi_api.web import extensions
+
+log = logging.getLogger(__name__)
+
+EXIT_CONFIG_ERROR = 2
+RECONCILE_SECONDS = 1.0
+LOAD_SECONDS = 0.25  # how stale the gateway metrics may be
+# gunicorn's WORKER_BOOT_ERROR: when workers load the model themselves
+# (PRELOAD_MODEL=false), the arbiter then halts instead of respawning them.
+EXIT_MODEL_LOADING_FAILED = 3
+
+
+def settings_or_exit() -> Settings:
+    """The settings from the environment; on a bad value, say which and exit."""
+    try:
+        return load_settings()
+    except ConfigError as exc:
+        print(f"phi-api: configuration error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+
+
+def build_wsgi_app() -> Flask:
+    """``create_app()``, or exit: a model that fails to load is logged as the error object, one JSON line."""
+    from phi_api.app import create_app
+    from phi_api.errors import InsufficientMemoryError, ModelLoadingError, openai_body
+
+    try:
+        return create_app()
+    except ConfigError as exc:
+        print(f"phi-api: configuration error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+    except (ModelLoadingError, InsufficientMemoryError) as exc:
+        print(json.dumps(openai_body(exc)), file=sys.stderr, flush=True)
+        sys.exit(EXIT_MODEL_LOADING_FAILED)
+
+
+def bind_address(settings: Settings) -> str:
+    """gunicorn's ``bind`` for ``SERVER_HOST``/``SERVER_PORT`` (IPv6 hosts bracketed)."""
+    host = settings.SERVER_HOST
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{settings.SERVER_PORT}"
+
+
+def _flask_app(wsgi: Any) -> Flask | None:
+    return wsgi if isinstance(wsgi, Flask) else None
+
+
+def post_worker_init(worker: Any) -> None:
+    """gunicorn hook, in the new worker: start its engine threads; mark it draining when told to stop."""
+    app = _flask_app(getattr(worker, "wsgi", None))
+    if app is None:
+        return
+    from phi_api.telemetry.metrics import get_metrics  # not at the top: prometheus_client must see its folder first
+
+    models = extensions.get_models(app)
+    models.start()
+    gevent.spawn(_keep_in_step, models)
+    gevent.spawn(_publish_load, models, get_metrics(app), extensions.get_memory(app))
+    if tracing.configured():
+        tracing.get_tracing(app).start_worker()
+    if extensions.get_settings(app).BATCH_CONCURRENCY:
+        from phi_api.api.batches import runner
+
+        gevent.spawn(runner(app).run_forever)
+    for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
+        previous = signal.getsignal(signum)
+        if callable(previous):
+            signal.signal(signum, _draining_then(models, previous))
+
+
+def _keep_in_step(models: Any) -> None:
+    """Load and unload what other workers did, within a second, even when no request asks."""
+    while True:
+        gevent.sleep(RECONCILE_SECONDS)
+        try:
+            models.sync()
+            models.expire_idle()
+        except Exception:  # a model that will not load is logged; the loop must go on
+            log.exception("could not catch up with the server's models")
+
+
+def _publish_load(models: Any, metrics: Any, memory: Any) -> None:
+    """Keep this worker's key/value share of the memory budget, and its share of the gateway and memory metrics
+    (waiting, running, key/value memory), current."""
+    while True:
+        gevent.sleep(LOAD_SECONDS)
+        try:
+            models.observe_memory()
+            engines = {served.spec.id: served.engine for served in models.all()}
+            metrics.observe_engines(engines)
+            metrics.observe_disk(engines)
+            for engine in engines.values():
+                engine.report_disk()
+            metrics.observe_memory(memory.usage(), memory.shared.usage(), models.weights(),
+                                   {model: engine.waiting_for_memory for model, engine in engines.items()})
+        except Exception:  # a metrics hiccup must not end the loop
+            log.exception("could not publish the engines' load")
+
+
+def _draining_then(models: Any, handler: Any) -> Any:
+    def on_signal(signum: int, frame: Any) -> None:
+        models.drain()  # /health answers 503; new generations get 503 while in-flight ones finish
+        handler(signum, frame)
+
+    return on_signal
+
+
+def worker_exit(server: Any, worker: Any) -> None:
+    """gunicorn hook, in the exiting worker: stop the engine and leave without the hanging interpreter exit.
+
+    gunicorn also calls it in the master (``Arbiter.kill_worker``), for a worker that is already gone when the
+    master signals it: gunicorn.conf.py monkey-patches the master, so gevent's child watcher may reap a worker
+    before gunicorn does. There it must neither stop the master's engine nor end the master.
+    """
+    if os.getpid() != worker.pid:
+        log.info("worker %s had already exited when the master signalled it", worker.pid)
+        child_exit(server, worker)
+        return
+    app = _flask_app(getattr(worker, "wsgi", None))
+    if app is not None:
+        extensions.get_models(app).stop()
+        tracing.get_tracing(app).stop_worker()  # the spans still batched go out
+    exc = sys.exc_info()[1]
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    else:
+        code = 0 if exc is None else 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def on_exit(server: Any) -> None:
+    """gunicorn hook, in the master at shutdown: remove the shared lock file and metrics folder."""
+    if server.cfg.preload_app:
+        app = _flask_app(server.app.wsgi())
+        if app is not None:
+            get_limiter(app).remove_file()
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+    if os.environ.get(_OWN_METRICS_DIR) == folder and os.path.isdir(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+    from phi_api.models.registry import STATE_DIR_VARIABLE
+
+    if os.environ.get(STATE_DIR_VARIABLE):
+        shutil.rmtree(os.environ[STATE_DIR_VARIABLE], ignore_errors=True)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """gunicorn hook, in the master when a worker is gone: drop its live metrics."""
+    from phi_api.telemetry.metrics import mark_worker_dead
+
+    mark_worker_dead(worker.pid)
+
+
+_OWN_METRICS_DIR = "PHI_API_OWN_METRICS_DIR"
+
+
+def prepare_state_dir() -> None:
+    """A fresh folder for the state the server's processes share (the model registry, the slots' lock file),
+    named to the workers by ``PHI_API_STATE_DIR`` and removed at shutdown."""
+    from phi_api.models.registry import STATE_DIR_VARIABLE
+
+    os.environ[STATE_DIR_VARIABLE] = tempfile.mkdtemp(prefix="phi-api-state-")
+
+
+def prepare_metrics_dir() -> None:
+    """Give the workers an empty folder to share Prometheus samples in (before prometheus_client is imported).
+
+    A folder named by ``PROMETHEUS_MULTIPROC_DIR`` is emptied of earlier runs' files; otherwise a fresh
+    temporary one is made, and removed at shutdown.
+    """
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        for name in os.listdir(folder):
+            if name.endswith(".db"):
+                os.unlink(os.path.join(folder, name))
+    else:
+        folder = tempfile.mkdtemp(prefix="phi-api-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+        os.environ[_OWN_METRICS_DIR] = folder

@@ -1,0 +1,86 @@
+"""Stored responses of OpenAI's Responses API: what a follow-up's ``previous_response_id`` names, on any worker.
+
+One SQLite file in the server's state folder (shared by the gunicorn master's workers, removed at shutdown):
+each stored response's object and the conversation it ends (its predecessors' messages, its own input and its
+output, as chat messages), so that a follow-up is answered from the conversation whichever worker takes it.
+Bounded: at most ``RESPONSES_STORE_MAX`` responses, none older than ``RESPONSES_STORE_SECONDS``; the oldest go
+first. A resource of the app (``init_app`` and an accessor).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from flask import Flask
+
+from phi_api.web.resources import keep, kept
+
+_KEY = "phi_api.response_store"
+
+
+class ResponseStore:
+    """Responses by id, with the conversations they end, in ``path`` (an SQLite file)."""
+
+    def __init__(self, path: Path, max_items: int, max_age: float) -> None:
+        self.path = path
+        self.max_items = max_items
+        self.max_age = max_age
+        self._pid: int | None = None
+        self._db: sqlite3.Connection | None = None
+
+    def put(self, response: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+        """Keep ``response`` (its ``id``) and the conversation it ends; the oldest beyond the bounds go."""
+        db = self._connection()
+        with db:
+            db.execute("INSERT OR REPLACE INTO responses (id, created, response, messages) VALUES (?, ?, ?, ?)",
+                       (response["id"], time.time(), json.dumps(response), json.dumps(messages)))
+            db.execute("DELETE FROM responses WHERE created < ?", (time.time() - self.max_age,))
+            db.execute("DELETE FROM responses WHERE id NOT IN (SELECT id FROM responses ORDER BY created DESC "
+                       "LIMIT ?)", (self.max_items,))
+
+    def response(self, response_id: str) -> dict[str, Any] | None:
+        """The stored response object, or None."""
+        row = self._row(response_id, "response")
+        return json.loads(row) if row is not None else None
+
+    def messages(self, response_id: str) -> list[dict[str, Any]] | None:
+        """The conversation the response ends, as chat messages, or None."""
+        row = self._row(response_id, "messages")
+        return json.loads(row) if row is not None else None
+
+    def delete(self, response_id: str) -> bool:
+        """Forget a response; whether it was there."""
+        db = self._connection()
+        with db:
+            return db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
+
+    def _row(self, response_id: str, column: str) -> str | None:
+        found = self._connection().execute(
+            f"SELECT {column} FROM responses WHERE id = ? AND created >= ?",  # column: one of two names of ours
+            (response_id, time.time() - self.max_age)).fetchone()
+        return found[0] if found else None
+
+    def _connection(self) -> sqlite3.Connection:
+        # A connection per process: sqlite's must not cross a fork.
+        if self._pid != os.getpid() or self._db is None:
+            self._pid = os.getpid()
+            self._db = sqlite3.connect(self.path, timeout=10)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, created REAL, "
+                             "response TEXT, messages TEXT)")
+        return self._db
+
+
+def init_app(app: Flask, folder: Path, max_items: int, max_age: float) -> ResponseStore:
+    """Keep the app's response store, in the server's state ``folder``."""
+    return keep(app, _KEY, ResponseStore(Path(folder) / "responses.sqlite3", max_items, max_age))
+
+
+def get_store(app: Flask | None = None) -> ResponseStore:
+    """The app's response store."""
+    return kept(_KEY, app)

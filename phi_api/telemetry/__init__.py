@@ -1,0 +1,1 @@
+"""What the server tells its operators: Prometheus metrics, OpenTelemetry traces and log lines."""

@@ -1,0 +1,289 @@
+"""Prometheus metrics through ``prometheus-client``, correct across gunicorn workers.
+
+Under gunicorn, ``gunicorn.conf.py`` points ``PROMETHEUS_MULTIPROC_DIR`` at a
+fresh folder before anything imports prometheus_client, so every worker
+writes its samples there and ``GET /metrics`` (served by any worker) merges
+them with ``MultiProcessCollector``. Without it (tests, the Flask dev
+server), the app's own registry is served.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from flask import Flask, Response, g, request
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from phi_api.engine import Finished
+from phi_api.engine.sched.choice import Choice
+from phi_api.web.resources import keep, kept
+
+_KEY = "phi_api.telemetry.metrics"
+
+_RATE_BUCKETS = (5, 10, 25, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
+_ROW_BUCKETS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+_TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+def multiprocess_dir() -> str | None:
+    """The folder the workers share their samples in, when running under gunicorn."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+class Metrics:
+    """The server's metrics, registered on a registry of their own (not the process-wide default)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        own: dict[str, Any] = {"registry": self.registry}
+        self.requests = Counter("phi_api_requests", "HTTP requests answered, by route, method and status",
+                                ["route", "method", "status"], **own)
+        self.in_flight = Gauge("phi_api_requests_in_flight", "HTTP requests being served",
+                               multiprocess_mode="livesum", **own)
+        self.rate_limited = Counter("phi_api_rate_limited", "Requests refused with 429", **own)
+        self.generations = Counter("phi_api_generations", "Generations, by finish reason", ["finish_reason"], **own)
+        self.ttft = Histogram("phi_api_time_to_first_token_seconds", "Time to first token",
+                              buckets=_TTFT_BUCKETS, **own)
+        self.prompt_tokens = Counter("phi_api_prompt_tokens", "Prompt tokens of finished generations", **own)
+        self.cached_tokens = Counter("phi_api_cached_prompt_tokens", "Prompt tokens reused from the cache", **own)
+        self.generated_tokens = Counter("phi_api_generated_tokens", "Tokens generated", **own)
+        self.drafted_tokens = Counter("phi_api_draft_tokens", "Prompt-lookup draft tokens verified", **own)
+        self.accepted_tokens = Counter("phi_api_draft_accepted_tokens", "Prompt-lookup draft tokens kept", **own)
+        self.draft_checks = Counter("phi_api_draft_checks", "Steps that checked a prompt-lookup draft", **own)
+        self.prefill_rate = Histogram("phi_api_prefill_tokens_per_second", "Prefill throughput per generation",
+                                      buckets=_RATE_BUCKETS, **own)
+        self.decode_rate = Histogram("phi_api_decode_tokens_per_second", "Decode throughput per generation",
+                                     buckets=_RATE_BUCKETS, **own)
+        self.batch_rows = Histogram("phi_api_generation_batch_rows",
+                                    "Rows per batched decode step a generation ran in, on average",
+                                    buckets=_ROW_BUCKETS, **own)
+        # What each worker's engines hold, summed over live workers (the gateway metrics are derived from these).
+        live: dict[str, Any] = {"multiprocess_mode": "livesum", "labelnames": ["model_name"], **own}
+        self.engine_waiting = Gauge("phi_api_engine_requests_waiting",
+                                    "Requests admitted to an engine, waiting for key/value room", **live)
+        self.engine_running = Gauge("phi_api_engine_sequences_running",
+                                    "Sequences prefilling or decoding (a request's n choices count n)", **live)
+        self.kv_used = Gauge("phi_api_kv_cache_reserved_bytes",
+                             "Key/value memory booked by running sequences (kept prefixes, which give way, not "
+                             "counted)", **live)
+        self.kv_budget = Gauge("phi_api_kv_cache_budget_bytes", "Key/value budget (KV_CACHE_MB), every worker's",
+                               **live)
+        # The memory budget (MEMORY_LIMIT_MB) and its parts (docs/memory.md).
+        self.memory_limit = Gauge("phi_api_memory_limit_bytes", "The whole server's memory budget (MEMORY_LIMIT_MB)",
+                                  multiprocess_mode="max", **own)
+        self.memory_weights = Gauge("phi_api_memory_weights_bytes", "The loaded models' weights, counted once",
+                                    multiprocess_mode="max", **own)
+        self.memory_master = Gauge("phi_api_memory_master_private_bytes",
+                                   "The gunicorn master's own memory, measured after it loaded the models",
+                                   multiprocess_mode="max", **own)
+        self.memory_process = Gauge("phi_api_memory_worker_private_bytes",
+                                    "Each worker's own memory beyond keys and values (measured), summed",
+                                    multiprocess_mode="livesum", **own)
+        self.kv_share = Gauge("phi_api_kv_cache_share_bytes", "Each worker's share of the budget for keys and values, "
+                              "summed", multiprocess_mode="livesum", **own)
+        self.kv_kept = Gauge("phi_api_kv_cache_kept_bytes", "Key/value memory kept prefixes hold (they give way)",
+                             **live)
+        self.kv_evictions = Counter("phi_api_kv_cache_evictions", "Kept prefixes given up to make room or unused",
+                                    ["model_name"], **own)
+        self.memory_waiting = Gauge("phi_api_engine_requests_waiting_for_memory",
+                                    "Engines whose next request waits for key/value memory", **live)
+        # The disk tier of prefix reuse (engine.prefixdisk), by model; its folder's size is every model's.
+        disk: dict[str, Any] = {"labelnames": ["model_name"], **own}
+        self.disk_read = Counter("phi_api_prefix_disk_read_tokens", "Prompt tokens read from disk, not computed",
+                                 **disk)
+        self.disk_written = Counter("phi_api_prefix_disk_written_tokens", "Prompt tokens written to disk", **disk)
+        self.disk_failures = Counter("phi_api_prefix_disk_write_failures", "Chunks that could not be written to disk",
+                                     **disk)
+        self.disk_unstaged = Counter("phi_api_prefix_disk_unstored_chunks",
+                                     "Chunks not stored: the writer was behind, or the budget had no room to stage "
+                                     "them", **disk)
+        self.disk_corrupt = Counter("phi_api_prefix_disk_bad_files", "Files on disk that failed a check, removed",
+                                    **disk)
+        self.disk_load = Histogram("phi_api_prefix_disk_load_seconds", "Time to read a prompt's stored chunks",
+                                   buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5), **own)
+        self.disk_bytes = Gauge("phi_api_prefix_disk_bytes", "Bytes the prompts on disk take (PREFIX_CACHE_DISK_MB)",
+                                multiprocess_mode="max", **own)
+        # Usage by API key name (never the key): phi_api.limits.keys.
+        by_key: dict[str, Any] = {"labelnames": ["key_name"], **own}
+        self.key_requests = Counter("phi_api_key_requests", "Generation requests, by API key name", **by_key)
+        self.key_prompt = Counter("phi_api_key_prompt_tokens", "Prompt tokens, by API key name", **by_key)
+        self.key_cached = Counter("phi_api_key_cached_tokens", "Prompt tokens reused, by API key name", **by_key)
+        self.key_completion = Counter("phi_api_key_completion_tokens", "Tokens generated, by API key name", **by_key)
+        self._published: set[str] = set()
+        self._totals: dict[tuple[str, str], int] = {}  # what each cumulative count was at its last look
+
+    def observe_generation(self, choice: Choice, finished: Finished) -> None:
+        """Record a finished generation (called on the hub's thread)."""
+        self.generations.labels(finished.reason).inc()
+        self.prompt_tokens.inc(finished.prompt_tokens)
+        self.cached_tokens.inc(finished.cached_tokens)
+        self.generated_tokens.inc(finished.completion_tokens)
+        self.drafted_tokens.inc(finished.drafted_tokens)
+        self.accepted_tokens.inc(finished.accepted_tokens)
+        self.draft_checks.inc(finished.draft_checks)
+        ttft = finished.time_to_first_token
+        if ttft:
+            self.ttft.observe(ttft)
+            self.prefill_rate.observe((finished.prompt_tokens - finished.cached_tokens) / ttft)
+        if finished.decode_tokens_per_second:
+            self.decode_rate.observe(finished.decode_tokens_per_second)
+        if finished.batch_rows:
+            self.batch_rows.observe(finished.batch_rows)
+
+    def observe_engines(self, engines: dict[str, Any]) -> None:
+        """Publish what this worker's engines (by model id) hold now, and drop the series of models no longer
+        served (called on the hub's thread, periodically: see serving.post_worker_init)."""
+        gauges = (self.engine_waiting, self.engine_running, self.kv_used, self.kv_budget)
+        for model in self._published - set(engines):
+            for gauge in (*gauges, self.kv_kept, self.memory_waiting):
+                try:
+                    gauge.remove(model)
+                except KeyError:  # never published for this model
+                    pass
+        for model, engine in engines.items():
+            load = engine.load
+            values = (load.waiting, load.running, load.kv_reserved, load.kv_budget)
+            for gauge, value in zip(gauges, values, strict=True):
+                gauge.labels(model).set(value)
+        self._published = set(engines)
+
+    def observe_memory(self, usage: dict[str, Any], books: dict[str, Any], weights: int,
+                       waiting: dict[str, bool]) -> None:
+        """Publish the memory budget's parts (``ServerMemory.usage``), this worker's key/value books by model
+        (``SharedBudget.usage``) and which engines wait for memory (called with :meth:`observe_engines`)."""
+        self.memory_limit.set(usage["limit"])
+        self.memory_weights.set(weights)
+        self.memory_master.set(usage["master_private"])
+        self.memory_process.set(usage["worker_private"])
+        self.kv_share.set(usage["kv_share"])
+        for model, (_, kept_bytes, evictions) in books["engines"].items():
+            self.kv_kept.labels(model).set(kept_bytes)
+            self._advance(self.kv_evictions, model, evictions)
+        for model, flag in waiting.items():
+            self.memory_waiting.labels(model).set(int(flag))
+
+    def observe_key(self, name: str, prompt: int, cached: int, completion: int, requests: int) -> None:
+        """Count what a key's generation used (on the hub, as each of its choices ends)."""
+        for counter, value in ((self.key_requests, requests), (self.key_prompt, prompt), (self.key_cached, cached),
+                               (self.key_completion, completion)):
+            counter.labels(name).inc(value)
+
+    def observe_disk(self, engines: dict[str, Any]) -> None:
+        """Publish what each engine's disk tier did since the last look (called with :meth:`observe_engines`)."""
+        for model, engine in engines.items():
+            stats = engine.disk_stats
+            if stats is None:
+                continue
+            self._advance(self.disk_read, model, stats.tokens_read)
+            self._advance(self.disk_written, model, stats.tokens_written)
+            self._advance(self.disk_failures, model, stats.write_failures)
+            self._advance(self.disk_corrupt, model, stats.corrupt)
+            self._advance(self.disk_unstaged, model, stats.not_staged)
+            while stats.load_seconds:
+                self.disk_load.observe(stats.load_seconds.popleft())
+            self.disk_bytes.set(stats.bytes_on_disk)
+
+    def _advance(self, counter: Counter, model: str, total: int) -> None:
+        """Count what a cumulative ``total`` of ``model``'s engine gained since the last look."""
+        key = (str(id(counter)), model)
+        new = total - self._totals.get(key, 0)
+        if new > 0:
+            counter.labels(model).inc(new)
+        self._totals[key] = total
+
+    def exposition(self) -> Response:
+        """The text exposition of every worker's samples, and the gateway metrics derived from them."""
+        if multiprocess_dir():
+            source = CollectorRegistry()
+            multiprocess.MultiProcessCollector(source)
+        else:
+            source = self.registry
+        registry = CollectorRegistry()
+        registry.register(_Forward(source))
+        registry.register(_GatewayMetrics(source))
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST.split(";")[0],
+                        content_type=CONTENT_TYPE_LATEST)
+
+    def register(self, app: Flask) -> None:
+        """Count every request: by route (the URL rule, not the raw path), method and status."""
+
+        @app.before_request
+        def _enter() -> None:
+            self.in_flight.inc()
+            g.metrics_counted = True
+            g.metrics_started = time.perf_counter()
+
+        @app.after_request
+        def _leave(response: Response) -> Response:
+            if not g.pop("metrics_counted", False):
+                return response
+            route = request.url_rule.rule if request.url_rule is not None else "unmatched"
+            status = response.status_code
+            self.requests.labels(route, request.method, str(status)).inc()
+            if status == 429:
+                self.rate_limited.inc()
+            response.call_on_close(self.in_flight.dec)
+            return response
+
+
+class _Forward:
+    """Another registry's metrics, as a collector (to add derived ones beside them)."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self._source = source
+
+    def collect(self) -> Any:
+        return self._source.collect()
+
+
+class _GatewayMetrics:
+    """vLLM's names for the load an inference gateway's endpoint picker routes by (the Gateway API Inference
+    Extension's model server protocol, also read by llm-d): the engines' waiting and running requests, and the
+    share of the key/value budget in use, from 0 to 1, across every worker of the server."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self._source = source
+
+    def collect(self) -> Any:
+        sums: dict[str, dict[str, float]] = {}
+        for family in self._source.collect():
+            if not family.name.startswith(("phi_api_engine_", "phi_api_kv_cache_")):
+                continue
+            for sample in family.samples:
+                model = sample.labels.get("model_name", "")
+                sums.setdefault(model, {})[family.name] = sums.get(model, {}).get(family.name, 0.0) + sample.value
+        gauges = [GaugeMetricFamily("vllm:num_requests_waiting", "Requests waiting to be processed",
+                                    labels=["model_name"]),
+                  GaugeMetricFamily("vllm:num_requests_running", "Requests being prefilled or decoded",
+                                    labels=["model_name"]),
+                  GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent",
+                                    labels=["model_name"])]
+        for model, values in sorted(sums.items()):
+            budget = values.get("phi_api_kv_cache_budget_bytes", 0.0)
+            gauges[0].add_metric([model], values.get("phi_api_engine_requests_waiting", 0.0))
+            gauges[1].add_metric([model], values.get("phi_api_engine_sequences_running", 0.0))
+            reserved = values.get("phi_api_kv_cache_reserved_bytes", 0.0)
+            gauges[2].add_metric([model], reserved / budget if budget else 0.0)
+        yield from gauges
+
+
+def init_app(app: Flask) -> Metrics:
+    """Keep the app's metrics and count its every request."""
+    metrics = keep(app, _KEY, Metrics())
+    metrics.register(app)
+    return metrics
+
+
+def get_metrics(app: Flask | None = None) -> Metrics:
+    """The app's metrics."""
+    return kept(_KEY, app)
+
+
+def mark_worker_dead(pid: int) -> None:
+    """Drop a dead worker's live gauges (gunicorn's ``child_exit`` hook, in the master)."""
+    if multiprocess_dir():
+        multiprocess.mark_process_dead(pid)

@@ -1,0 +1,58 @@
+"""API keys (``API_KEYS``, ``API_KEYS_FILE``: :mod:`phi_api.limits.keys`): off unless keys are configured.
+
+A key is read from ``X-API-Key``, ``Authorization: Bearer ...``, or the query
+parameter ``api_key`` / ``api-key``; a header wins over the query. Keys are
+compared in constant time and never logged (request lines are logged without
+their query string). Preflight ``OPTIONS``, ``GET /health``, the API's
+description (``GET /openapi.json``) and the playground's page and files need no key.
+"""
+
+from __future__ import annotations
+
+from flask import Flask, g, request
+
+from phi_api.batch.runner import BATCH_LINE
+from phi_api.errors import AuthenticationError
+from phi_api.limits.keys import Key, Keys
+
+EXEMPT_PATHS = frozenset({"/health", "/openapi.json", "/"})  # "/": the playground's page, which holds no data
+EXEMPT_PREFIXES = ("/playground/",)  # its scripts and styles
+
+
+def supplied_key() -> str | None:
+    """The key the request carries, if any."""
+    header = request.headers.get("X-API-Key")
+    if header:
+        return header
+    authorization = request.headers.get("Authorization", "")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.args.get("api_key") or request.args.get("api-key")
+
+
+def register_auth(app: Flask, keys: Keys) -> None:
+    """Require one of ``keys`` on every request but preflights and the health check; the request's key is
+    ``g.api_key`` (see :func:`current_key`)."""
+    if not keys.keys:
+        return
+
+    @app.before_request
+    def _authenticate() -> None:
+        if request.method == "OPTIONS" or request.path in EXEMPT_PATHS or request.path.startswith(EXEMPT_PREFIXES):
+            return
+        if request.environ.get(BATCH_LINE):  # a line of a batch an authenticated client created
+            return
+        supplied = supplied_key()
+        if supplied is None:
+            raise AuthenticationError("You didn't provide an API key. Send it in the X-API-Key or "
+                                      "Authorization: Bearer header, or the api_key query parameter.")
+        key = keys.identify(supplied)
+        if key is None:
+            raise AuthenticationError("Incorrect API key provided.")
+        g.api_key = key
+
+
+def current_key() -> Key | None:
+    """The key the current request was authenticated with (None when keys are off, or for a batch line)."""
+    return g.get("api_key")

@@ -1,0 +1,287 @@
+"""HTTP framing, in the blueprints' layer: reading a JSON body, SSE and NDJSON responses, error responses,
+and the service's dependencies gathered from the app's resources."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import math
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from flask import Blueprint, Flask, Response, g, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from phi_api.batch.runner import BATCH_LINE, BATCH_PRIORITY
+from phi_api.engine import Finished
+from phi_api.errors import (
+    APIError,
+    InvalidJSONError,
+    InvalidParameterError,
+    InvalidRequestError,
+    KeyRateLimitError,
+    UnsupportedMediaTypeError,
+)
+from phi_api.limits.keys import Key, Keys, get_keys
+from phi_api.limits.slots import Unlimited, get_limiter
+from phi_api.server.transport import read_body, streaming_response
+from phi_api.service import generation
+from phi_api.service.generation import KEEPALIVE, Services
+from phi_api.service.requests import CompletionRequest
+from phi_api.telemetry.logs import current_request_id
+from phi_api.telemetry.metrics import Metrics, get_metrics
+from phi_api.telemetry.tracing import RequestSpan, get_tracing
+from phi_api.web.auth import current_key
+from phi_api.web.extensions import get_models, get_settings
+from phi_api.web.foreign import from_foreign
+from phi_api.web.schemas import get_validator
+
+log = logging.getLogger("phi_api.errors")
+
+_JSON_TYPES = ("application/json",)
+NDJSON_TYPE = "application/x-ndjson"
+
+
+def services() -> Services:
+    """The service's dependencies, from the current app."""
+    return Services(get_models(), get_limiter(), get_settings())
+
+
+PRIORITY_HEADER = "X-Priority"
+PRIORITY_RANGE = (-2**31, 2**31 - 1)
+
+
+def start_generation(typed: Any) -> generation.Run:
+    """Start a typed request on the one generation path, with this HTTP request's id and ``X-Priority`` header
+    (for clients that cannot add a ``priority`` field; the field wins). A batch line (:mod:`phi_api.batch.runner`)
+    runs below every live request, outside ``MAX_CONCURRENT_REQUESTS``."""
+    if request.environ.get(BATCH_LINE):
+        batch = Services(get_models(), Unlimited(), get_settings())
+        return generation.start(batch, dataclasses.replace(typed, priority=BATCH_PRIORITY), current_request_id())
+    key = current_key()
+    if typed.priority is None:  # the field wins over the header; neither: 0
+        typed = dataclasses.replace(typed, priority=header_priority() or 0)
+    span = _request_span(typed)
+    try:
+        if key is not None:
+            admit(key)
+        run = generation.start(services(), typed, current_request_id())
+    except BaseException as error:
+        if span is not None:
+            span.fail(error)
+        raise
+    if key is not None:
+        # Bound now: a streamed answer's choices end after the request's context has gone.
+        run.observers.append(functools.partial(count_usage, get_keys(), get_metrics(), key))
+    if span is not None:
+        run.observers.append(span.observe)
+        run.on_close.append(span.close)
+    return run
+
+
+def _request_span(typed: Any) -> RequestSpan | None:
+    """The request's trace span (:mod:`phi_api.telemetry.tracing`; None when tracing is off, at no cost)."""
+    tracing = get_tracing()
+    if tracing.provider is None:
+        return None
+    sampling = typed.sampling
+    operation = "text_completion" if isinstance(typed, CompletionRequest) else "chat"
+    return tracing.start_request(operation, typed.model, dict(request.headers), choices=sampling.n, attributes={
+        "gen_ai.request.max_tokens": sampling.max_tokens, "gen_ai.request.temperature": sampling.temperature,
+        "gen_ai.request.top_p": sampling.top_p, "phi_api.priority": typed.priority,
+        "phi_api.request_id": current_request_id()})
+
+
+def admit(key: Key) -> None:
+    """Count a request of ``key``, or refuse it (429) when the key has used up a limit; the rate-limit headers go
+    on the answer either way (:func:`phi_api.limits.keys.register`)."""
+    decision = get_keys().usage.admit(key)
+    g.rate_headers = decision.headers
+    if not decision.allowed:
+        limit = decision.reason.replace("_", " ")
+        raise KeyRateLimitError(f"Rate limit reached for key '{key.name}': {limit} ({getattr(key, decision.reason)}). "
+                                f"Retry after {decision.headers['Retry-After']} seconds.")
+
+
+def count_usage(keys: Keys, metrics: Metrics, key: Key, finished: Finished) -> None:
+    """A choice of ``key``'s request ended: its tokens count (the prompt once, with the first choice)."""
+    prompt = finished.prompt_tokens if finished.index == 0 else 0
+    cached = finished.cached_tokens if finished.index == 0 else 0
+    keys.usage.record(key, prompt, cached, finished.completion_tokens)
+    metrics.observe_key(key.name, prompt, cached, finished.completion_tokens, requests=int(finished.index == 0))
+
+
+def header_priority() -> int | None:
+    """The ``X-Priority`` header's integer (lower is sooner), if given; 400 if it is not one."""
+    raw = request.headers.get(PRIORITY_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or not PRIORITY_RANGE[0] <= value <= PRIORITY_RANGE[1]:
+        raise InvalidParameterError(f"The {PRIORITY_HEADER} header must be an integer from {PRIORITY_RANGE[0]} to "
+                                    f"{PRIORITY_RANGE[1]} (lower is sooner).", param=PRIORITY_HEADER)
+    return value
+
+
+# Bodies ---------------------------------------------------------------------------------------------
+
+
+class _NumberError(ValueError):
+    """A number the body may not hold: NaN, Infinity, or beyond a double's range."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise _NumberError(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NumberError(text)
+    return value
+
+
+def _has_nul(body: Any) -> bool:
+    """True if any key or string in ``body`` holds U+0000 (the engine reads C strings)."""
+    pending = [body]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\0" in item:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
+
+
+def read_json_object(any_media_type: bool = False) -> dict[str, Any]:
+    """The request body as a JSON object, or the matching 4xx error.
+
+    Accepts ``application/json`` (or no Content-Type at all); refuses other
+    media types with 415 unless ``any_media_type`` (Ollama's API reads any
+    body as JSON, and its clients rely on it). The body must arrive within
+    ``REQUEST_READ_TIMEOUT`` seconds (408), and must be UTF-8, free
+    of lone surrogates, NUL characters and non-finite numbers (NaN, Infinity,
+    1e309), and an object at the top.
+    """
+    mimetype = request.mimetype
+    if not any_media_type and mimetype and mimetype not in _JSON_TYPES and not mimetype.endswith("+json"):
+        raise UnsupportedMediaTypeError(f"Content-Type must be application/json, got {mimetype}.")
+    raw = read_body(get_settings().REQUEST_READ_TIMEOUT)
+    try:
+        text = raw.decode("utf-8")
+        body = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        # A lone surrogate escape (\ud800) parses, but is not text: reject it here
+        # rather than fail later when the prompt is encoded.
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeError:
+        raise InvalidJSONError("The request body is not valid UTF-8 text.") from None
+    except RecursionError:
+        raise InvalidJSONError("The request body is nested too deeply.") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidJSONError(f"The request body is not valid JSON (line {exc.lineno}, column {exc.colno}).") from None
+    except _NumberError:
+        raise InvalidJSONError("The request body holds a number that is not finite (NaN, Infinity, "
+                               "or beyond the range of a double).") from None
+    except ValueError:  # an integer literal longer than Python will convert
+        raise InvalidJSONError("The request body holds a number that is too long.") from None
+    if not isinstance(body, dict):
+        raise InvalidJSONError("The request body must be a JSON object.")
+    if _has_nul(body):
+        raise InvalidRequestError("The request body holds a NUL character (\\u0000), which text may not contain.")
+    return body
+
+
+# Streams --------------------------------------------------------------------------------------------
+
+
+def read_request(schema: str, any_media_type: bool = False) -> dict[str, Any]:
+    """The request's JSON object, checked against the JSON Schema ``schema`` (a 400 naming what is wrong)."""
+    body = read_json_object(any_media_type)
+    get_validator().validate(schema, body)
+    return body
+
+
+def _compact(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse_response(events: Iterable[Any], on_close: Iterable[Callable[[], None]] = ()) -> Response:
+    """A ``text/event-stream`` response of ``events`` (dicts, or ``KEEPALIVE``), ended by ``data: [DONE]``.
+
+    ``on_close`` callbacks run when the server closes the response, whether
+    the stream finished, failed, or the client went away.
+    """
+
+    def body() -> Iterator[str]:
+        for event in events:
+            yield ": keepalive\n\n" if event is KEEPALIVE else "data: " + _compact(event) + "\n\n"
+        yield "data: [DONE]\n\n"
+
+    return streaming_response(body(), "text/event-stream", get_settings().STREAM_WRITE_TIMEOUT, on_close)
+
+
+def named_sse_response(events: Iterable[Any], on_close: Iterable[Callable[[], None]] = ()) -> Response:
+    """A ``text/event-stream`` response of named events: ``(name, data)`` pairs, written ``event: name`` then the
+    data as JSON (how OpenAI's Responses API and Anthropic's Messages API stream), or ``KEEPALIVE``; no
+    ``[DONE]`` at the end (those APIs end with an event of their own)."""
+
+    def body() -> Iterator[str]:
+        for event in events:
+            if event is KEEPALIVE:
+                yield ": keepalive\n\n"
+            else:
+                name, data = event
+                yield f"event: {name}\ndata: {_compact(data)}\n\n"
+
+    return streaming_response(body(), "text/event-stream", get_settings().STREAM_WRITE_TIMEOUT, on_close)
+
+
+def ndjson_response(objects: Iterable[dict[str, Any]], on_close: Iterable[Callable[[], None]] = ()) -> Response:
+    """Newline-delimited JSON (Ollama's streams): one compact object per line."""
+    lines = (_compact(item) + "\n" for item in objects)
+    return streaming_response(lines, NDJSON_TYPE, get_settings().STREAM_WRITE_TIMEOUT, on_close)
+
+
+# Errors ---------------------------------------------------------------------------------------------
+
+
+def error_response(error: APIError, render: Callable[[APIError], dict[str, Any]]) -> Response:
+    """``error`` as a response, its body written by ``render`` (the protocol's renderer)."""
+    response = jsonify(render(error))
+    response.status_code = error.status
+    response.headers.update(error.headers)
+    return response
+
+
+def render_errors(target: Flask | Blueprint, render: Callable[[APIError], dict[str, Any]]) -> None:
+    """Answer every exception raised while ``target`` serves a request in ``render``'s protocol: ours as they
+    are, everyone else's through :func:`phi_api.web.foreign.from_foreign`, anything unexpected as a generic 500."""
+    @target.errorhandler(APIError)
+    def _api_error(error: APIError) -> Response:
+        return error_response(error, render)
+
+    @target.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException) -> Response:
+        response = error_response(from_foreign(exc), render)
+        allowed = getattr(exc, "valid_methods", None)  # MethodNotAllowed's
+        if exc.code == 405 and allowed:
+            response.headers["Allow"] = ", ".join(sorted(allowed))
+        return response
+
+    @target.errorhandler(Exception)
+    def _unexpected(exc: Exception) -> Response:
+        error = from_foreign(exc)
+        if error.status >= 500:
+            log.exception("Unhandled error while serving the request")
+        else:
+            log.info("refused: %s: %s", type(exc).__name__, exc)  # the cause, for the log only
+        return error_response(error, render)
