@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,19 +9,18 @@ from flask import Flask
 from flask.json.provider import DefaultJSONProvider
 from flask_cors import CORS
 
-from phi_api.api import BLUEPRINTS, batches, playground
-from phi_api.engine import Engine
+from phi_api.api import BLUEPRINTS, playground
+from phi_api.engine import Engine, SharedBudget
 from phi_api.errors import openai_body
-from phi_api.limits import keys
-from phi_api.limits import slots as limiter
-from phi_api.models.registry import Loader, ModelSpec, state_dir
+from phi_api.models.loading import load_engine
+from phi_api.models.registry import Loader, ModelSpec
 from phi_api.settings import load_settings
-from phi_api.storage import responses as store
-from phi_api.telemetry import metrics, tracing
 from phi_api.telemetry.logs import configure_logging, register_request_logging
-from phi_api.web import extensions, openapi, schemas
+from phi_api.web import openapi
 from phi_api.web.auth import register_auth
+from phi_api.web.hooks import count_requests, send_rate_headers
 from phi_api.web.http import render_errors
+from phi_api.web.resources import init_app
 
 
 class _JSONProvider(DefaultJSONProvider):
@@ -45,41 +42,28 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
     settings = load_settings(overrides=config)
     configure_logging(settings.LOG_LEVEL, settings.LOG_FORMAT)
     app = Flask(__name__)
-    app.config.from_mapping(dataclasses.asdict(settings))
-    app.config.from_mapping({key: value for key, value in (config or {}).items() if key not in app.config})
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes  # the one setting Flask itself reads
     app.json = _JSONProvider(app)
 
-    extensions.init_settings(app, settings)
-    schemas.init_app(app)
-    folder = state_dir()  # shared by the server's processes: the slots' lock file and the model registry
-    limiter.init_app(app, settings.MAX_CONCURRENT_REQUESTS, folder)
-    store.init_app(app, folder, settings.RESPONSES_STORE_MAX, settings.RESPONSES_STORE_SECONDS)
-    batches.init_app(app)
-    tracing.init_app(app)
-    observe = metrics.init_app(app).observe_generation
-    memory = extensions.init_memory(app, settings)
-    if loader is None:
-        loader = (lambda spec: engine) if engine is not None else \
-            functools.partial(extensions.load_engine, settings, memory=memory.shared)
+    if loader is None and engine is not None:
+        loader = lambda spec: engine  # noqa: E731
 
-    def load(spec: ModelSpec) -> Engine:
-        loaded = loader(spec)
-        loaded.observers.append(observe)
-        return loaded
+    def load(spec: ModelSpec, memory: SharedBudget) -> Engine:
+        return loader(spec) if loader is not None else load_engine(settings, spec, memory)
 
-    extensions.init_models(app, settings, load, folder, memory)
-
+    resources = init_app(app, settings, load)
+    count_requests(app, resources.metrics)
     CORS(app, origins=settings.cors_origins, methods=["GET", "POST", "DELETE", "OPTIONS"],
          allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-Id", "anthropic-version",
                         "anthropic-beta"],
          expose_headers=["X-Request-Id"], supports_credentials=True, max_age=600)
     register_request_logging(app)
-    register_auth(app, keys.init_app(app, settings.API_KEYS_FILE, settings.api_keys, folder))
+    send_rate_headers(app)
+    register_auth(app, resources.keys)
     render_errors(app, openai_body)
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
     if settings.PLAYGROUND:
         app.register_blueprint(playground.bp)
-    openapi.init_app(app)
+    resources.document = openapi.build(app)
     return app

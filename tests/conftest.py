@@ -12,8 +12,7 @@ from flask import Flask
 
 from phi_api.app import create_app
 from phi_api.engine import Engine
-from phi_api.limits.slots import get_limiter
-from phi_api.web.extensions import get_models
+from phi_api.web.resources import get_limiter, get_models
 from tests.support.fakes import fake_engine, text_pieces
 
 HELLO_PIECES = text_pieces(b"Hello", b",", b" world", b"!", b" How", b" are", b" you", b"?")

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from phi_api.web.extensions import get_models
+from phi_api.web.resources import get_models
 from tests.support.server import wait_until
 
 KEYS = "key-one,key-two"

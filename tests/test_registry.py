@@ -21,7 +21,7 @@ from phi_api.errors import (
 )
 from phi_api.models.registry import Models, ModelSpec, check_folder, declared
 from phi_api.settings import Settings
-from phi_api.web.extensions import get_models
+from phi_api.web.resources import get_models
 from tests.api.test_request_errors import assert_error
 from tests.support.fakes import fake_engine, text_pieces
 from tests.support.server import wait_until

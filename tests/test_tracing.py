@@ -7,7 +7,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from phi_api.telemetry.tracing import configured, get_tracing
+from phi_api.telemetry.tracing import configured
+from phi_api.web.resources import get_tracing
 from tests.support.fakes import FakeModel, RecordingEngine, Script, text_pieces
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"

@@ -15,26 +15,14 @@ from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from phi_api.batch.runner import BATCH_LINE, BatchRunner, parse_body
 from phi_api.errors import InvalidParameterError, MissingParameterError, NotFoundError, openai_body
-from phi_api.storage.batches import BatchStore
 from phi_api.telemetry.logs import REQUEST_ID_HEADER
-from phi_api.web.extensions import get_settings
 from phi_api.web.http import read_request
 from phi_api.web.openapi import operation
-from phi_api.web.resources import keep, kept
+from phi_api.web.resources import get_batches, get_settings
 
 bp = Blueprint("batches", __name__)
 
-_KEY = "phi_api.batches"
 PURPOSES = ("batch",)
-
-
-def init_app(app: Flask) -> BatchStore:
-    """Keep the app's batch store, in ``BATCH_DIR``."""
-    return keep(app, _KEY, BatchStore(get_settings(app).batch_dir))
-
-
-def get_batches(app: Flask | None = None) -> BatchStore:
-    return kept(_KEY, app)
 
 
 def runner(app: Flask) -> BatchRunner:
@@ -169,4 +157,3 @@ def _limit(most: int) -> int:
 def _list(items: list[dict[str, Any]], more: bool) -> dict[str, Any]:
     return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
             "last_id": items[-1]["id"] if items else None, "has_more": more}
-

@@ -9,7 +9,7 @@ from phi_api.service.requests import ChatRequest
 from phi_api.web.answers import respond
 from phi_api.web.http import read_json_object
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, SSE, operation
-from phi_api.web.schemas import get_validator
+from phi_api.web.resources import get_validator
 
 bp = Blueprint("chat", __name__)
 

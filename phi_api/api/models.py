@@ -18,9 +18,9 @@ from phi_api.errors import APIError, InvalidParameterError, ModelLoadingError, P
 from phi_api.models.pull import in_subprocess, parse
 from phi_api.models.registry import Models, ModelSpec
 from phi_api.protocols import catalog
-from phi_api.web.extensions import get_models, get_settings
 from phi_api.web.http import read_request
 from phi_api.web.openapi import operation
+from phi_api.web.resources import get_models, get_settings
 
 bp = Blueprint("models", __name__)
 ADMIN_STATUSES = (400, 401, 403, 404, 405, 413, 415, 500)

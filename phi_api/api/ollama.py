@@ -18,9 +18,9 @@ from phi_api.protocols import catalog, ollama
 from phi_api.server.transport import disconnect_probe
 from phi_api.service import generation
 from phi_api.version import __version__
-from phi_api.web.extensions import get_models
 from phi_api.web.http import ndjson_response, read_request, render_errors, start_generation
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, NDJSON, operation
+from phi_api.web.resources import get_models
 
 bp = Blueprint("ollama", __name__)
 render_errors(bp, ollama_body)

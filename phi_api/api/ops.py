@@ -11,10 +11,9 @@ from phi_api.server.transport import disconnect_probe
 from phi_api.service import generation, prompts
 from phi_api.service.requests import CompletionRequest, Sampling
 from phi_api.telemetry.logs import current_request_id
-from phi_api.telemetry.metrics import get_metrics
-from phi_api.web.extensions import get_models, get_settings
 from phi_api.web.http import read_request, services
-from phi_api.web.openapi import GENERATION_STATUSES, get_document, operation
+from phi_api.web.openapi import GENERATION_STATUSES, operation
+from phi_api.web.resources import get_document, get_metrics, get_models, get_settings
 
 bp = Blueprint("ops", __name__)
 

@@ -7,9 +7,10 @@ import time
 from flask import Blueprint, Response, jsonify
 
 from phi_api.errors import PermissionDeniedError
-from phi_api.limits.keys import LIMITS, get_keys
+from phi_api.limits.keys import LIMITS
 from phi_api.web.auth import current_key
 from phi_api.web.openapi import operation
+from phi_api.web.resources import get_keys
 
 bp = Blueprint("usage", __name__)
 

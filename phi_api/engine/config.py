@@ -1,7 +1,7 @@
 """The engine's settings, declared once: what each model's engine is built with.
 
 The server builds one :class:`EngineConfig` per model from its settings (and
-the model's own options) in :func:`phi_api.web.extensions.load_engine`; the
+the model's own options) in :func:`phi_api.models.loading.load_engine`; the
 engine, its thread and its batch read it from there.
 """
 

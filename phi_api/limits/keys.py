@@ -25,12 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, Response, g
-
 from phi_api.errors import KeysFileError
-from phi_api.web.resources import keep, kept
 
-_KEY = "phi_api.limits.keys"
 LIMITS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day")
 DAY = 86_400
 
@@ -213,19 +209,3 @@ class Keys:
             if hmac.compare_digest(supplied.encode("utf-8"), key.secret.encode("utf-8")):
                 found = key
         return found
-
-
-def init_app(app: Flask, path: str, plain: tuple[str, ...], folder: Path) -> Keys:
-    """Keep the app's keys (raises :class:`KeysFileError` for a bad ``API_KEYS_FILE``) and their usage, in the
-    server's state ``folder``; every answer to a request counted against a key carries its rate-limit headers."""
-
-    @app.after_request
-    def _rate_headers(response: Response) -> Response:
-        response.headers.update(g.get("rate_headers", {}))
-        return response
-
-    return keep(app, _KEY, Keys(read_keys(path, plain), Usage(Path(folder) / "keys.sqlite3")))
-
-
-def get_keys(app: Flask | None = None) -> Keys:
-    return kept(_KEY, app)

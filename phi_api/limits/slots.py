@@ -21,12 +21,7 @@ import os
 import tempfile
 from typing import Any, Protocol
 
-from flask import Flask
 from gevent.lock import BoundedSemaphore
-
-from phi_api.web.resources import keep, kept
-
-_KEY = "phi_api.limits.slots"
 
 
 class Slot:
@@ -128,14 +123,3 @@ class ConcurrencyLimiter:
         fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, number)
         self._held.discard(number)
         self._local.release()
-
-
-def init_app(app: Flask, limit: int, folder: str | os.PathLike | None = None) -> ConcurrencyLimiter:
-    """Keep the app's server-wide limiter of ``limit`` slots; its lock file in ``folder`` (the server's state
-    folder, shared by workers that build their own app) or a private temporary file."""
-    return keep(app, _KEY, ConcurrencyLimiter(limit, os.path.join(folder, "slots.lock") if folder else None))
-
-
-def get_limiter(app: Flask | None = None) -> ConcurrencyLimiter:
-    """The app's server-wide concurrency limiter."""
-    return kept(_KEY, app)

@@ -22,10 +22,8 @@ import gevent
 from flask import Flask
 
 from phi_api.errors import ConfigError
-from phi_api.limits.slots import get_limiter
 from phi_api.settings import Settings, load_settings
 from phi_api.telemetry import tracing
-from phi_api.web import extensions
 
 log = logging.getLogger(__name__)
 
@@ -73,20 +71,27 @@ def _flask_app(wsgi: Any) -> Flask | None:
     return wsgi if isinstance(wsgi, Flask) else None
 
 
+def _resources(app: Flask) -> Any:
+    """``app``'s resources (imported here, not at the top: prometheus_client must see its folder first)."""
+    from phi_api.web.resources import get_resources
+
+    return get_resources(app)
+
+
 def post_worker_init(worker: Any) -> None:
     """gunicorn hook, in the new worker: start its engine threads; mark it draining when told to stop."""
     app = _flask_app(getattr(worker, "wsgi", None))
     if app is None:
         return
-    from phi_api.telemetry.metrics import get_metrics  # not at the top: prometheus_client must see its folder first
-
-    models = extensions.get_models(app)
+    resources = _resources(app)
+    models = resources.models
+    assert models is not None
     models.start()
     gevent.spawn(_keep_in_step, models)
-    gevent.spawn(_publish_load, models, get_metrics(app), extensions.get_memory(app))
+    gevent.spawn(_publish_load, models, resources.metrics, resources.memory)
     if tracing.configured():
-        tracing.get_tracing(app).start_worker()
-    if extensions.get_settings(app).BATCH_CONCURRENCY:
+        resources.tracing.start_worker()
+    if resources.settings.BATCH_CONCURRENCY:
         from phi_api.api.batches import runner
 
         gevent.spawn(runner(app).run_forever)
@@ -146,8 +151,10 @@ def worker_exit(server: Any, worker: Any) -> None:
         return
     app = _flask_app(getattr(worker, "wsgi", None))
     if app is not None:
-        extensions.get_models(app).stop()
-        tracing.get_tracing(app).stop_worker()  # the spans still batched go out
+        resources = _resources(app)
+        if resources.models is not None:
+            resources.models.stop()
+        resources.tracing.stop_worker()  # the spans still batched go out
     exc = sys.exc_info()[1]
     if isinstance(exc, SystemExit):
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -164,7 +171,7 @@ def on_exit(server: Any) -> None:
     if server.cfg.preload_app:
         app = _flask_app(server.app.wsgi())
         if app is not None:
-            get_limiter(app).remove_file()
+            _resources(app).limiter.remove_file()
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
     if os.environ.get(_OWN_METRICS_DIR) == folder and os.path.isdir(folder):
         shutil.rmtree(folder, ignore_errors=True)

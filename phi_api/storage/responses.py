@@ -16,12 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flask import Flask
-
-from phi_api.web.resources import keep, kept
-
-_KEY = "phi_api.response_store"
-
 
 class ResponseStore:
     """Responses by id, with the conversations they end, in ``path`` (an SQLite file)."""
@@ -74,13 +68,3 @@ class ResponseStore:
             self._db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, created REAL, "
                              "response TEXT, messages TEXT)")
         return self._db
-
-
-def init_app(app: Flask, folder: Path, max_items: int, max_age: float) -> ResponseStore:
-    """Keep the app's response store, in the server's state ``folder``."""
-    return keep(app, _KEY, ResponseStore(Path(folder) / "responses.sqlite3", max_items, max_age))
-
-
-def get_store(app: Flask | None = None) -> ResponseStore:
-    """The app's response store."""
-    return kept(_KEY, app)

@@ -10,19 +10,15 @@ server), the app's own registry is served.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
-from flask import Flask, Response, g, request
+from flask import Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from phi_api.engine import Finished
 from phi_api.engine.sched.choice import Choice
-from phi_api.web.resources import keep, kept
-
-_KEY = "phi_api.telemetry.metrics"
 
 _RATE_BUCKETS = (5, 10, 25, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
 _ROW_BUCKETS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
@@ -208,26 +204,6 @@ class Metrics:
         return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST.split(";")[0],
                         content_type=CONTENT_TYPE_LATEST)
 
-    def register(self, app: Flask) -> None:
-        """Count every request: by route (the URL rule, not the raw path), method and status."""
-
-        @app.before_request
-        def _enter() -> None:
-            self.in_flight.inc()
-            g.metrics_counted = True
-            g.metrics_started = time.perf_counter()
-
-        @app.after_request
-        def _leave(response: Response) -> Response:
-            if not g.pop("metrics_counted", False):
-                return response
-            route = request.url_rule.rule if request.url_rule is not None else "unmatched"
-            status = response.status_code
-            self.requests.labels(route, request.method, str(status)).inc()
-            if status == 429:
-                self.rate_limited.inc()
-            response.call_on_close(self.in_flight.dec)
-            return response
 
 
 class _Forward:
@@ -269,18 +245,6 @@ class _GatewayMetrics:
             reserved = values.get("phi_api_kv_cache_reserved_bytes", 0.0)
             gauges[2].add_metric([model], reserved / budget if budget else 0.0)
         yield from gauges
-
-
-def init_app(app: Flask) -> Metrics:
-    """Keep the app's metrics and count its every request."""
-    metrics = keep(app, _KEY, Metrics())
-    metrics.register(app)
-    return metrics
-
-
-def get_metrics(app: Flask | None = None) -> Metrics:
-    """The app's metrics."""
-    return kept(_KEY, app)
 
 
 def mark_worker_dead(pid: int) -> None:

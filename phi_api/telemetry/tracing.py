@@ -22,12 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flask import Flask
-
 from phi_api.engine import Finished
-from phi_api.web.resources import keep, kept
 
-_KEY = "phi_api.telemetry.tracing"
 PROVIDER_NAME = "phi-api"
 
 
@@ -68,14 +64,6 @@ class Tracing:
             kind=trace.SpanKind.SERVER,
             attributes={name: value for name, value in given.items() if value is not None}, start_time=started)
         return RequestSpan(self.provider, span, started, choices)
-
-
-def init_app(app: Flask) -> Tracing:
-    return keep(app, _KEY, Tracing())
-
-
-def get_tracing(app: Flask | None = None) -> Tracing:
-    return kept(_KEY, app)
 
 
 def _new_provider(exporter: Any) -> Any:
@@ -154,4 +142,3 @@ class RequestSpan:
                 marks.append(now)
         for name, start, end in zip(("waiting", "prompt", "generation"), marks, marks[1:], strict=False):
             tracer.start_span(name, context=context, start_time=start).end(end_time=max(start, end))
-

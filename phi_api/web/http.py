@@ -24,19 +24,26 @@ from phi_api.errors import (
     KeyRateLimitError,
     UnsupportedMediaTypeError,
 )
-from phi_api.limits.keys import Key, Keys, get_keys
-from phi_api.limits.slots import Unlimited, get_limiter
+from phi_api.limits.keys import Key, Keys
+from phi_api.limits.slots import Unlimited
 from phi_api.server.transport import read_body, streaming_response
 from phi_api.service import generation
 from phi_api.service.generation import KEEPALIVE, Services
 from phi_api.service.requests import CompletionRequest
 from phi_api.telemetry.logs import current_request_id
-from phi_api.telemetry.metrics import Metrics, get_metrics
-from phi_api.telemetry.tracing import RequestSpan, get_tracing
+from phi_api.telemetry.metrics import Metrics
+from phi_api.telemetry.tracing import RequestSpan
 from phi_api.web.auth import current_key
-from phi_api.web.extensions import get_models, get_settings
 from phi_api.web.foreign import from_foreign
-from phi_api.web.schemas import get_validator
+from phi_api.web.resources import (
+    get_keys,
+    get_limiter,
+    get_metrics,
+    get_models,
+    get_settings,
+    get_tracing,
+    get_validator,
+)
 
 log = logging.getLogger("phi_api.errors")
 

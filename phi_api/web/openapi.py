@@ -18,10 +18,7 @@ from typing import Any
 from flask import Flask
 
 from phi_api.version import __version__
-from phi_api.web.resources import keep, kept
 from phi_api.web.schemas import REQUEST_SCHEMAS, SCHEMA_DIR
-
-_KEY = "phi_api.web.openapi"
 
 JSON = "application/json"
 _PATH_PARAMETER = re.compile(r"<(?:[a-z]+:)?(\w+)>")  # Flask's <path:model> is OpenAPI's {model}
@@ -164,13 +161,3 @@ def _operation(operation: Operation, endpoint: str, method: str) -> dict[str, An
         described["requestBody"] = {"required": True, "content": {JSON: {
             "schema": {"$ref": f"#/components/schemas/{operation.request}"}}}}
     return described
-
-
-def init_app(app: Flask) -> dict[str, Any]:
-    """Build and keep ``app``'s document (once its routes are registered)."""
-    return keep(app, _KEY, build(app))
-
-
-def get_document(app: Flask | None = None) -> dict[str, Any]:
-    """The app's OpenAPI document."""
-    return kept(_KEY, app)

@@ -18,15 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flask import Flask
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 
 from phi_api.errors import APIError, InvalidMessagesError, InvalidParameterError, MissingParameterError
-from phi_api.web.resources import keep, kept
-
-_KEY = "phi_api.validator"
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 REQUEST_SCHEMAS = {
@@ -196,13 +192,3 @@ _MESSAGES: dict[str, Callable[[str, ValidationError], str]] = {
     "maxProperties": _properties,
     "pattern": _pattern,
 }
-
-
-def init_app(app: Flask) -> RequestValidator:
-    """Keep the app's compiled request schemas (read and compiled once, now)."""
-    return keep(app, _KEY, RequestValidator())
-
-
-def get_validator(app: Flask | None = None) -> RequestValidator:
-    """The app's compiled request schemas."""
-    return kept(_KEY, app)

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from phi_api.api.batches import get_batches, runner
+from phi_api.api.batches import runner
 from phi_api.batch.runner import BATCH_PRIORITY, alive, owner_id
-from phi_api.limits.slots import get_limiter
 from phi_api.storage.batches import BatchStore
+from phi_api.web.resources import get_batches, get_limiter
 from tests.support.fakes import fake_engine, text_pieces
 
 CHAT = "/v1/chat/completions"

@@ -179,7 +179,7 @@ def test_keep_alive_durations_as_ollama_writes_them(value, seconds):
 def test_keep_alive_keeps_the_model_at_least_that_long_on_every_worker(make_app):
     import time
 
-    from phi_api.web.extensions import get_models
+    from phi_api.web.resources import get_models
 
     app = make_app()
     client = app.test_client()

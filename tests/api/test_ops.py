@@ -7,7 +7,7 @@ import time
 import gevent
 from prometheus_client.parser import text_string_to_metric_families
 
-from phi_api.web.extensions import get_models
+from phi_api.web.resources import get_models
 from tests.support.server import wait_until
 
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "Say hello"}]}
@@ -126,7 +126,7 @@ def test_the_gateway_metrics_show_what_the_engines_hold(make_app):
     first decode step is one running request holding part of the key/value budget; when it ends, nothing is."""
     import threading
 
-    from phi_api.telemetry.metrics import get_metrics
+    from phi_api.web.resources import get_metrics
     from tests.support.fakes import fake_engine, text_pieces
 
     gate = threading.Semaphore(0)

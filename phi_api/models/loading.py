@@ -1,0 +1,43 @@
+"""How a model becomes an engine: its folder checked, its runtime loaded, its engine configured from the settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from phi_api.engine import Engine, EngineConfig, SharedBudget
+from phi_api.errors import ModelLoadingError
+from phi_api.models.registry import ModelSpec
+from phi_api.settings import Settings, engine_values
+
+
+def load_engine(settings: Settings, spec: ModelSpec, memory: SharedBudget | None = None) -> Engine:
+    """Load the model ``spec`` names, with its own engine options over ``settings``, its keys and values in the
+    worker's ``memory``; raises :class:`ModelLoadingError` with the model, its path and the cause."""
+    from google.protobuf.message import DecodeError
+
+    from phi_api.engine.runtime import oga
+    from phi_api.engine.runtime.model import LanguageModel
+    from phi_api.engine.runtime.session import ORT_ERRORS
+    from phi_api.errors import GuidanceError, PrepackError
+    from phi_api.settings import cache_root
+
+    path = spec.path
+    settings = dataclasses.replace(settings, **spec.options)
+    if not os.path.isdir(path):
+        raise ModelLoadingError(path, "no such directory", spec.id)
+    if not os.path.isfile(os.path.join(path, "genai_config.json")):
+        raise ModelLoadingError(path, "genai_config.json not found (not an ONNX Runtime GenAI model folder)",
+                                spec.id)
+    try:
+        model = LanguageModel(path, cache_dir=cache_root() / "runtime", kv_dtype=settings.KV_CACHE_DTYPE)
+    except (oga.OgaError, PrepackError, GuidanceError) as exc:
+        raise ModelLoadingError(path, str(exc), spec.id) from exc
+    except ORT_ERRORS + (DecodeError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadingError(path, f"unreadable model ({type(exc).__name__}: {exc})", spec.id) from exc
+    return Engine(model, engine_config(settings, spec.id), memory)
+
+
+def engine_config(settings: Settings, name: str = "") -> EngineConfig:
+    """A model's engine configuration, from the server's settings with the model's own options applied."""
+    return EngineConfig(name=name, **engine_values(settings))
