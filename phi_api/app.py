@@ -13,7 +13,8 @@ from phi_api.api import BLUEPRINTS, playground
 from phi_api.engine import Engine, SharedBudget
 from phi_api.errors import openai_body
 from phi_api.models.loading import load_engine
-from phi_api.models.registry import Loader, ModelSpec
+from phi_api.models.registry import Loader
+from phi_api.models.specs import ModelSpec
 from phi_api.settings import load_settings
 from phi_api.telemetry.logs import configure_logging, register_request_logging
 from phi_api.web import openapi

@@ -1,4 +1,5 @@
-"""The package's layering: no import cycles among its modules (lazy imports included), no Flask in the service."""
+"""The package's layering: each folder imports only its own layer and those below it, no import cycles (lazy
+imports included), and no Flask, even indirectly, below the web layer."""
 
 from __future__ import annotations
 
@@ -83,6 +84,75 @@ def test_no_module_of_the_package_imports_itself_back():
     assert cycles(import_graph()) == []
 
 
-def test_the_service_knows_no_flask():
-    graph = {path: imported(path, {"flask"}) for path in (PACKAGE / "service").rglob("*.py")}
-    assert {str(path.name) for path, found in graph.items() if "flask" in found} == set()
+# Bottom to top: a module may import modules of its own layer and of the layers below, never above.
+LAYERS = (
+    ("phi_api.errors", "phi_api.version"),
+    ("phi_api.settings",),
+    ("phi_api.engine",),
+    ("phi_api.models", "phi_api.limits", "phi_api.storage"),
+    ("phi_api.service",),
+    ("phi_api.protocols",),
+    ("phi_api.batch",),
+    ("phi_api.telemetry",),
+    ("phi_api.web",),
+    ("phi_api.api",),
+    ("phi_api.app",),
+    ("phi_api.server",),
+    ("phi_api.tools", "phi_api.__main__"),
+)
+# Up to this layer (the batch runner included), nothing reaches Flask or werkzeug, directly or not.
+FLASK_FREE_UP_TO = "phi_api.batch"
+FRAMEWORK = {"flask", "flask_cors", "werkzeug"}
+
+
+def layer(module: str) -> int:
+    """The index in :data:`LAYERS` of ``module``'s layer (its longest matching prefix)."""
+    found = [(len(prefix), index) for index, prefixes in enumerate(LAYERS) for prefix in prefixes
+             if module == prefix or module.startswith(prefix + ".")]
+    assert found, f"{module} belongs to no layer: add its folder to LAYERS"
+    return max(found)[1]
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{module} -> {target}" for module, targets in graph.items() for target in targets
+                  if target != "phi_api" and layer(target) > layer(module))
+
+
+def test_every_module_has_a_layer():
+    assert [module for module in import_graph() if module != "phi_api" and layer(module) < 0] == []
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    assert upward(import_graph()) == []
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert upward({"phi_api.engine.kv.pool": {"phi_api.web.http"}, "phi_api.web.http": {"phi_api.engine"}}) == [
+        "phi_api.engine.kv.pool -> phi_api.web.http"]
+
+
+def reaches(graph: dict[str, set[str]], start: str, framework: dict[str, bool]) -> bool:
+    """Whether ``start`` imports the web framework, itself or through the package modules it imports."""
+    seen, todo = set(), [start]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        if framework.get(module):
+            return True
+        todo.extend(graph.get(module, ()))
+    return False
+
+
+def test_nothing_below_the_web_layer_reaches_flask_even_indirectly():
+    paths = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = import_graph()
+    direct = {name: bool(imported(path, FRAMEWORK)) for name, path in paths.items()}
+    low = [name for name in paths if name != "phi_api" and layer(name) <= layer(FLASK_FREE_UP_TO)]
+    assert low and sorted(name for name in low if reaches(graph, name, direct)) == []
+
+
+def test_the_flask_check_follows_imports():
+    graph = {"a": {"b"}, "b": {"c"}, "c": set()}
+    assert reaches(graph, "a", {"c": True}) and not reaches(graph, "a", {"d": True})

@@ -19,7 +19,8 @@ from phi_api.errors import (
     ModelLoadingError,
     ModelNotFoundError,
 )
-from phi_api.models.registry import Models, ModelSpec, check_folder, declared
+from phi_api.models.registry import Models, expire_idle
+from phi_api.models.specs import ModelSpec, check_folder, declared
 from phi_api.settings import Settings
 from phi_api.web.resources import get_models
 from tests.api.test_request_errors import assert_error
@@ -255,18 +256,18 @@ def test_a_model_loaded_at_run_time_is_unloaded_everywhere_once_idle_past_its_ke
         models.declare(declared(settings))
     try:
         a.load(ModelSpec("second", str(model_folder(tmp_path, "second"))))
-        keep_file = a._keep_path("second")
+        keep_file = a.keep_alive.path("second")
         assert keep_file.stat().st_mtime > time.time() + 290  # kept MODEL_IDLE_SECONDS from its load
-        b.expire_idle()
+        expire_idle(b)
         assert b.ids() == ["first", "second"]  # not yet idle long enough
         b.engine("second")  # a request in the other worker keeps it too
         assert keep_file.stat().st_mtime > time.time() + 290
         os.utime(keep_file, (time.time() - 1, time.time() - 1))  # its keep time has passed
-        b.expire_idle()
+        expire_idle(b)
         assert a.ids() == b.ids() == ["first"]  # unloaded everywhere; the declared model stays
-        a.keep("first", 0.001)
-        os.utime(a._keep_path("first"), (time.time() - 1, time.time() - 1))
-        a.expire_idle()
+        a.keep_alive.note_use("first", 0.001)
+        os.utime(a.keep_alive.path("first"), (time.time() - 1, time.time() - 1))
+        expire_idle(a)
         assert a.ids() == ["first"]
     finally:
         for models in (a, b):

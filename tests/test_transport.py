@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from phi_api.server.transport import client_gone
+from phi_api.web.transport import client_gone
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ from flask import Blueprint, Response, jsonify
 
 from phi_api.errors import anthropic_body
 from phi_api.protocols.anthropic import MessageRenderer, MessagesRequest
-from phi_api.server.transport import disconnect_probe
 from phi_api.service import generation, prompts
 from phi_api.web.http import named_sse_response, read_request, render_errors, services, start_generation
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, SSE, operation
+from phi_api.web.transport import disconnect_probe
 
 bp = Blueprint("messages", __name__)
 render_errors(bp, anthropic_body)

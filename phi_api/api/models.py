@@ -16,7 +16,8 @@ from flask import Blueprint, Response, jsonify
 
 from phi_api.errors import APIError, InvalidParameterError, ModelLoadingError, PermissionDeniedError, PullError
 from phi_api.models.pull import in_subprocess, parse
-from phi_api.models.registry import Models, ModelSpec
+from phi_api.models.registry import Models
+from phi_api.models.specs import ModelSpec
 from phi_api.protocols import catalog
 from phi_api.web.http import read_request
 from phi_api.web.openapi import operation

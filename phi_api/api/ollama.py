@@ -15,12 +15,12 @@ from flask import Blueprint, Response, jsonify
 from phi_api.api.models import check_pull_allowed, pull_events
 from phi_api.errors import ModelLoadingError, ollama_body
 from phi_api.protocols import catalog, ollama
-from phi_api.server.transport import disconnect_probe
 from phi_api.service import generation
 from phi_api.version import __version__
 from phi_api.web.http import ndjson_response, read_request, render_errors, start_generation
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, NDJSON, operation
 from phi_api.web.resources import get_models
+from phi_api.web.transport import disconnect_probe
 
 bp = Blueprint("ollama", __name__)
 render_errors(bp, ollama_body)
@@ -60,7 +60,7 @@ def _generation(schema: str, parse: Callable[[dict[str, Any]], Any], *, chat: bo
     models, keep = get_models(), ollama.keeps_alive(body)
     asked = ollama.keep_alive_seconds(body)
     if keep and asked:
-        models.keep(request.model, asked)
+        models.keep_alive.note_use(request.model, asked)
 
     def unload() -> None:  # keep_alive 0: unload once answered (if nobody did meanwhile)
         models.unload(request.model, missing_ok=True)

@@ -7,13 +7,13 @@ from flask import Blueprint, Response, jsonify
 from phi_api.api.models import ADMIN_STATUSES, load_checked
 from phi_api.engine import Engine
 from phi_api.protocols import catalog
-from phi_api.server.transport import disconnect_probe
 from phi_api.service import generation, prompts
 from phi_api.service.requests import CompletionRequest, Sampling
 from phi_api.telemetry.logs import current_request_id
 from phi_api.web.http import read_request, services
 from phi_api.web.openapi import GENERATION_STATUSES, operation
 from phi_api.web.resources import get_document, get_metrics, get_models, get_settings
+from phi_api.web.transport import disconnect_probe
 
 bp = Blueprint("ops", __name__)
 

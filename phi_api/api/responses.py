@@ -8,11 +8,11 @@ from flask import Blueprint, Response, jsonify
 
 from phi_api.errors import ResponseNotFoundError
 from phi_api.protocols.responses import ResponseRenderer, ResponsesRequest, history_of, output_messages
-from phi_api.server.transport import disconnect_probe
 from phi_api.service import generation
 from phi_api.web.http import named_sse_response, read_request, start_generation
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, SSE, operation
 from phi_api.web.resources import get_store
+from phi_api.web.transport import disconnect_probe
 
 bp = Blueprint("responses", __name__)
 

@@ -7,7 +7,7 @@ import os
 
 from phi_api.engine import Engine, EngineConfig, SharedBudget
 from phi_api.errors import ModelLoadingError
-from phi_api.models.registry import ModelSpec
+from phi_api.models.specs import ModelSpec
 from phi_api.settings import Settings, engine_values
 
 

@@ -60,6 +60,13 @@ class ServerMemory:
         """Each worker's keys and values: what is left of the limit, split between the workers."""
         return max(0, (self.limit - self.fixed(weights)) // self.workers)
 
+    def observe(self, loaded: bool, ready: bool, weights: int) -> None:
+        """In a worker: measure its own memory once its engines (``loaded`` and ``ready``) are, and set its key/value
+        share for the models' ``weights`` now loaded."""
+        if self.worker_private is None and loaded and ready:
+            self.worker_private = measured_here()
+        self.refresh(weights)
+
     def refresh(self, weights: int) -> None:
         """Set this worker's key/value budget for the models now loaded (``weights``: their files' sizes)."""
         self.shared.budget = self.kv_share(weights)

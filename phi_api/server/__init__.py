@@ -1,1 +1,1 @@
-"""Running under gunicorn: the WSGI app and its start-up, the worker class, and the client's connection."""
+"""Running under gunicorn: the WSGI app and its start-up failures, the lifecycle hooks and the worker class."""

@@ -22,6 +22,7 @@ import gevent
 from flask import Flask
 
 from phi_api.errors import ConfigError
+from phi_api.models.registry import expire_idle
 from phi_api.settings import Settings, load_settings
 from phi_api.telemetry import tracing
 
@@ -107,7 +108,7 @@ def _keep_in_step(models: Any) -> None:
         gevent.sleep(RECONCILE_SECONDS)
         try:
             models.sync()
-            models.expire_idle()
+            expire_idle(models)
         except Exception:  # a model that will not load is logged; the loop must go on
             log.exception("could not catch up with the server's models")
 
@@ -118,8 +119,8 @@ def _publish_load(models: Any, metrics: Any, memory: Any) -> None:
     while True:
         gevent.sleep(LOAD_SECONDS)
         try:
-            models.observe_memory()
             engines = {served.spec.id: served.engine for served in models.all()}
+            memory.observe(bool(engines), models.ready, models.weights())
             metrics.observe_engines(engines)
             metrics.observe_disk(engines)
             for engine in engines.values():
@@ -175,7 +176,7 @@ def on_exit(server: Any) -> None:
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
     if os.environ.get(_OWN_METRICS_DIR) == folder and os.path.isdir(folder):
         shutil.rmtree(folder, ignore_errors=True)
-    from phi_api.models.registry import STATE_DIR_VARIABLE
+    from phi_api.models.state import STATE_DIR_VARIABLE
 
     if os.environ.get(STATE_DIR_VARIABLE):
         shutil.rmtree(os.environ[STATE_DIR_VARIABLE], ignore_errors=True)
@@ -194,7 +195,7 @@ _OWN_METRICS_DIR = "PHI_API_OWN_METRICS_DIR"
 def prepare_state_dir() -> None:
     """A fresh folder for the state the server's processes share (the model registry, the slots' lock file),
     named to the workers by ``PHI_API_STATE_DIR`` and removed at shutdown."""
-    from phi_api.models.registry import STATE_DIR_VARIABLE
+    from phi_api.models.state import STATE_DIR_VARIABLE
 
     os.environ[STATE_DIR_VARIABLE] = tempfile.mkdtemp(prefix="phi-api-state-")
 

@@ -4,7 +4,7 @@ gunicorn answers requests it cannot parse (an overlong request line, too many
 or too large headers, broken HTTP) itself, before the app sees them, with an
 HTML page. This worker sends OpenAI's error object instead, and treats a
 stream whose client stopped reading (a write that timed out, see
-:mod:`phi_api.server.transport`) as a client that went away, not as a server error.
+:mod:`phi_api.web.transport`) as a client that went away, not as a server error.
 """
 
 from __future__ import annotations

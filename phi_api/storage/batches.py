@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from phi_api.errors import BatchError
+from phi_api.storage.sqlite import Database
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 WINDOWS = {"24h": 86_400}  # completion_window: OpenAI accepts only 24h
@@ -57,23 +58,22 @@ class BatchStore:
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        self._pid: int | None = None
-        self._db: sqlite3.Connection | None = None
+        self._database = Database(self.folder / "batches.sqlite3", _TABLES)
 
     # Files ------------------------------------------------------------------------------------------
 
     def add_file(self, filename: str, purpose: str, data: bytes) -> dict[str, Any]:
         """Keep ``data`` as a new file; its file object."""
-        with self._connection() as db:
+        with self._database.connection() as db:
             return self._write_file(db, filename, purpose, data)
 
     def file(self, file_id: str) -> dict[str, Any] | None:
-        row = self._connection().execute("SELECT * FROM files WHERE id = ?", (file_id,)).fetchone()
+        row = self._database.connection().execute("SELECT * FROM files WHERE id = ?", (file_id,)).fetchone()
         return _file_object(row) if row else None
 
     def files(self, purpose: str | None, limit: int, after: str | None, order: str) -> tuple[list[dict], bool]:
         """Files (of ``purpose``), newest first (``order`` desc) or oldest, after the one named ``after``."""
-        rows = self._connection().execute(
+        rows = self._database.connection().execute(
             "SELECT * FROM files WHERE (? IS NULL OR purpose = ?) ORDER BY created_at, rowid", (purpose, purpose)
         ).fetchall()
         return _page([_file_object(row) for row in (rows[::-1] if order == "desc" else rows)], limit, after)
@@ -82,7 +82,7 @@ class BatchStore:
         return self._path(file_id) if self.file(file_id) is not None else None
 
     def delete_file(self, file_id: str) -> bool:
-        with self._connection() as db:
+        with self._database.connection() as db:
             gone = db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount > 0
         if gone:
             self._path(file_id).unlink(missing_ok=True)
@@ -109,7 +109,7 @@ class BatchStore:
         if errors:
             batch.update(status="failed", failed_at=now, errors={"object": "list", "data": errors})
             batch["request_counts"]["total"] = 0
-        with self._connection() as db:
+        with self._database.connection() as db:
             db.execute("INSERT INTO batches VALUES (?, ?, ?)", (batch["id"], json.dumps(batch), time.time()))
             if not errors:
                 db.executemany("INSERT INTO lines VALUES (?, ?, ?, ?, 'pending', NULL, NULL, NULL)",
@@ -118,22 +118,22 @@ class BatchStore:
         return batch
 
     def batch(self, batch_id: str) -> dict[str, Any] | None:
-        row = self._connection().execute("SELECT object FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        row = self._database.connection().execute("SELECT object FROM batches WHERE id = ?", (batch_id,)).fetchone()
         return json.loads(row[0]) if row else None
 
     def batches(self, limit: int, after: str | None) -> tuple[list[dict], bool]:
-        rows = self._connection().execute("SELECT object FROM batches ORDER BY created_at DESC").fetchall()
+        rows = self._database.connection().execute("SELECT object FROM batches ORDER BY created_at DESC").fetchall()
         return _page([json.loads(row[0]) for row in rows], limit, after)
 
     def cancel(self, batch_id: str) -> dict[str, Any]:
         """Stop a batch: its lines not yet taken will not run; it is ``cancelled`` once those running end."""
-        with self._write() as db:
-            batch = self._batch_in(db, batch_id)
+        with self._database.transaction() as db:
+            batch = _batch_in(db, batch_id)
             if batch["status"] in TERMINAL or batch["status"] == "finalizing":
                 raise BatchError(f"Batch '{batch_id}' is {batch['status']}: it cannot be cancelled.", None)
             db.execute("UPDATE lines SET state = 'cancelled' WHERE batch_id = ? AND state = 'pending'", (batch_id,))
             batch.update(status="cancelling", cancelling_at=int(time.time()))
-            self._save(db, batch)
+            _save(db, batch)
         self.settle(batch_id)
         return self.batch(batch_id) or batch
 
@@ -141,7 +141,7 @@ class BatchStore:
 
     def claim(self, owner: str) -> Line | None:
         """Take the next line to run (the oldest batch's first), for ``owner``; None when none waits."""
-        with self._write() as db:
+        with self._database.transaction() as db:
             row = db.execute("SELECT lines.batch_id, line, custom_id, body FROM lines JOIN batches "
                              "ON batches.id = lines.batch_id WHERE state = 'pending' "
                              "ORDER BY batches.created_at, line LIMIT 1").fetchone()
@@ -150,10 +150,10 @@ class BatchStore:
             batch_id, number, custom_id, body = row
             db.execute("UPDATE lines SET state = 'running', owner = ? WHERE batch_id = ? AND line = ?",
                        (owner, batch_id, number))
-            batch = self._batch_in(db, batch_id)
+            batch = _batch_in(db, batch_id)
             if batch["status"] == "validating":
                 batch.update(status="in_progress", in_progress_at=int(time.time()))
-                self._save(db, batch)
+                _save(db, batch)
         return Line(batch_id, number, custom_id, batch["endpoint"], json.loads(body))
 
     def finish(self, line: Line, status_code: int | None, body: Any, request_id: str | None,
@@ -164,23 +164,23 @@ class BatchStore:
                   "response": None if status_code is None else
                   {"status_code": status_code, "request_id": request_id, "body": body},
                   "error": error}
-        with self._write() as db:
+        with self._database.transaction() as db:
             db.execute("UPDATE lines SET state = 'done', result = ?, ok = ? WHERE batch_id = ? AND line = ?",
                        (json.dumps(result), int(ok), line.batch_id, line.line))
-            batch = self._batch_in(db, line.batch_id)
+            batch = _batch_in(db, line.batch_id)
             batch["request_counts"]["completed" if ok else "failed"] += 1
-            self._save(db, batch)
+            _save(db, batch)
         self.settle(line.batch_id)
 
     def release(self, line: Line) -> None:
         """Put a claimed line back in the queue: it could not run now (the worker is shutting down)."""
-        with self._write() as db:
+        with self._database.transaction() as db:
             db.execute("UPDATE lines SET state = 'pending', owner = NULL WHERE batch_id = ? AND line = ? AND "
                        "state = 'running'", (line.batch_id, line.line))
 
     def recover(self, alive: Any) -> int:
         """Put back in the queue the lines claimed by owners that are no longer ``alive(owner)``; how many."""
-        with self._write() as db:
+        with self._database.transaction() as db:
             owners = [row[0] for row in db.execute("SELECT DISTINCT owner FROM lines WHERE state = 'running'")]
             dead = [owner for owner in owners if not alive(owner)]
             return sum(db.execute("UPDATE lines SET state = 'pending', owner = NULL WHERE state = 'running' AND "
@@ -188,18 +188,18 @@ class BatchStore:
 
     def expire(self, now: float) -> None:
         """Batches past their completion window: their lines not yet taken will not run."""
-        rows = self._connection().execute("SELECT object FROM batches").fetchall()
+        rows = self._database.connection().execute("SELECT object FROM batches").fetchall()
         for batch in (json.loads(row[0]) for row in rows):
             if batch["status"] in ("validating", "in_progress") and now > batch["expires_at"]:
-                with self._write() as db:
+                with self._database.transaction() as db:
                     db.execute("UPDATE lines SET state = 'expired' WHERE batch_id = ? AND state = 'pending'",
                                (batch["id"],))
                 self.settle(batch["id"])
 
     def settle(self, batch_id: str) -> None:
         """When no line of the batch waits or runs any more: write its output and error files, and end it."""
-        with self._write() as db:
-            batch = self._batch_in(db, batch_id)
+        with self._database.transaction() as db:
+            batch = _batch_in(db, batch_id)
             left = db.execute("SELECT COUNT(*) FROM lines WHERE batch_id = ? AND state IN ('pending', 'running')",
                               (batch_id,)).fetchone()[0]
             if left or batch["status"] in TERMINAL:
@@ -207,7 +207,7 @@ class BatchStore:
             rows = db.execute("SELECT custom_id, state, result, ok FROM lines WHERE batch_id = ? ORDER BY line",
                               (batch_id,)).fetchall()
             batch = self._finalize(db, batch, rows)
-            self._save(db, batch)
+            _save(db, batch)
 
     # Inside -----------------------------------------------------------------------------------------
 
@@ -243,44 +243,19 @@ class BatchStore:
         db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?)", row)
         return _file_object(row)
 
-    def _batch_in(self, db: sqlite3.Connection, batch_id: str) -> dict[str, Any]:
-        row = db.execute("SELECT object FROM batches WHERE id = ?", (batch_id,)).fetchone()
-        if row is None:
-            raise BatchError(f"No batch with id '{batch_id}'.", None)
-        return json.loads(row[0])
-
-    def _save(self, db: sqlite3.Connection, batch: dict[str, Any]) -> None:
-        db.execute("UPDATE batches SET object = ? WHERE id = ?", (json.dumps(batch), batch["id"]))
-
     def _path(self, file_id: str) -> Path:
         return self.folder / "files" / f"{file_id}.jsonl"
 
-    def _write(self) -> _Transaction:
-        return _Transaction(self._connection())
 
-    def _connection(self) -> sqlite3.Connection:
-        # A connection per process: sqlite's must not cross a fork.
-        if self._pid != os.getpid() or self._db is None:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            self._pid = os.getpid()
-            self._db = sqlite3.connect(self.folder / "batches.sqlite3", timeout=30, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(_TABLES)
-        return self._db
+def _batch_in(db: sqlite3.Connection, batch_id: str) -> dict[str, Any]:
+    row = db.execute("SELECT object FROM batches WHERE id = ?", (batch_id,)).fetchone()
+    if row is None:
+        raise BatchError(f"No batch with id '{batch_id}'.", None)
+    return json.loads(row[0])
 
 
-class _Transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (or ``ROLLBACK``): the write lock is taken before anything is read."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-
-    def __enter__(self) -> sqlite3.Connection:
-        self.db.execute("BEGIN IMMEDIATE")
-        return self.db
-
-    def __exit__(self, kind: Any, *rest: Any) -> None:
-        self.db.execute("ROLLBACK" if kind is not None else "COMMIT")
+def _save(db: sqlite3.Connection, batch: dict[str, Any]) -> None:
+    db.execute("UPDATE batches SET object = ? WHERE id = ?", (json.dumps(batch), batch["id"]))
 
 
 def parse_lines(data: bytes, endpoint: str) -> tuple[list[tuple[str, dict]], list[dict[str, Any]]]:

@@ -10,11 +10,13 @@ first. A resource of the app (``init_app`` and an accessor).
 from __future__ import annotations
 
 import json
-import os
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
+
+from phi_api.storage.sqlite import Database
+
+_TABLES = "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, created REAL, response TEXT, messages TEXT);"
 
 
 class ResponseStore:
@@ -24,13 +26,11 @@ class ResponseStore:
         self.path = path
         self.max_items = max_items
         self.max_age = max_age
-        self._pid: int | None = None
-        self._db: sqlite3.Connection | None = None
+        self._database = Database(path, _TABLES, timeout=10)
 
     def put(self, response: dict[str, Any], messages: list[dict[str, Any]]) -> None:
         """Keep ``response`` (its ``id``) and the conversation it ends; the oldest beyond the bounds go."""
-        db = self._connection()
-        with db:
+        with self._database.transaction() as db:
             db.execute("INSERT OR REPLACE INTO responses (id, created, response, messages) VALUES (?, ?, ?, ?)",
                        (response["id"], time.time(), json.dumps(response), json.dumps(messages)))
             db.execute("DELETE FROM responses WHERE created < ?", (time.time() - self.max_age,))
@@ -49,22 +49,11 @@ class ResponseStore:
 
     def delete(self, response_id: str) -> bool:
         """Forget a response; whether it was there."""
-        db = self._connection()
-        with db:
+        with self._database.transaction() as db:
             return db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
 
     def _row(self, response_id: str, column: str) -> str | None:
-        found = self._connection().execute(
+        found = self._database.connection().execute(
             f"SELECT {column} FROM responses WHERE id = ? AND created >= ?",  # column: one of two names of ours
             (response_id, time.time() - self.max_age)).fetchone()
         return found[0] if found else None
-
-    def _connection(self) -> sqlite3.Connection:
-        # A connection per process: sqlite's must not cross a fork.
-        if self._pid != os.getpid() or self._db is None:
-            self._pid = os.getpid()
-            self._db = sqlite3.connect(self.path, timeout=10)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, created REAL, "
-                             "response TEXT, messages TEXT)")
-        return self._db

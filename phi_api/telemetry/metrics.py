@@ -36,6 +36,15 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         own: dict[str, Any] = {"registry": self.registry}
+        self._declare_requests(own)
+        self._declare_engines(own)
+        self._declare_disk(own)
+        self._declare_keys(own)
+        self._published: set[str] = set()
+        self._totals: dict[tuple[str, str], int] = {}  # what each cumulative count was at its last look
+
+    def _declare_requests(self, own: dict[str, Any]) -> None:
+        """Requests and generations."""
         self.requests = Counter("phi_api_requests", "HTTP requests answered, by route, method and status",
                                 ["route", "method", "status"], **own)
         self.in_flight = Gauge("phi_api_requests_in_flight", "HTTP requests being served",
@@ -57,7 +66,10 @@ class Metrics:
         self.batch_rows = Histogram("phi_api_generation_batch_rows",
                                     "Rows per batched decode step a generation ran in, on average",
                                     buckets=_ROW_BUCKETS, **own)
-        # What each worker's engines hold, summed over live workers (the gateway metrics are derived from these).
+
+    def _declare_engines(self, own: dict[str, Any]) -> None:
+        """What each worker's engines hold, summed over live workers (the gateway metrics are derived from these),
+        and the memory budget (MEMORY_LIMIT_MB) and its parts (docs/memory.md)."""
         live: dict[str, Any] = {"multiprocess_mode": "livesum", "labelnames": ["model_name"], **own}
         self.engine_waiting = Gauge("phi_api_engine_requests_waiting",
                                     "Requests admitted to an engine, waiting for key/value room", **live)
@@ -68,7 +80,6 @@ class Metrics:
                              "counted)", **live)
         self.kv_budget = Gauge("phi_api_kv_cache_budget_bytes", "Key/value budget (KV_CACHE_MB), every worker's",
                                **live)
-        # The memory budget (MEMORY_LIMIT_MB) and its parts (docs/memory.md).
         self.memory_limit = Gauge("phi_api_memory_limit_bytes", "The whole server's memory budget (MEMORY_LIMIT_MB)",
                                   multiprocess_mode="max", **own)
         self.memory_weights = Gauge("phi_api_memory_weights_bytes", "The loaded models' weights, counted once",
@@ -87,7 +98,9 @@ class Metrics:
                                     ["model_name"], **own)
         self.memory_waiting = Gauge("phi_api_engine_requests_waiting_for_memory",
                                     "Engines whose next request waits for key/value memory", **live)
-        # The disk tier of prefix reuse (engine.prefixdisk), by model; its folder's size is every model's.
+
+    def _declare_disk(self, own: dict[str, Any]) -> None:
+        """The disk tier of prefix reuse (engine.kv.disk), by model; its folder's size is every model's."""
         disk: dict[str, Any] = {"labelnames": ["model_name"], **own}
         self.disk_read = Counter("phi_api_prefix_disk_read_tokens", "Prompt tokens read from disk, not computed",
                                  **disk)
@@ -103,14 +116,14 @@ class Metrics:
                                    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5), **own)
         self.disk_bytes = Gauge("phi_api_prefix_disk_bytes", "Bytes the prompts on disk take (PREFIX_CACHE_DISK_MB)",
                                 multiprocess_mode="max", **own)
-        # Usage by API key name (never the key): phi_api.limits.keys.
+
+    def _declare_keys(self, own: dict[str, Any]) -> None:
+        """Usage by API key name (never the key): phi_api.limits.keys."""
         by_key: dict[str, Any] = {"labelnames": ["key_name"], **own}
         self.key_requests = Counter("phi_api_key_requests", "Generation requests, by API key name", **by_key)
         self.key_prompt = Counter("phi_api_key_prompt_tokens", "Prompt tokens, by API key name", **by_key)
         self.key_cached = Counter("phi_api_key_cached_tokens", "Prompt tokens reused, by API key name", **by_key)
         self.key_completion = Counter("phi_api_key_completion_tokens", "Tokens generated, by API key name", **by_key)
-        self._published: set[str] = set()
-        self._totals: dict[tuple[str, str], int] = {}  # what each cumulative count was at its last look
 
     def observe_generation(self, choice: Choice, finished: Finished) -> None:
         """Record a finished generation (called on the hub's thread)."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 from flask import Response, jsonify
 
 from phi_api.protocols.openai import Answer, Shape
-from phi_api.server.transport import disconnect_probe
 from phi_api.service import generation
 from phi_api.service.requests import GenerationRequest
 from phi_api.web.http import sse_response, start_generation
+from phi_api.web.transport import disconnect_probe
 
 
 def respond(shape: type[Shape], request: GenerationRequest) -> Response:

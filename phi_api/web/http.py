@@ -26,7 +26,6 @@ from phi_api.errors import (
 )
 from phi_api.limits.keys import Key, Keys
 from phi_api.limits.slots import Unlimited
-from phi_api.server.transport import read_body, streaming_response
 from phi_api.service import generation
 from phi_api.service.generation import KEEPALIVE, Services
 from phi_api.service.requests import CompletionRequest
@@ -44,6 +43,7 @@ from phi_api.web.resources import (
     get_tracing,
     get_validator,
 )
+from phi_api.web.transport import read_body, streaming_response
 
 log = logging.getLogger("phi_api.errors")
 

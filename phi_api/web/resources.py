@@ -22,7 +22,9 @@ from phi_api.engine.threads.native import give_back_memory
 from phi_api.limits.keys import Keys, Usage, read_keys
 from phi_api.limits.slots import ConcurrencyLimiter
 from phi_api.models.memory import ServerMemory, measured_here
-from phi_api.models.registry import Models, ModelSpec, declared, state_dir
+from phi_api.models.registry import Models
+from phi_api.models.specs import ModelSpec, declared
+from phi_api.models.state import state_dir
 from phi_api.settings import Settings
 from phi_api.storage.batches import BatchStore
 from phi_api.storage.responses import ResponseStore

@@ -185,5 +185,5 @@ def test_keep_alive_keeps_the_model_at_least_that_long_on_every_worker(make_app)
     client = app.test_client()
     assert client.post("/api/chat", json={**CHAT, "stream": False, "keep_alive": "2h"}).status_code == 200
     with app.app_context():
-        keep_file = get_models()._keep_path("test-model")
+        keep_file = get_models().keep_alive.path("test-model")
     assert keep_file.stat().st_mtime > time.time() + 7000

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 import requests
 
-from phi_api.tools import bench
+from phi_api.tools.bench import probes, serving
 from phi_api.tools.bench.client import StreamResult
+from phi_api.tools.bench.common import Target
 from phi_api.tools.bench.report import print_report
 
 
@@ -35,8 +36,8 @@ def _refusing_json_schema(calls: list[dict[str, Any]]):
 
 def test_a_refused_feature_is_reported_and_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(bench, "stream_completion", _refusing_json_schema(calls))
-    costs = bench.measure_feature_costs(bench.Target("other", "http://x", "m"), 16, runs=3)
+    monkeypatch.setattr(probes, "stream_completion", _refusing_json_schema(calls))
+    costs = probes.measure_feature_costs(Target("other", "http://x", "m"), 16, runs=3)
     assert costs["json_schema grammar"] == {"refused": "HTTP 400"}
     assert sum("response_format" in body for body in calls) == 1
     assert costs["plain"]["decode_tokens_per_s"] == pytest.approx(100.0)
@@ -45,8 +46,8 @@ def test_a_refused_feature_is_reported_and_not_retried(monkeypatch: pytest.Monke
 
 def test_the_report_names_a_refused_feature(monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(bench, "stream_completion", _refusing_json_schema([]))
-    costs = bench.measure_feature_costs(bench.Target("other", "http://x", "m"), 16, runs=1)
+    monkeypatch.setattr(probes, "stream_completion", _refusing_json_schema([]))
+    costs = probes.measure_feature_costs(Target("other", "http://x", "m"), 16, runs=1)
     results = {**_results(), "feature_costs": costs}
     print_report({"targets": {"other": results}})
     out = capsys.readouterr().out
@@ -59,22 +60,22 @@ def test_the_report_names_a_refused_feature(monkeypatch: pytest.MonkeyPatch,
     (True, {"ignore_eos": True, "min_tokens": 64}),  # llama-cpp-python knows min_tokens, not ignore_eos
 ])
 def test_every_server_is_asked_for_full_length_answers(other: bool, expected: dict[str, Any]) -> None:
-    assert bench.Target("t", "http://x", "m", other=other).full_length(64) == expected
+    assert Target("t", "http://x", "m", other=other).full_length(64) == expected
 
 
 def test_a_server_that_fails_is_reported_and_the_others_are_kept(monkeypatch: pytest.MonkeyPatch, tmp_path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    def measure(target: bench.Target, *args: Any) -> dict[str, Any]:
+    def measure(target: Target, *args: Any) -> dict[str, Any]:
         if target.other:
             raise RuntimeError(f"{target.url} streamed no text")
         return _results()
 
-    monkeypatch.setattr(bench, "first_model", lambda url: "m")
-    monkeypatch.setattr(bench, "measure_target", measure)
+    monkeypatch.setattr(serving, "first_model", lambda url: "m")
+    monkeypatch.setattr(serving, "measure_target", measure)
     options = type("Options", (), {"concurrency": "1", "runs": 1, "max_tokens": 8, "model_path": None,
                                    "url": "http://phi", "server": [], "compare": ["other=http://other"],
                                    "memory": False, "out": str(tmp_path)})()
-    report = bench.run(options)
+    report = serving.run(options)
     assert report["targets"]["phi-api"] == _results()
     assert report["targets"]["other"] == {"failed": "RuntimeError: http://other streamed no text"}
     assert "failed: RuntimeError: http://other streamed no text" in capsys.readouterr().out
@@ -100,7 +101,7 @@ def test_one_stream_is_paired_with_the_raw_run_before_it() -> None:
     results = [StreamResult(ttft=0.30, tokens=101, decode_seconds=1.0),   # 100 tok/s
                StreamResult(ttft=0.25, tokens=101, decode_seconds=2.0),   # 50 tok/s, while the machine was slow
                StreamResult(ttft=0.21, tokens=101, decode_seconds=0.5)]   # 200 tok/s
-    paired = bench.paired_ratios(results, [raw(100, 0.2), raw(50, 0.2), raw(250, 0.2)])
+    paired = serving.paired_ratios(results, [raw(100, 0.2), raw(50, 0.2), raw(250, 0.2)])
     assert paired["decode_ratio"] == pytest.approx(1.0)  # ratios 1.0, 1.0, 0.8
     assert paired["ttft_delta_s"] == pytest.approx(0.05)
 
@@ -127,8 +128,8 @@ def test_the_models_probe_runs_during_a_batch_of_its_own_not_the_measured_ones(m
         batches.append((concurrency, bool(probing)))
         return LoadResult(concurrency, [StreamResult(ttft=0.1, tokens=11, decode_seconds=0.1)], 1.0)
 
-    monkeypatch.setattr(bench, "LatencyProbe", lambda url: FakeProbe())
-    monkeypatch.setattr(bench, "concurrent_streams", streams)
-    result = bench.measure_concurrency(bench.Target("phi-api", "http://x", "m"), [1, 4], 8, runs=2, raw=None)
+    monkeypatch.setattr(serving, "LatencyProbe", lambda url: FakeProbe())
+    monkeypatch.setattr(serving, "concurrent_streams", streams)
+    result = serving.measure_concurrency(Target("phi-api", "http://x", "m"), [1, 4], 8, runs=2, raw=None)
     assert batches == [(1, False), (1, False), (4, False), (4, False), (4, True)]
     assert result["models_latency_samples"] == 2

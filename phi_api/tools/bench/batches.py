@@ -14,6 +14,7 @@ Also the batch's own throughput: its lines per minute with nobody else asking.
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import tempfile
@@ -24,8 +25,8 @@ from typing import Any
 
 import requests
 
-from phi_api.tools.bench import LONG_PROMPT, SHORT_PROMPT, median, say
 from phi_api.tools.bench.client import stream_completion, unique
+from phi_api.tools.bench.common import LONG_PROMPT, SHORT_PROMPT, median, say
 from phi_api.tools.bench.server import Server
 
 MODEL_ID = "bench-model"
@@ -116,3 +117,16 @@ def run(options: Any) -> dict[str, Any]:
     (out / "bench-batch.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=2))
     return report
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-path", required=True, help="model folder the server serves")
+    parser.add_argument("--runs", type=int, default=5, help="short requests per measurement (medians are reported)")
+    parser.add_argument("--lines", type=int, default=40, help="lines of the batch")
+    parser.add_argument("--answer-tokens", type=int, default=64, help="each line's answer length")
+    parser.add_argument("--out", default="bench/results", help="folder for bench-batch.json")
+
+
+def main(args: argparse.Namespace) -> int:
+    run(args)
+    return 0

@@ -8,6 +8,7 @@ completions, reads every thread's CPU time from ``/proc`` before and after: the 
 
 from __future__ import annotations
 
+import argparse
 import resource
 import statistics
 import tempfile
@@ -17,6 +18,7 @@ from typing import Any
 
 from phi_api.engine.threads.native import ENGINE_THREAD_NAME
 from phi_api.tools.bench.client import concurrent_streams
+from phi_api.tools.bench.common import add_stream_args
 from phi_api.tools.bench.server import Server, threads
 
 MODEL_ID = "bench-model"
@@ -67,3 +69,12 @@ def run(args: Any) -> dict[str, Any]:
     print(f"medians ({args.streams} streams; CPU as cores busy): "
           + ", ".join(f"{key} {value:.2f}" for key, value in medians.items()))
     return medians
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    add_stream_args(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    run(args)
+    return 0

@@ -12,7 +12,9 @@ likely token, and the tokens each holds per GB.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -94,3 +96,16 @@ def compare(reference: np.ndarray, other: np.ndarray, targets: np.ndarray) -> di
         "mean_logprob": {"float32": round(float(reference[picked, targets].mean()), 4),
                          "int8": round(float(other[picked, targets].mean()), 4)},
     }
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-path", required=True, help="model folder")
+    parser.add_argument("--tokens", type=int, default=1024, help="held-out tokens to teacher-force (at most)")
+    parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: every core)")
+    parser.add_argument("--out", help="also write the report to this JSON file")
+
+
+def main(args: argparse.Namespace) -> int:
+    args.threads = args.threads or os.cpu_count() or 1
+    run(args)
+    return 0

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import requests
+
+from phi_api.tools.bench.common import needs_server
 
 OK_OUTCOMES = frozenset({"200", "429"})
 
@@ -238,3 +241,30 @@ def run(args: Any) -> int:
 def default_model() -> str:
     """The served model id the load command assumes (``MODEL_ID``, or the default model's)."""
     return os.environ.get("MODEL_ID", "smollm2-135m-instruct")
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", help="a running server (default: start one on --model-path)")
+    parser.add_argument("--model-path", help="model folder for the server it starts")
+    parser.add_argument("--pid", type=int, help="with --url: the gunicorn master's pid, to sample memory in a soak")
+    parser.add_argument("--model", default=None,
+                        help="the served model id (default: MODEL_ID or smollm2-135m-instruct)")
+    parser.add_argument("--limit", type=int, default=4, help="the server's MAX_CONCURRENT_REQUESTS (default 4)")
+    parser.add_argument("--workers", type=int, default=2, help="workers of the server it starts (default 2)")
+    parser.add_argument("--burst", type=int, default=64, help="requests released at once (default 64)")
+    parser.add_argument("--rounds", type=int, default=3, help="bursts (default 3)")
+    parser.add_argument("--max-tokens", type=int, default=16, help="tokens per request in a burst (default 16)")
+    parser.add_argument("--minutes", type=float, help="soak for this long instead of bursting")
+    parser.add_argument("--concurrency", type=int, default=4, help="soak clients (default 4)")
+    parser.add_argument("--mixed", action="store_true",
+                        help="a mixed load (long prompts, conversations, short questions, n 3, abandoned streams) "
+                             "for --minutes (default 5): peak PSS against MEMORY_LIMIT_MB, the longest first-token "
+                             "wait by kind, generations ended by timeout")
+    parser.add_argument("--memory-limit-mb", type=float, default=0, help="MEMORY_LIMIT_MB of the server it starts")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not needs_server(args, "load"):
+        return 2
+    args.model = args.model or default_model()
+    return run(args)

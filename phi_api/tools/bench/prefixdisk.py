@@ -17,6 +17,7 @@ so that nothing but the disk tier knows it. Greedy, 8 tokens, streamed; first-to
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 import threading
@@ -26,8 +27,8 @@ from typing import Any
 
 import requests
 
-from phi_api.tools.bench import median, say
 from phi_api.tools.bench.client import StreamResult, stream_completion
+from phi_api.tools.bench.common import median, say
 from phi_api.tools.bench.server import Server
 
 MODEL_ID = "bench-model"
@@ -124,7 +125,7 @@ def decoding_while_writing(model_path: str, log_dir: Path, runs: int, tokens: in
 def first_token_on_off(model_path: str, log_dir: Path, runs: int) -> dict[str, Any]:
     """A ~300-token prompt's first token (each run a prompt of its own: nothing to read), the tier on against off,
     the two servers asked in turn: what storing costs a prompt."""
-    from phi_api.tools.bench import LONG_PROMPT
+    from phi_api.tools.bench.common import LONG_PROMPT
 
     times: dict[str, list[float]] = {"on": [], "off": []}
     folder = Path(tempfile.mkdtemp(prefix="phi-api-disk-"))
@@ -190,3 +191,19 @@ def goals(report: dict[str, Any]) -> list[str]:
     """The issue's goals, met or not, for the measurements this run made."""
     return [f"[{'    met' if met(report[key]['ratio']) else 'NOT met'}] {text}: {report[key]['ratio']:.3f}x"
             for key, text, met in GOALS if key in report]
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-path", required=True, help="model folder the servers serve")
+    parser.add_argument("--runs", type=int, default=3, help="documents per measurement (medians are reported)")
+    parser.add_argument("--prompt-tokens", type=int, default=2000, help="about how long each document is")
+    parser.add_argument("--answer-tokens", type=int, default=64, help="the streamed answer's length while writing")
+    parser.add_argument("--parts", default="restart,workers,first-token,decoding",
+                        help="which measurements (comma-separated)")
+    parser.add_argument("--drop-caches", action="store_true", help="drop the page cache before reading (root)")
+    parser.add_argument("--out", default="bench/results", help="folder for bench-disk.json")
+
+
+def main(args: argparse.Namespace) -> int:
+    run(args)
+    return 0

@@ -14,6 +14,7 @@ run: speeds are medians of ``--runs`` alternating runs.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -189,3 +190,20 @@ def render(report: dict[str, Any]) -> str:
                      f"{row['top1_agreement']:.2f} | {row['greedy_answers_as_float32']:.2f} | "
                      f"{row['decode_tokens_per_second']:.0f} |")
     return "\n".join(lines)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-path", required=True, help="the served model folder")
+    parser.add_argument("--reference-path", required=True, help="the float32 build (prepare-model --reference)")
+    parser.add_argument("--compare", action="append", metavar="NAME=PATH", help="another build (repeatable)")
+    parser.add_argument("--text", default=None, help="the fixed text (default: tests/data/quality-text.txt)")
+    parser.add_argument("--tokens", type=int, default=1024, help="tokens of the text (default 1024)")
+    parser.add_argument("--runs", type=int, default=5, help="alternating decode runs (medians are reported)")
+    parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: every core)")
+    parser.add_argument("--out", default="bench/results/bench-quality.json", help="the JSON report")
+
+
+def main(args: argparse.Namespace) -> int:
+    args.text = args.text or str(DEFAULT_TEXT)
+    run(args)
+    return 0

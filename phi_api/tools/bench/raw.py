@@ -6,8 +6,11 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from phi_api.tools.bench.common import PROMPT, median
 
 
 @dataclass(frozen=True)
@@ -107,3 +110,49 @@ class EngineBatch:
         self._decoder.unbind()
         kv.close()
         return rate
+
+
+class RawReference:
+    """ONNX Runtime GenAI itself, in this process: with every core (set explicitly: its default computed on
+    one core here), and with one thread; and phi-api's own engine session, for its static-batch ceiling."""
+
+    def __init__(self, model_path: str) -> None:
+        self.engines = {os.cpu_count() or 1: RawEngine(model_path), 1: RawEngine(model_path, 1)}
+        self.prompt_tokens = len(self.engines[1].encode(PROMPT))
+        for engine in self.engines.values():
+            engine.generate(PROMPT, 8)  # warm-up
+        self.own = EngineBatch(model_path)
+
+    def static_batch(self, batch: int, max_tokens: int, runs: int) -> dict[str, Any]:
+        """Static batches of ``batch`` copies of the prompt with every core, interleaved with single streams:
+        ONNX Runtime GenAI's own batching, and phi-api's engine session without the server around it."""
+        threads = max(self.engines)
+        engine = self.engines[threads]
+        prompt = np.asarray(engine.encode(PROMPT))
+        raw, own, single = [], [], []
+        for _ in range(runs):
+            single.append(engine.generate(PROMPT, max_tokens).decode_rate)
+            raw.append(engine.generate_batch(PROMPT, max_tokens, batch))
+            own.append(self.own.aggregate_rate(prompt, max_tokens, batch))
+        return {"batch": batch, "threads": threads, "aggregate_tokens_per_s": median(raw),
+                "engine_aggregate_tokens_per_s": median(own), "single_tokens_per_s": median(single),
+                "ratio": median(raw) / median(single), "engine_ratio": median(own) / median(single)}
+
+    def sample(self, prompt: str, max_tokens: int) -> dict[int, Any]:
+        """One generation per thread setting."""
+        return {threads: engine.generate(prompt, max_tokens) for threads, engine in self.engines.items()}
+
+    def engine_batch(self, rows: int, max_tokens: int) -> float:
+        """phi-api's engine session alone (no server), a static batch of ``rows``: the ceiling of batching."""
+        return self.own.aggregate_rate(np.asarray(self.engines[1].encode(PROMPT)), max_tokens, rows)
+
+
+def summarize_raw(samples: list[dict[int, Any]]) -> dict[str, Any]:
+    """Medians of raw-engine samples, per thread setting."""
+    return {
+        f"{threads}_threads": {
+            "ttft_s": median([sample[threads].prefill_seconds for sample in samples]),
+            "decode_tokens_per_s": median([sample[threads].decode_rate for sample in samples]),
+        }
+        for threads in samples[0]
+    }

@@ -3,6 +3,7 @@ shipped, ports substituted) against one replica alone, and what cache affinity b
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ import requests
 
 from phi_api.errors import ServerError
 from phi_api.tools.bench.client import concurrent_streams, stream_completion
+from phi_api.tools.bench.common import add_stream_args
 from phi_api.tools.bench.server import REPO, Server, free_port, poll
 
 SHIPPED_SITE = REPO / "deploy" / "nginx" / "phi-api.conf"
@@ -129,3 +131,12 @@ def run(options: Any) -> dict[str, Any]:
     for key, value in report.items():
         print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
     return report
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    add_stream_args(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    run(args)
+    return 0

@@ -24,6 +24,7 @@ the same body, in alternating order, one server idle while the other works.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -328,3 +329,15 @@ def table(report: dict[str, Any]) -> str:
     for name, speedup in projection["speedup"].items():
         rows.append(f"| copying, projected ({name}) | {_x(speedup)} | {projection['arithmetic'][name]} |")
     return "\n".join(rows)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-path", required=True, help="model folder the two servers serve")
+    parser.add_argument("--shape-model-path", help="also measure step costs on this (production-shaped) model")
+    parser.add_argument("--runs", type=int, default=3, help="repetitions (medians are reported)")
+    parser.add_argument("--out", default="bench/results", help="folder for bench-spec.json")
+
+
+def main(args: argparse.Namespace) -> int:
+    run(args)
+    return 0

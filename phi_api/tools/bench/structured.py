@@ -11,12 +11,15 @@ and the cases that did not.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import requests
+
+from phi_api.tools.bench.common import needs_server
 
 DEFAULT_CASES = Path(__file__).resolve().parents[3] / "tests" / "data" / "structured-cases.json"
 MAX_TOKENS = 160
@@ -94,3 +97,18 @@ def run(args: Any) -> dict[str, Any]:
             report = measure(server.url, args.model, cases)
     print(json.dumps(report, indent=2))
     return report
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", help="a running server (default: start one on --model-path)")
+    parser.add_argument("--model-path", help="model folder for the server it starts")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="the served model id")
+    parser.add_argument("--cases", default=None, help="the cases (default: tests/data/structured-cases.json)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not needs_server(args, "bench-structured"):
+        return 2
+    args.cases = args.cases or str(DEFAULT_CASES)
+    run(args)
+    return 0

@@ -1,0 +1,123 @@
+"""Model specs: what a model to serve is (id, folder, options), its folder checked, and the declared models.
+
+Declared models come from ``MODELS_FILE``, or ``MODEL_PATH`` and ``MODEL_ID`` for one, or ``MODEL`` by name (pulled
+at start-up unless it is in the cache).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phi_api.engine.runtime.folder import CONFIG_FILE, REQUIRED_FILES, ModelFolder
+from phi_api.errors import ConfigError, FolderError, InvalidParameterError, ModelLoadingError
+from phi_api.settings import Settings, parse_option
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model to serve: the id clients name, its folder on the server's disk, and engine options (settings
+    such as ``KV_CACHE_MB`` for this model alone)."""
+
+    id: str
+    path: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec as the registry file and ``MODELS_FILE`` write it."""
+        return {"id": self.id, "path": self.path, "options": self.options}
+
+    @classmethod
+    def checked(cls, model_id: Any, path: Any, options: Any = None, *, param: str = "options") -> ModelSpec:
+        """A spec from untrusted values; 400 naming what is wrong."""
+        if not isinstance(model_id, str) or not model_id.strip() or len(model_id) > 256:
+            raise InvalidParameterError("A model needs an id: a non-empty string.", param="model")
+        if not isinstance(path, str) or not path:
+            raise InvalidParameterError("A model needs the path of its folder on the server.", param="path")
+        if not isinstance(options or {}, dict):
+            raise InvalidParameterError(f"{param} must be an object of engine settings.", param=param)
+        checked = {}
+        for name, value in (options or {}).items():
+            try:
+                checked[name] = parse_option(name, value)
+            except ConfigError as exc:
+                raise InvalidParameterError(f"{param}: {exc}", param=param) from None
+        return cls(model_id.strip(), path, checked)
+
+
+def check_folder(path: str) -> None:
+    """400 unless ``path`` is an ONNX Runtime GenAI model folder (its config, its graph and its files)."""
+    folder = Path(path)
+    try:
+        found = folder.is_dir()
+    except (OSError, ValueError) as exc:  # a path the file system refuses (a name too long, a NUL)
+        reason = getattr(exc, "strerror", None) or "not a usable path"
+        raise InvalidParameterError(f"The file system refuses that path ({reason}).", param="path") from None
+    if not found:
+        raise InvalidParameterError(f"No folder {path} on the server.", param="path")
+    if not (folder / CONFIG_FILE).is_file():
+        missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    else:
+        try:
+            missing = ModelFolder.read(folder).missing_files()
+        except FolderError:
+            raise InvalidParameterError(f"{path} has no readable genai_config.json: not a model folder.",
+                                        param="path") from None
+    if missing:
+        raise InvalidParameterError(f"{path} is not an ONNX Runtime GenAI model folder: {', '.join(missing)} "
+                                    "missing.", param="path")
+
+
+def folder_bytes(path: str) -> int:
+    """Bytes of the files of a model folder (its weights, as they will be mapped)."""
+    try:
+        return sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file())
+    except OSError:
+        return 0
+
+
+def declared(settings: Settings) -> list[ModelSpec]:
+    """The models the settings declare: ``MODELS_FILE``'s list, or ``MODEL_PATH`` as ``MODEL_ID``."""
+    if not settings.MODELS_FILE:
+        if settings.MODEL:
+            return [ModelSpec(settings.MODEL, pulled(settings.MODEL))]
+        return [ModelSpec(settings.MODEL_ID, settings.MODEL_PATH)]
+    try:
+        document = json.loads(Path(settings.MODELS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"MODELS_FILE {settings.MODELS_FILE}: {exc}") from None
+    entries = document.get("models") if isinstance(document, dict) else document
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"MODELS_FILE {settings.MODELS_FILE}: a list of models, or {{\"models\": [...]}}")
+    specs = []
+    for entry in entries:
+        try:
+            path = entry.get("path")
+            path = os.path.expanduser(path) if isinstance(path, str) else path  # "~/.cache/..." as a shell reads it
+            if path is None and isinstance(entry.get("model"), str):  # a model by name: pulled unless cached
+                path = pulled(entry["model"])
+            specs.append(ModelSpec.checked(entry.get("id") or entry.get("model"), path, entry.get("options")))
+        except (AttributeError, InvalidParameterError) as exc:
+            raise ConfigError(f"MODELS_FILE {settings.MODELS_FILE}: {getattr(exc, 'message', exc)}") from None
+    ids = [spec.id for spec in specs]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"MODELS_FILE {settings.MODELS_FILE}: model ids must differ")
+    return specs
+
+
+def pulled(name: str) -> str:
+    """The folder of the model ``name`` names, pulled now unless it is in the cache (:mod:`.pull`); a model
+    that cannot be had stops start-up with the reason."""
+    from phi_api.errors import PullError
+    from phi_api.models.pull import pull
+
+    try:
+        return str(pull(name, say=lambda line: log.info("%s", line)))
+    except PullError as error:
+        raise ModelLoadingError(name, str(error), name) from None
