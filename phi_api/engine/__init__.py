@@ -1,4 +1,4 @@
-"""The inference engine: an extension stored on the Flask app.
+"""The inference engine: a loaded model and this process's engine thread, behind one object per model.
 
 ``Engine`` bundles the loaded model (shared, loaded once before gunicorn
 forks) with this process's engine loop: the engine thread, started after the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from phi_api.engine.params import SamplingParams
 from phi_api.engine.runtime.model import ModelInfo
 from phi_api.engine.sched.choice import Choice, Event, Finished, PromptLogprobs, TextDelta
 from phi_api.engine.sched.loop import EngineLoad, EngineLoop
+from phi_api.engine.sched.loop import Model as SteppedModel
 from phi_api.engine.threads.native import off_hub
 from phi_api.engine.threads.wakeup import HubWaker
 from phi_api.errors import CapacityError, ChatTemplateError, RetiredError
@@ -81,10 +82,25 @@ class Generation:
         self._waker.close()
 
 
+class LoadedModel(SteppedModel, Protocol):
+    """What an engine needs from its model (:class:`phi_api.engine.runtime.model.LanguageModel`, or a fake in tests):
+    what its loop steps, and its tokenizer, chat template and grammars."""
+
+    longest_token_bytes: int
+
+    def encode(self, text: str) -> np.ndarray: ...
+    def decode(self, tokens: Any) -> str: ...
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                    add_generation_prompt: bool) -> str: ...
+    def guide(self, grammar: tuple[str, str]) -> Any: ...
+    @property
+    def token_bytes(self) -> dict[int, bytes]: ...
+
+
 class Engine:
     """The model, its tokenizer and this process's engine loop."""
 
-    def __init__(self, model: Any, config: EngineConfig, memory: SharedBudget | None = None) -> None:
+    def __init__(self, model: LoadedModel, config: EngineConfig, memory: SharedBudget | None = None) -> None:
         """``memory``: the worker's key/value budget, shared with its other engines (one of its own if none)."""
         self.model = model
         self.config = config

@@ -11,7 +11,7 @@ import importlib
 
 # command -> (its module, what it does)
 COMMANDS = {
-    "prepare-model": ("phi_api.tools.prepare", "convert the default model (SmolLM2-135M-Instruct), or build a "
+    "prepare-model": ("phi_api.tools.prepare_command", "convert the default model (SmolLM2-135M-Instruct), or build a "
                       "random-weight benchmark model of a production shape, and print its folder as the last line"),
     "pull": ("phi_api.tools.pull", "download a model by name (an alias, or REPO[/SUBFOLDER][@REVISION] on the "
              "Hugging Face Hub), check it, and print its folder"),

@@ -23,7 +23,6 @@ it imports them lazily so the server never pulls them in.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import shutil
@@ -253,30 +252,3 @@ def _timed(say: Progress, label: str, work: Callable[[], None]) -> None:
 
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", type=Path, help="model folder to create (default: the phi-api cache)")
-    parser.add_argument("--shape", choices=["phi-3.5-mini"],
-                        help="build a random-weight model of this architecture instead (a benchmark model: its "
-                             "answers are noise; ~8 GB of memory and a few minutes)")
-    parser.add_argument("--reference", action="store_true",
-                        help="build the default model's float32 reference instead (what bench-quality compares "
-                             "the served model with)")
-
-
-def main(args: argparse.Namespace) -> int:
-    """Print the prepared folder as the last line; 1 with the reason when it cannot be prepared."""
-    try:
-        if args.shape:
-            from phi_api.tools.random_models import SHAPES, prepare_shape_model
-
-            # The tokenizer is the default model's (plus Phi-3's special tokens): prepare that first.
-            folder = prepare_shape_model(SHAPES[args.shape], prepare_default_model(), args.output)
-        else:
-            folder = prepare_default_model(args.output, reference=args.reference)
-    except PreparationError as exc:
-        print(f"prepare-model failed: {exc}", file=sys.stderr)
-        return 1
-    print(folder)
-    return 0

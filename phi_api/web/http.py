@@ -28,7 +28,7 @@ from phi_api.limits.keys import Key, Keys
 from phi_api.limits.slots import Unlimited
 from phi_api.service import generation
 from phi_api.service.generation import KEEPALIVE, Services
-from phi_api.service.requests import CompletionRequest
+from phi_api.service.requests import CompletionRequest, GenerationRequest
 from phi_api.telemetry.logs import current_request_id
 from phi_api.telemetry.metrics import Metrics
 from phi_api.telemetry.tracing import RequestSpan
@@ -60,7 +60,7 @@ PRIORITY_HEADER = "X-Priority"
 PRIORITY_RANGE = (-2**31, 2**31 - 1)
 
 
-def start_generation(typed: Any) -> generation.Run:
+def start_generation(typed: GenerationRequest) -> generation.Run:
     """Start a typed request on the one generation path, with this HTTP request's id and ``X-Priority`` header
     (for clients that cannot add a ``priority`` field; the field wins). A batch line (:mod:`phi_api.batch.runner`)
     runs below every live request, outside ``MAX_CONCURRENT_REQUESTS``."""
@@ -88,7 +88,7 @@ def start_generation(typed: Any) -> generation.Run:
     return run
 
 
-def _request_span(typed: Any) -> RequestSpan | None:
+def _request_span(typed: GenerationRequest) -> RequestSpan | None:
     """The request's trace span (:mod:`phi_api.telemetry.tracing`; None when tracing is off, at no cost)."""
     tracing = get_tracing()
     if tracing.provider is None:

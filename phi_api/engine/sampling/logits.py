@@ -256,7 +256,7 @@ def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng
     each sampled row on the engine thread, between two model steps. The draws
     are the plain float64 definition's, but for one that lands within float
     rounding (about 1e-7) of a boundary between two tokens
-    (tests/engine/test_logits.py).
+    (tests/engine/sampling/test_logits.py).
     """
     logits = _capped(logits)
     # Shifted before the division: a tiny temperature (1e-40) sends every token but the most likely to -inf, its

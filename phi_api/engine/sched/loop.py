@@ -52,7 +52,10 @@ class Model(Protocol):
 
     info: Any
     spec: Any  # the decoder's layout, key/value type included
-    identity: str  # what the numbers its graph computes depend on: its file and how it was made (engine.prefixdisk)
+
+    @property
+    def identity(self) -> str:
+        """What the numbers its graph computes depend on: its file and how it was made (engine.kv.disk)."""
 
     def new_decoder(self, threads: int) -> Decoder: ...
     def create_stream(self) -> Any: ...

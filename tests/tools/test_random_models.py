@@ -20,8 +20,8 @@ def test_phi_3_5_mini_s_configuration():
 
 def test_prepare_model_shape_builds_it_with_the_default_model_s_tokenizer(monkeypatch, tmp_path, capsys):
     calls = []
-    monkeypatch.setattr("phi_api.tools.prepare.prepare_default_model", lambda output=None: tmp_path / "default")
-    monkeypatch.setattr("phi_api.tools.random_models.prepare_shape_model",
+    monkeypatch.setattr("phi_api.tools.prepare_command.prepare_default_model", lambda output=None: tmp_path / "default")
+    monkeypatch.setattr("phi_api.tools.prepare_command.prepare_shape_model",
                         lambda shape, source, output: calls.append((shape, source, output)) or tmp_path / "built")
     assert cli.main(["prepare-model", "--shape", "phi-3.5-mini", "--output", str(tmp_path / "out")]) == 0
     assert calls == [(PHI35_MINI, tmp_path / "default", tmp_path / "out")]

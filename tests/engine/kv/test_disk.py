@@ -23,7 +23,7 @@ from phi_api.engine.sched.batch import Batch
 from phi_api.engine.sched.choice import Choice, TextDelta
 from phi_api.engine.sched.prefill import ChunkPlanner
 from phi_api.engine.sched.stepcost import StepCosts
-from tests.engine.test_batch import PIECES, Bench
+from tests.engine.sched.test_batch import PIECES, Bench
 from tests.support.fakes import FakeModel, Script
 from tests.support.server import wait_until
 

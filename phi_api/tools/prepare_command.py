@@ -1,0 +1,36 @@
+"""``python -m phi_api prepare-model``: the default model, its float32 reference, or a random-weight shape model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from phi_api.errors import PreparationError
+from phi_api.tools.prepare import prepare_default_model
+from phi_api.tools.random_models import SHAPES, prepare_shape_model
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", type=Path, help="model folder to create (default: the phi-api cache)")
+    parser.add_argument("--shape", choices=["phi-3.5-mini"],
+                        help="build a random-weight model of this architecture instead (a benchmark model: its "
+                             "answers are noise; ~8 GB of memory and a few minutes)")
+    parser.add_argument("--reference", action="store_true",
+                        help="build the default model's float32 reference instead (what bench-quality compares "
+                             "the served model with)")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print the prepared folder as the last line; 1 with the reason when it cannot be prepared."""
+    try:
+        if args.shape:
+            # The tokenizer is the default model's (plus Phi-3's special tokens): prepare that first.
+            folder = prepare_shape_model(SHAPES[args.shape], prepare_default_model(), args.output)
+        else:
+            folder = prepare_default_model(args.output, reference=args.reference)
+    except PreparationError as exc:
+        print(f"prepare-model failed: {exc}", file=sys.stderr)
+        return 1
+    print(folder)
+    return 0
