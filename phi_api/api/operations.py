@@ -40,7 +40,8 @@ def openapi() -> Response:
 @operation("Prometheus metrics", media=("text/plain",))
 def metrics() -> Response:
     """Prometheus text exposition, every worker's samples together."""
-    return get_metrics().exposition()
+    body, content_type = get_metrics().exposition()
+    return Response(body, content_type=content_type)
 
 
 @bp.post("/tokenize")

@@ -16,12 +16,7 @@ import json
 import logging
 import re
 import sys
-import time
 import uuid
-
-from flask import Flask, Response, g, request
-
-log = logging.getLogger("phi_api.access")
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -70,33 +65,15 @@ def current_request_id() -> str:
     return _request_id.get()
 
 
-def register_request_logging(app: Flask) -> None:
-    """Give each request an id and log it once its response is fully sent."""
+def bind_request_id(request_id: str) -> contextvars.Token[str]:
+    """Log lines written from here on (in this context) carry ``request_id``; reset with the token."""
+    return _request_id.set(request_id)
 
-    @app.before_request
-    def _start() -> None:
-        incoming = request.headers.get(REQUEST_ID_HEADER, "")
-        g.request_id = incoming if _SANE_REQUEST_ID.match(incoming) else uuid.uuid4().hex
-        g.request_started = time.perf_counter()
-        _request_id.set(g.request_id)
 
-    @app.after_request
-    def _finish(response: Response) -> Response:
-        request_id = g.get("request_id") or uuid.uuid4().hex
-        started = g.get("request_started", time.perf_counter())
-        response.headers[REQUEST_ID_HEADER] = request_id
-        method, path, status = request.method, request.path, response.status_code
-        key = g.get("api_key")
-        fields = {"method": method, "path": path, "status": status, "key": key.name if key is not None else None}
+def reset_request_id(token: contextvars.Token[str]) -> None:
+    _request_id.reset(token)
 
-        def write_line() -> None:
-            token = _request_id.set(request_id)
-            try:
-                elapsed = (time.perf_counter() - started) * 1000
-                log.info("%s %s %d %.1fms", method, path, status, elapsed,
-                         extra={"fields": {**fields, "duration_ms": round(elapsed, 1)}})
-            finally:
-                _request_id.reset(token)
 
-        response.call_on_close(write_line)
-        return response
+def sane_request_id(incoming: str) -> str:
+    """A client's ``X-Request-Id`` when it is a sane one, else a fresh id."""
+    return incoming if _SANE_REQUEST_ID.match(incoming) else uuid.uuid4().hex

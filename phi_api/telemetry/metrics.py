@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from flask import Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -204,8 +203,9 @@ class Metrics:
             counter.labels(model).inc(new)
         self._totals[key] = total
 
-    def exposition(self) -> Response:
-        """The text exposition of every worker's samples, and the gateway metrics derived from them."""
+    def exposition(self) -> tuple[bytes, str]:
+        """The text exposition of every worker's samples, and the gateway metrics derived from them, with its
+        content type."""
         if multiprocess_dir():
             source = CollectorRegistry()
             multiprocess.MultiProcessCollector(source)
@@ -214,8 +214,7 @@ class Metrics:
         registry = CollectorRegistry()
         registry.register(_Forward(source))
         registry.register(_GatewayMetrics(source))
-        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST.split(";")[0],
-                        content_type=CONTENT_TYPE_LATEST)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
 
