@@ -155,9 +155,10 @@ class Engine:
         self.loop.check_capacity(prompt_tokens, max_tokens, choices)
 
     def submit(self, prompt: np.ndarray, params: SamplingParams | list[SamplingParams],
-               request_id: str = "-", priority: int = 0) -> Generation:
+               request_id: str = "-", priority: int = 0, cache_key: str = "") -> Generation:
         """Start generating, one choice per parameter set, at ``priority`` (lower is sooner); the returned handle
-        streams the results.
+        streams the results. Keys and values are reused only among requests of the same ``cache_key`` (in memory
+        and on disk): a tenant's prompts are never reused, nor seen to be, by another.
 
         A grammar is compiled here, off the hub, once per choice: the engine
         thread never spends a step's time on it.
@@ -166,7 +167,7 @@ class Engine:
         guides = [off_hub(self.model.guide, one.guidance) if one.guidance else None for one in each]
         waker = HubWaker()
         choices = [Choice(prompt, one, timeout=self._timeout, notify=waker.notify, request_id=request_id,
-                          index=index, guide=guide, priority=priority)
+                          index=index, guide=guide, priority=priority, cache_key=cache_key)
                    for index, (one, guide) in enumerate(zip(each, guides, strict=True))]
         self.loop.submit(choices)
         return Generation(choices, waker)

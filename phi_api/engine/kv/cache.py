@@ -36,6 +36,12 @@ class OnDisk:
     tokens: int
 
 
+def disk_scope(holder: Request | Sequence) -> str:
+    """What a prompt's chunks on disk are filed under besides their tokens: the LongRoPE regime, and the cache key
+    when there is one (none: the names files had before keys were part of them)."""
+    return f"{holder.regime};key={holder.cache_key}" if holder.cache_key else holder.regime
+
+
 class KVCache:
     """The pool's rows, the budget they are booked in, what the reuse mode keeps of finished rows, and the disk tier
     under them (``disk``; None: none)."""
@@ -57,7 +63,8 @@ class KVCache:
         if request.prompt_logprobs is not None:
             return None, 0
         rows = (row for row in self.rows.occupants() if row is not exclude)
-        return self.policy.best_source(request.prompt, request.regime, request.first_chunk, rows, better_than)
+        return self.policy.best_source(request.prompt, request.regime, request.first_chunk, rows, better_than,
+                                       request.cache_key)
 
     def stored(self, request: Request, better_than: int) -> int:
         """Where ``request`` would resume from the chunks of its prompt stored on disk; 0 unless more than
@@ -65,7 +72,7 @@ class KVCache:
         disk, prompt = self.disk, request.prompt
         if disk is None or request.prompt_logprobs is not None or len(prompt) - 1 < max(better_than + 1, disk.block):
             return 0
-        count = disk.stored(prompt, request.regime, (len(prompt) - 1) // disk.block)
+        count = disk.stored(prompt, disk_scope(request), (len(prompt) - 1) // disk.block)
         point = self.policy.resume_point(count * disk.block, len(prompt), request.first_chunk, count * disk.block)
         return point if point > better_than else 0
 
@@ -96,7 +103,7 @@ class KVCache:
         assert self.disk is not None
         self.rows.place(leader, self.rows.free_slot(self.rows.running))
         prompt = leader.choice.prompt
-        read, exact = self.disk.load(self.pool, row_of(leader), prompt, leader.regime, point // self.disk.block)
+        read, exact = self.disk.load(self.pool, row_of(leader), prompt, disk_scope(leader), point // self.disk.block)
         floor = point if leader.long else 0  # LongRoPE: a long prompt's first chunk is never split, so all or nothing
         start = self.policy.resume_point(read, len(prompt), floor, exact) if read else 0
         if start < read:
@@ -114,7 +121,7 @@ class KVCache:
         exact_end = leader.exact_upto // disk.block
         end = exact_end if self.policy.exact else leader.length // disk.block  # what reuse from memory would take
         if end > request.stored_chunks:
-            request.stored_chunks = disk.save(self.pool, row_of(leader), request.prompt, request.regime,
+            request.stored_chunks = disk.save(self.pool, row_of(leader), request.prompt, disk_scope(request),
                                               request.stored_chunks, end, request.arrived_ns, exact_end)
 
     def catch_up(self, request: Request) -> None:
@@ -190,13 +197,14 @@ class KVCache:
         if row.reusable < MIN_REUSED_TOKENS or row.slot is None:
             return False
         prefix = row.prefix()
-        if any(self.policy.covers(prefix, kept.prefix()) for kept in self.ledger.kept):
+        same = [kept for kept in self.ledger.kept if kept.cache_key == row.cache_key]  # another key's serve not it
+        if any(self.policy.covers(prefix, kept.prefix()) for kept in same):
             return False  # another kept row already serves whatever this one would
-        for kept in [kept for kept in self.ledger.kept if self.policy.covers(kept.prefix(), prefix)]:
+        for kept in [kept for kept in same if self.policy.covers(kept.prefix(), prefix)]:
             self.evict(kept)  # this one serves what they did
         if row.slot < self.rows.running and not self._leave_running(row):
             return False
-        kept = Kept(prefix, row.regime, row_of(row), self.ledger.tick(), row.exact_upto)
+        kept = Kept(prefix, row.regime, row_of(row), self.ledger.tick(), row.exact_upto, row.cache_key)
         self.rows.take(row, kept, len(prefix))
         self.ledger.keep(kept)
         over, _ = self.ledger.room_short(0, 0, self.rows.free)

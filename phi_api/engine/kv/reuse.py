@@ -97,14 +97,14 @@ class ReusePolicy:
         return point if point >= max(MIN_REUSED_TOKENS, floor) else 0
 
     def best_source(self, prompt: np.ndarray, regime: str, floor: int, rows: Iterable[Occupant],
-                    better_than: int = 0) -> tuple[Occupant | None, int]:
-        """The row giving ``prompt`` the longest usable prefix computed under ``regime``, and where the request
-        would resume with it; (None, 0) when no row gives more than ``better_than`` tokens."""
+                    better_than: int = 0, cache_key: str = "") -> tuple[Occupant | None, int]:
+        """The row of ``cache_key`` giving ``prompt`` the longest usable prefix computed under ``regime``, and where
+        the request would resume with it; (None, 0) when no row gives more than ``better_than`` tokens."""
         best, best_point = None, better_than
         if not self.enabled:
             return None, 0
         for row in rows:
-            if row.regime != regime or row.reusable <= best_point:
+            if row.regime != regime or row.cache_key != cache_key or row.reusable <= best_point:
                 continue
             point = self.resume_point(common_prefix(row.prefix(), prompt), len(prompt), floor, row.exact_upto)
             if point > best_point:

@@ -81,8 +81,9 @@ class Choice:
 
     def __init__(self, prompt: np.ndarray, params: SamplingParams, *, timeout: float,
                  notify: Callable[[], None], request_id: str = "-", index: int = 0, guide: Any = None,
-                 priority: int = 0) -> None:
+                 priority: int = 0, cache_key: str = "") -> None:
         self.prompt = prompt
+        self.cache_key = cache_key  # whose prefixes it may reuse and leave: only those of the same key
         self.priority = priority  # lower is sooner (vLLM's); batch lines come after every live request
         self.params = params
         self.guide = guide  # this choice's grammar state (engine.guidance.Guide), when constrained

@@ -150,7 +150,7 @@ class Scheduler:
         if not self.kv.policy.enabled or request.prompt_logprobs is not None:
             return False
         for other in self.prefilling:
-            if other.order >= request.order or other.regime != request.regime:
+            if other.order >= request.order or other.regime != request.regime or other.cache_key != request.cache_key:
                 continue
             point = self.kv.policy.resume_point(common_prefix(other.prompt, request.prompt), len(request.prompt),
                                              request.first_chunk)

@@ -61,6 +61,7 @@ class Occupant(Protocol):
     length: int
     reusable: int
     exact_upto: int  # leading tokens computed exactly as a cold prompt alone is (prefill chunks on the grid)
+    cache_key: str  # only a request of the same cache key may reuse its keys and values
 
     @property
     def regime(self) -> str: ...
@@ -79,6 +80,7 @@ class Sequence:
 
     def __init__(self, choice: Choice, model: Model, draft_max: int = 0, request: int = 0) -> None:
         self.choice = choice
+        self.cache_key = choice.cache_key
         self.request = request  # the order of the request it is a choice of (its n choices share it)
         self.reserve = min(model.info.context_length, len(choice.prompt) + choice.params.max_tokens)
         self.booked = 0  # bytes of the key/value budget booked for it (engine.ledger)
@@ -155,8 +157,10 @@ class Sequence:
 class Kept:
     """A finished sequence's row, kept so that requests sharing its start reuse its keys and values."""
 
-    def __init__(self, tokens: np.ndarray, regime: str, slot: int, used_at: int, exact_upto: int = 0) -> None:
+    def __init__(self, tokens: np.ndarray, regime: str, slot: int, used_at: int, exact_upto: int = 0,
+                 cache_key: str = "") -> None:
         self.tokens = tokens
+        self.cache_key = cache_key
         self.length = self.reusable = len(tokens)
         self.exact_upto = min(exact_upto, len(tokens))
         self.regime = regime
@@ -174,6 +178,7 @@ class Request:
     def __init__(self, choices: list[Choice], model: Model, chunk: int, rope_switch: int | None, order: int) -> None:
         self.choices = choices
         self.prompt = np.asarray(choices[0].prompt, dtype=np.int64)
+        self.cache_key = choices[0].cache_key
         self.sequences: list[Sequence] = []
         self.prefilled = 0
         self.order = order  # arrival order: of two requests sharing a prefix, the older computes it

@@ -103,6 +103,21 @@ def test_a_prompt_sharing_only_its_start_reads_the_chunks_it_shares(tmp_path):
     assert other.finished[0][1].cached_tokens == 20 and other.script.chunks[0] == (20, 4)
 
 
+def test_a_prompt_stored_for_one_cache_key_is_not_read_for_another(tmp_path):
+    first = disk_bench(tmp_path)
+    first.submit(PROMPT, max_tokens=1, cache_key="team-a")
+    first.run()
+    written(first)
+    other = disk_bench(tmp_path)
+    other.submit(PROMPT, max_tokens=1, cache_key="team-b")
+    other.run()
+    assert other.finished[0][1].cached_tokens == 0 and other.batch.kv.disk.stats.tokens_read == 0
+    same = disk_bench(tmp_path)
+    same.submit(PROMPT, max_tokens=1, cache_key="team-a")
+    same.run()
+    assert same.finished[0][1].cached_tokens == 40
+
+
 def test_chunks_are_keyed_by_the_model_the_layout_the_threads_and_the_tokens(tmp_path):
     first = disk_bench(tmp_path)
     first.submit(PROMPT, max_tokens=1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 
 from phi_api.engine.kv.budget import SharedBudget
 from phi_api.engine.kv.ledger import Ledger, row_bytes
@@ -36,11 +37,11 @@ class Bench:
     finished: list[tuple[Choice, Finished]] = field(default_factory=list)
     arrivals: int = 0
 
-    def submit(self, prompt, n: int = 1, priority: int = 0, **params) -> list[Choice]:
+    def submit(self, prompt, n: int = 1, priority: int = 0, cache_key: str = "", **params) -> list[Choice]:
         params = {"max_tokens": 4, "temperature": 0.0, **params}
         tokens = np.asarray(prompt, dtype=np.int32)
         choices = [Choice(tokens, SamplingParams(**params), timeout=60, notify=lambda: None, index=index,
-                          priority=priority) for index in range(n)]
+                          priority=priority, cache_key=cache_key) for index in range(n)]
         self.arrivals += 1
         self.batch.waiting.append(Request(choices, self.batch.model, self.chunk, None, self.arrivals))
         return choices
@@ -128,6 +129,34 @@ def test_a_finished_row_is_kept_and_the_next_turn_resumes_from_it():
     b.submit(np.concatenate([conversation, answer, [40, 41, 42, 43, 44]]), max_tokens=1)
     b.run()
     assert b.finished[-1][1].cached_tokens >= 24  # the conversation and the answer were not computed again
+
+
+def test_a_kept_prefix_serves_only_requests_of_its_own_cache_key():
+    b = bench(tokens=[1, 2, 3, EOS])
+    conversation = np.arange(1, 25)
+    b.submit(conversation, max_tokens=8, cache_key="team-a")
+    b.run()
+    follow_up = np.concatenate([conversation, [40, 41, 42, 43, 44]])
+    b.submit(follow_up, max_tokens=1, cache_key="team-b")
+    b.run()
+    assert b.finished[-1][1].cached_tokens == 0  # another key's prefix is neither reused nor seen
+    b.submit(follow_up, max_tokens=1, cache_key="team-a")
+    b.run()
+    assert b.finished[-1][1].cached_tokens >= 24
+    kept = {item.cache_key for item in b.batch.rows.occupants() if isinstance(item, Kept)}
+    assert kept == {"team-a", "team-b"}  # each key's row kept apart: one does not stand in for the other
+
+
+@pytest.mark.parametrize(("second_key", "reused"), [("team-a", True), ("team-b", False)])
+def test_a_prompt_being_prefilled_is_shared_only_with_requests_of_its_own_cache_key(second_key, reused):
+    b = bench(tokens=[1, 2, 3, EOS])
+    shared = np.arange(1, 40)
+    b.submit(shared, max_tokens=1, cache_key="team-a")
+    b.submit(shared, max_tokens=1, cache_key=second_key)  # arrives while the first is being prefilled
+    b.run()
+    cached = {choice.cache_key + str(index): finished.cached_tokens for index, (choice, finished) in
+              enumerate(b.finished)}
+    assert (max(cached.values()) > 0) == reused, cached
 
 
 def test_kept_prefixes_leave_least_recently_used_first_when_a_request_needs_room():
