@@ -176,18 +176,29 @@ class Settings:
                                         "Models loaded at run time that no request used for this long are unloaded "
                                         "(Ollama's keep_alive may ask for longer); 0: kept until unloaded")
     MAX_MODELS: int = setting(4, _integer(1, 64), "Most models the server holds at once; more loads get 400")
+    DATA_DIR: str = setting("", _stripped,
+                            "Folder of what must last across restarts and upgrades: keys' usage, stored responses, "
+                            "the Batch API's files and batches; empty: data/ in phi-api's cache folder")
     BATCH_DIR: str = setting("", _stripped,
-                             "Folder of the Batch API's files and batches (kept across restarts); empty: batches/ in "
-                             "phi-api's cache folder")
+                             "Folder of the Batch API's files and batches; empty: batches/ in DATA_DIR")
     BATCH_CONCURRENCY: int = setting(2, _integer(0, 1024),
                                      "Batch lines each worker runs at once, at the lowest priority and outside "
                                      "MAX_CONCURRENT_REQUESTS; 0: batches wait")
     BATCH_FILE_MB: float = setting(100.0, _number(0.0, 100_000.0, exclusive_low=True),
                                    "Largest file POST /v1/files takes; larger get 413")
     RESPONSES_STORE_MAX: int = setting(1000, _integer(0, 10_000_000),
-                                       "Most Responses API responses kept for previous_response_id; 0 keeps none")
-    RESPONSES_STORE_SECONDS: float = setting(86_400.0, _number(0.0, exclusive_low=True),
-                                             "How long a stored Responses API response is kept")
+                                       "Most Responses API responses kept for previous_response_id, per API key (one "
+                                       "key's never evict another's); 0 keeps none")
+    RESPONSES_STORE_SECONDS: float = setting(30 * 86_400.0, _number(0.0, exclusive_low=True),
+                                             "How long a stored Responses API response is kept (OpenAI: 30 days)")
+    PREFIX_CACHE_SHARED: bool = setting(False, _boolean,
+                                        "Let API keys reuse each other's prompts (in memory and on disk); off: a "
+                                        "prompt is reused only for requests of the key that sent it")
+    MAX_QUEUED_REQUESTS: int = setting(0, _integer(0, 100_000),
+                                       "Generation requests each worker lets wait for a free slot, shared fairly among "
+                                       "keys, before answering 429; 0: 429 at once when every slot is taken")
+    QUEUE_TIMEOUT: float = setting(30.0, _number(0.0, exclusive_low=True),
+                                   "Seconds a request may wait in that line; then 429")
 
     @property
     def cors_origins(self) -> list[str] | str:
@@ -241,11 +252,14 @@ class Settings:
         return str(cache_root() / "prefixes")
 
     @property
+    def data_dir(self) -> Path:
+        """The folder of what must last (``DATA_DIR``; default ``data/`` in the cache folder)."""
+        return Path(self.DATA_DIR).expanduser() if self.DATA_DIR else cache_root() / "data"
+
+    @property
     def batch_dir(self) -> Path:
-        """The Batch API's folder (``BATCH_DIR``; default ``batches/`` in the cache folder)."""
-        if self.BATCH_DIR:
-            return Path(self.BATCH_DIR).expanduser()
-        return cache_root() / "batches"
+        """The Batch API's folder (``BATCH_DIR``; default ``batches/`` in the data folder)."""
+        return Path(self.BATCH_DIR).expanduser() if self.BATCH_DIR else self.data_dir / "batches"
 
     @property
     def kv_budget_bytes(self) -> int:

@@ -53,7 +53,8 @@ def make_app(tmp_path: Path) -> Callable[..., Flask]:
     built: list[Flask] = []
 
     def build(engine: Engine | None = None, loader: Any = None, **config: Any) -> Flask:
-        settings = {"MODEL_ID": "test-model", "MODEL_PATH": str(tmp_path), **config}
+        settings = {"MODEL_ID": "test-model", "MODEL_PATH": str(tmp_path), "DATA_DIR": str(tmp_path / "data"),
+                    **config}
         if loader is None and engine is None:
             engine = fake_engine([1, 2, 3, 4, 0], HELLO_PIECES)
         app = create_app({"TESTING": True, **settings}, engine=engine, loader=loader)

@@ -13,9 +13,11 @@ from typing import Any
 from flask import Blueprint, Flask, Response, jsonify, request, send_file
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-from phi_api.batch.runner import BATCH_LINE, BatchRunner, parse_body
+from phi_api.batch.runner import BATCH_LINE, BATCH_OWNER, BatchRunner, parse_body
 from phi_api.errors import InvalidParameterError, MissingParameterError, NotFoundError, openai_body
+from phi_api.storage.batches import Line
 from phi_api.telemetry.logs import REQUEST_ID_HEADER
+from phi_api.web.auth import current_tenant
 from phi_api.web.http import read_request
 from phi_api.web.openapi import operation
 from phi_api.web.resources import get_batches, get_settings
@@ -31,20 +33,22 @@ def runner(app: Flask) -> BatchRunner:
 
 
 def dispatcher(app: Flask) -> Any:
-    """Run one batch line through ``app`` as a request to ``url``; its (status, JSON body, request id)."""
+    """Run one batch line through ``app`` as a request of the key that created its batch; its (status, JSON body,
+    request id, Retry-After)."""
 
-    def dispatch(url: str, body: dict[str, Any]) -> tuple[int, Any, str]:
-        if body.get("stream"):
+    def dispatch(line: Line) -> tuple[int, Any, str, str]:
+        if line.body.get("stream"):
             refusal = InvalidParameterError("A batch request cannot stream.", param="stream")
-            return refusal.status, openai_body(refusal), ""
-        environ = EnvironBuilder(path=url, method="POST", json=body,
-                                 environ_overrides={BATCH_LINE: True}).get_environ()
+            return refusal.status, openai_body(refusal), "", ""
+        environ = EnvironBuilder(path=line.url, method="POST", json=line.body,
+                                 environ_overrides={BATCH_LINE: True, BATCH_OWNER: line.owner}).get_environ()
         answer, status, headers = run_wsgi_app(app, environ, buffered=True)
         try:
             data = b"".join(answer)
         finally:
             getattr(answer, "close", lambda: None)()
-        return int(status.split()[0]), parse_body(data), headers.get(REQUEST_ID_HEADER, "")
+        return int(status.split()[0]), parse_body(data), headers.get(REQUEST_ID_HEADER, ""), \
+            headers.get("Retry-After", "")
 
     return dispatch
 
@@ -65,7 +69,8 @@ def upload_file() -> Response:
     upload = request.files.get("file")
     if upload is None:
         raise MissingParameterError("file is required (multipart/form-data).", param="file")
-    return jsonify(get_batches().add_file(upload.filename or "upload.jsonl", purpose, upload.read()))
+    return jsonify(get_batches().add_file(upload.filename or "upload.jsonl", purpose, upload.read(),
+                                          current_tenant().name))
 
 
 @bp.get("/v1/files")
@@ -74,7 +79,8 @@ def list_files() -> Response:
     order = request.args.get("order", "desc")
     if order not in ("asc", "desc"):
         raise InvalidParameterError("order must be asc or desc.", param="order")
-    files, more = get_batches().files(request.args.get("purpose"), _limit(10_000), request.args.get("after"), order)
+    files, more = get_batches().files(request.args.get("purpose"), _limit(10_000), request.args.get("after"), order,
+                                      current_tenant().scope)
     return jsonify(_list(files, more))
 
 
@@ -87,7 +93,7 @@ def retrieve_file(file_id: str) -> Response:
 @bp.get("/v1/files/<file_id>/content")
 @operation("A file's content", statuses=(404,))
 def file_content(file_id: str) -> Response:
-    path = get_batches().content(file_id)
+    path = get_batches().content(file_id, current_tenant().scope)
     if path is None:
         raise NotFoundError(f"No such File object: {file_id}", param="id")
     return send_file(path, mimetype="application/octet-stream", download_name=_file(file_id)["filename"])
@@ -96,7 +102,7 @@ def file_content(file_id: str) -> Response:
 @bp.delete("/v1/files/<file_id>")
 @operation("Delete a file", statuses=(404,))
 def delete_file(file_id: str) -> Response:
-    if not get_batches().delete_file(file_id):
+    if not get_batches().delete_file(file_id, current_tenant().scope):
         raise NotFoundError(f"No such File object: {file_id}", param="id")
     return jsonify({"id": file_id, "object": "file", "deleted": True})
 
@@ -108,15 +114,16 @@ def delete_file(file_id: str) -> Response:
 @operation("Create a batch", request="batch_create", statuses=(400,))
 def create_batch() -> Response:
     body = read_request("batch_create")
+    tenant = current_tenant()
     batch = get_batches().create_batch(body["input_file_id"], body["endpoint"], body["completion_window"],
-                                       body.get("metadata"))
+                                       body.get("metadata"), tenant.name, tenant.scope)
     return jsonify(batch)
 
 
 @bp.get("/v1/batches")
 @operation("List batches", statuses=(400,))
 def list_batches() -> Response:
-    batches, more = get_batches().batches(_limit(100), request.args.get("after"))
+    batches, more = get_batches().batches(_limit(100), request.args.get("after"), current_tenant().scope)
     return jsonify(_list(batches, more))
 
 
@@ -130,18 +137,18 @@ def retrieve_batch(batch_id: str) -> Response:
 @operation("Cancel a batch", statuses=(400, 404))
 def cancel_batch(batch_id: str) -> Response:
     _batch(batch_id)
-    return jsonify(get_batches().cancel(batch_id))
+    return jsonify(get_batches().cancel(batch_id, current_tenant().scope))
 
 
 def _batch(batch_id: str) -> dict[str, Any]:
-    batch = get_batches().batch(batch_id)
+    batch = get_batches().batch(batch_id, current_tenant().scope)
     if batch is None:
         raise NotFoundError(f"No batch found with id '{batch_id}'.", param="batch_id")
     return batch
 
 
 def _file(file_id: str) -> dict[str, Any]:
-    found = get_batches().file(file_id)
+    found = get_batches().file(file_id, current_tenant().scope)
     if found is None:
         raise NotFoundError(f"No such File object: {file_id}", param="id")
     return found

@@ -11,8 +11,9 @@ from flask import Blueprint, Response, jsonify
 from phi_api.errors import anthropic_body
 from phi_api.protocols.anthropic import MessageRenderer, MessagesRequest
 from phi_api.service import generation, prompts
-from phi_api.web.http import named_sse_response, read_request, render_errors, services, start_generation
+from phi_api.web.http import named_sse_response, read_request, render_errors, start_generation
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, SSE, operation
+from phi_api.web.resources import get_models
 from phi_api.web.transport import disconnect_probe
 
 bp = Blueprint("messages", __name__)
@@ -38,6 +39,6 @@ def create_message() -> Response:
 def count_tokens() -> Response:
     """The input tokens the same request would use: system, messages and tools through the chat template."""
     request = MessagesRequest.from_anthropic({**read_request("messages_count_tokens"), "max_tokens": 1})
-    engine = services().models.engine(request.model)
+    engine = get_models().engine(request.model)
     tokens = prompts.chat_prompt(engine, list(request.chat.messages), request.chat.tools, must_fit=False)
     return jsonify({"input_tokens": len(tokens)})

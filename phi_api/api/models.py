@@ -19,6 +19,7 @@ from phi_api.models.pull import in_subprocess, parse
 from phi_api.models.registry import Models
 from phi_api.models.specs import ModelSpec
 from phi_api.protocols import catalog
+from phi_api.web.auth import require_admin
 from phi_api.web.http import read_request
 from phi_api.web.openapi import operation
 from phi_api.web.resources import get_models, get_settings
@@ -42,7 +43,8 @@ def retrieve_model(model: str) -> Response:
 
 
 def load_checked(model: Any, path: Any, options: Any, param: str = "options") -> dict[str, Any]:
-    """Load a model on every worker of the server; its model object."""
+    """Load a model on every worker of the server; its model object (admin keys only)."""
+    require_admin("load models")
     served = get_models().load(ModelSpec.checked(model, path, options, param=param))
     return catalog.openai_model(served)
 
@@ -50,6 +52,7 @@ def load_checked(model: Any, path: Any, options: Any, param: str = "options") ->
 def check_pull_allowed(name: str, param: str = "model") -> None:
     """A pull makes the server download gigabytes, and it listens on every address by default: only with API keys
     (the request then carries one) or ``ALLOW_PULL`` (403 otherwise); and ``name`` must be one (400)."""
+    require_admin("pull models")
     settings = get_settings()
     if not (settings.ALLOW_PULL or settings.api_keys or settings.API_KEYS_FILE):
         raise PermissionDeniedError("This server does not download models on request: set API_KEYS (and send a "
@@ -102,5 +105,6 @@ def load_model() -> Response:
 def unload_model() -> Response:
     """Unload a model: 404 for one that is not served."""
     body = read_request("model_unload")
+    require_admin("unload models")
     get_models().unload(body["model"])
     return jsonify({"id": body["model"], "object": "model", "status": "unloaded"})

@@ -17,6 +17,7 @@ from phi_api.errors import ModelLoadingError, ollama_body
 from phi_api.protocols import catalog, ollama
 from phi_api.service import generation
 from phi_api.version import __version__
+from phi_api.web.auth import require_admin
 from phi_api.web.http import ndjson_response, read_request, render_errors, start_generation
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, NDJSON, operation
 from phi_api.web.resources import get_models
@@ -47,6 +48,7 @@ def running() -> Response:
 def delete() -> Response:
     """Ollama's delete, as this server can do it: the model is unloaded on every worker."""
     body = read_request("ollama_delete", any_media_type=True)
+    require_admin("unload models")
     get_models().unload(ollama.model_id(body.get("model") or body["name"]))
     return jsonify({})
 
@@ -55,6 +57,8 @@ def _generation(schema: str, parse: Callable[[dict[str, Any]], Any], *, chat: bo
     started = time.monotonic()
     body = read_request(schema, any_media_type=True)
     request = parse(body)
+    if not ollama.keeps_alive(body):  # keep_alive 0 unloads the model for everyone
+        require_admin("unload models (keep_alive 0)")
     run = start_generation(request)
     reply = ollama.Reply(run, started, chat=chat)
     models, keep = get_models(), ollama.keeps_alive(body)

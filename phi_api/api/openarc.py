@@ -9,8 +9,8 @@ from phi_api.api.models import ADMIN_STATUSES, load_checked
 from phi_api.protocols import catalog
 from phi_api.service import generation
 from phi_api.service.requests import CompletionRequest, Sampling
-from phi_api.telemetry.logs import current_request_id
-from phi_api.web.http import read_request, services
+from phi_api.web.auth import require_admin
+from phi_api.web.http import read_request, start_generation
 from phi_api.web.openapi import GENERATION_STATUSES, operation
 from phi_api.web.resources import get_models, get_settings
 from phi_api.web.transport import disconnect_probe
@@ -42,6 +42,7 @@ def openarc_load() -> Response:
 def openarc_unload() -> Response:
     """OpenArc's unload: new requests get 404 at once; running generations finish."""
     body = read_request("openarc_unload")
+    require_admin("unload models")
     get_models().unload(body["model_name"])
     return jsonify({"model_name": body["model_name"], "status": "unloading"})
 
@@ -56,7 +57,6 @@ def bench() -> Response:
     sampling = Sampling(max_tokens=body.get("max_tokens"), temperature=body.get("temperature"),
                         top_p=body.get("top_p"), top_k=body.get("top_k"),
                         repetition_penalty=body.get("repetition_penalty"), ignore_eos=True)
-    run = generation.start(services(), CompletionRequest(model=body["model"], prompt=body["input_ids"],
-                                                         sampling=sampling), current_request_id())
+    run = start_generation(CompletionRequest(model=body["model"], prompt=body["input_ids"], sampling=sampling))
     results = generation.collect(run, disconnect_probe())
     return jsonify({"metrics": generation.openarc_metrics([result.ended.finished for result in results])})

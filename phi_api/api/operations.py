@@ -6,11 +6,13 @@ from flask import Blueprint, Response, jsonify
 
 from phi_api.engine import Engine
 from phi_api.service import prompts
+from phi_api.web.auth import is_admin
 from phi_api.web.http import read_request
 from phi_api.web.openapi import operation
 from phi_api.web.resources import get_document, get_metrics, get_models
 
 bp = Blueprint("operations", __name__)
+KEY_SERIES = b"phi_api_key_"  # the per-key series (telemetry.metrics), and their HELP and TYPE lines
 
 
 @bp.get("/health")
@@ -39,8 +41,10 @@ def openapi() -> Response:
 @bp.get("/metrics")
 @operation("Prometheus metrics", media=("text/plain",))
 def metrics() -> Response:
-    """Prometheus text exposition, every worker's samples together."""
+    """Prometheus text exposition, every worker's samples together; the series by API key only for admin keys."""
     body, content_type = get_metrics().exposition()
+    if not is_admin():
+        body = b"".join(line for line in body.splitlines(keepends=True) if KEY_SERIES not in line)
     return Response(body, content_type=content_type)
 
 

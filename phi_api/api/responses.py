@@ -9,6 +9,7 @@ from flask import Blueprint, Response, jsonify
 from phi_api.errors import ResponseNotFoundError
 from phi_api.protocols.responses import ResponseRenderer, ResponsesRequest, history_of, output_messages
 from phi_api.service import generation
+from phi_api.web.auth import current_tenant
 from phi_api.web.http import named_sse_response, read_request, start_generation
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, SSE, operation
 from phi_api.web.resources import get_store
@@ -24,14 +25,14 @@ def create_response() -> Response:
     """A response to ``input`` (after its predecessor's conversation, with ``previous_response_id``); stored for
     follow-ups unless ``store`` is false."""
     request = ResponsesRequest.from_openai(read_request("responses"))
-    store = get_store()
-    history = history_of(request, store)
+    store, tenant = get_store(), current_tenant()
+    history = history_of(request, store, tenant.scope)
     run = start_generation(request.chat(history))
     renderer = ResponseRenderer(request, run)
 
     def keep(response: dict[str, Any]) -> None:
         if request.store and store.max_items:
-            store.put(response, list(history or []) + list(request.input) + output_messages(response))
+            store.put(response, list(history or []) + list(request.input) + output_messages(response), tenant.name)
 
     if request.stream:
         return named_sse_response(renderer.stream(on_done=keep), on_close=(run.close,))
@@ -44,7 +45,7 @@ def create_response() -> Response:
 @operation("A stored response (404 for any other id)")
 def retrieve_response(response_id: str) -> Response:
     """A stored response object."""
-    response = get_store().response(response_id)
+    response = get_store().response(response_id, current_tenant().scope)
     if response is None:
         raise ResponseNotFoundError(f"Response with id '{response_id}' not found.")
     return jsonify(response)
@@ -54,6 +55,6 @@ def retrieve_response(response_id: str) -> Response:
 @operation("Delete a stored response (404 for any other id)")
 def delete_response(response_id: str) -> Response:
     """Forget a stored response (a follow-up naming it then gets previous_response_not_found)."""
-    if not get_store().delete(response_id):
+    if not get_store().delete(response_id, current_tenant().scope):
         raise ResponseNotFoundError(f"Response with id '{response_id}' not found.")
     return jsonify({"id": response_id, "object": "response", "deleted": True})

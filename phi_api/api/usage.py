@@ -6,9 +6,8 @@ import time
 
 from flask import Blueprint, Response, jsonify
 
-from phi_api.errors import PermissionDeniedError
 from phi_api.limits.keys import LIMITS
-from phi_api.web.auth import current_key
+from phi_api.web.auth import require_admin
 from phi_api.web.openapi import operation
 from phi_api.web.resources import get_keys
 
@@ -18,10 +17,8 @@ bp = Blueprint("usage", __name__)
 @bp.get("/v1/usage/keys")
 @operation("Usage and limits by API key name", statuses=(401, 403))
 def key_usage() -> Response:
+    require_admin("read every key's usage")
     keys = get_keys()
-    key = current_key()
-    if keys.keys and (key is None or not key.admin):
-        raise PermissionDeniedError('Only an admin key ("admin": true in API_KEYS_FILE) may read every key\'s usage.')
     totals = keys.usage.totals()
     now = time.time()
     data = [{"name": item.name, "limits": {limit: getattr(item, limit) for limit in LIMITS},

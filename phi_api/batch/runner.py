@@ -26,11 +26,12 @@ from phi_api.storage.batches import BatchStore, Line
 log = logging.getLogger(__name__)
 
 BATCH_LINE = "phi_api.batch_line"  # set in the environ of a batch line's request: no client can set it
-BATCH_PRIORITY = 2**62  # below every live request's (theirs are 32-bit integers)
+BATCH_OWNER = "phi_api.batch_owner"  # ... with the name of the key that created the batch: the line runs as its
 SERVICE_UNAVAILABLE = 503
 POLL_SECONDS = 0.5  # how soon a new batch's first line is taken
 RECOVER_SECONDS = 10.0  # how often lines of dead workers are looked for
-Dispatch = Callable[[str, dict[str, Any]], tuple[int, Any, str]]  # (url, body) -> (status, body, request id)
+Dispatch = Callable[[Line], tuple[int, Any, str, str]]  # a line -> (status, body, request id, Retry-After)
+RATE_LIMITED = 429
 
 
 def owner_id(pid: int | None = None) -> str:
@@ -80,16 +81,18 @@ class BatchRunner:
 
     def run_line(self, line: Line) -> None:
         """Run one line and record its answer (an answer that cannot be had is recorded as an error); a line the
-        server could not take now (503: shutting down, or its model not ready) goes back to the queue."""
+        server could not take now (503: shutting down, or its model not ready; 429: its key's limits used up for
+        now) goes back to the queue, until then."""
         try:
-            status, body, request_id = self.dispatch(line.url, line.body)
+            status, body, request_id, retry_after = self.dispatch(line)
         except Exception as error:  # a bug of ours: the line fails, the runner goes on
             log.exception("batch %s line %d failed", line.batch_id, line.line)
             self.store.finish(line, None, None, None, {"code": "server_error", "message": type(error).__name__})
             return
-        if status == SERVICE_UNAVAILABLE:
+        if status in (SERVICE_UNAVAILABLE, RATE_LIMITED):
             self.store.release(line)
-            gevent.sleep(POLL_SECONDS)  # not at once again
+            wait = float(retry_after) if retry_after.isdigit() else POLL_SECONDS
+            gevent.sleep(min(max(wait, POLL_SECONDS), 60.0))  # not at once again: its key's window, or a moment
             return
         self.store.finish(line, status, body, request_id)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hmac
 import json
 import math
-import os
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -26,8 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from phi_api.errors import KeysFileError
+from phi_api.storage.sqlite import Database, off_the_hub
 
 LIMITS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day")
+_TABLES = ("CREATE TABLE IF NOT EXISTS windows (name TEXT, kind TEXT, start REAL, requests INTEGER, tokens INTEGER, "
+           "PRIMARY KEY (name, kind, start));"
+           "CREATE TABLE IF NOT EXISTS totals (name TEXT PRIMARY KEY, requests INTEGER, prompt_tokens INTEGER, "
+           "cached_tokens INTEGER, completion_tokens INTEGER);")
 DAY = 86_400
 
 
@@ -40,7 +44,9 @@ class Key:
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     tokens_per_day: int | None = None
-    admin: bool = False
+    admin: bool = False  # manages models, sees every key's usage, files, batches and responses
+    max_concurrent_requests: int | None = None  # its requests running at once in the whole server (None: no cap)
+    raise_priority: bool = False  # may ask for a priority below the default 0 (sooner than others)
 
     @property
     def limited(self) -> bool:
@@ -70,15 +76,19 @@ def _entry(entry: Any, index: int, path: str) -> Key:
         raise KeysFileError(f"{where}: needs a name")
     if not isinstance(entry.get("key"), str) or len(entry["key"]) < 8:
         raise KeysFileError(f"{where} ({entry['name']}): needs a key of at least 8 characters")
-    unknown = set(entry) - {"name", "key", "admin", *LIMITS}
+    unknown = set(entry) - {"name", "key", "admin", "max_concurrent_requests", "raise_priority", *LIMITS}
     if unknown:
         raise KeysFileError(f"{where} ({entry['name']}): unknown fields {', '.join(sorted(unknown))}")
-    for limit in LIMITS:
+    for limit in (*LIMITS, "max_concurrent_requests"):
         value = entry.get(limit)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise KeysFileError(f"{where} ({entry['name']}): {limit} must be a positive integer")
+    for flag in ("admin", "raise_priority"):
+        if not isinstance(entry.get(flag, False), bool):
+            raise KeysFileError(f"{where} ({entry['name']}): {flag} must be true or false")
     return Key(entry["name"], entry["key"], entry.get("requests_per_minute"), entry.get("tokens_per_minute"),
-               entry.get("tokens_per_day"), bool(entry.get("admin")))
+               entry.get("tokens_per_day"), bool(entry.get("admin")), entry.get("max_concurrent_requests"),
+               bool(entry.get("raise_priority")))
 
 
 @dataclass(frozen=True)
@@ -95,16 +105,14 @@ class Usage:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._pid: int | None = None
-        self._db: sqlite3.Connection | None = None
+        self.database = Database(path, _TABLES)
 
+    @off_the_hub
     def admit(self, key: Key, now: float | None = None) -> Decision:
         """Count a request of ``key`` if its limits allow it now."""
         now = time.time() if now is None else now
         minute, day = math.floor(now / 60) * 60, math.floor(now / DAY) * DAY
-        db = self._connection()
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self.database.transaction() as db:
             requests, minute_tokens = self._window(db, key.name, minute)
             _, day_tokens = self._window(db, key.name, day, "day")
             reason = _over(key, requests, minute_tokens, day_tokens)
@@ -114,17 +122,14 @@ class Usage:
                 db.execute("INSERT INTO totals VALUES (?, 1, 0, 0, 0) ON CONFLICT(name) DO UPDATE SET "
                            "requests = requests + 1", (key.name,))
                 requests += 1
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return Decision(not reason, _headers(key, requests, minute_tokens, day_tokens, now, reason), reason)
 
+    @off_the_hub
     def record(self, key: Key, prompt: int, cached: int, completion: int, now: float | None = None) -> None:
         """Count a finished generation's tokens."""
         now = time.time() if now is None else now
         tokens = prompt + completion
-        with self._connection() as db:
+        with self.database.transaction() as db:
             for kind, start in (("minute", math.floor(now / 60) * 60), ("day", math.floor(now / DAY) * DAY)):
                 db.execute("INSERT INTO windows VALUES (?, ?, ?, 0, ?) ON CONFLICT(name, kind, start) DO UPDATE SET "
                            "tokens = tokens + excluded.tokens", (key.name, kind, start, tokens))
@@ -134,15 +139,17 @@ class Usage:
                        (key.name, prompt, cached, completion))
             db.execute("DELETE FROM windows WHERE start < ?", (now - 2 * DAY,))
 
+    @off_the_hub
     def windows(self, name: str, now: float) -> dict[str, int]:
         """What ``name`` used this minute and this UTC day."""
-        db = self._connection()
+        db = self.database.connection()
         requests, minute_tokens = self._window(db, name, math.floor(now / 60) * 60)
         _, day_tokens = self._window(db, name, math.floor(now / DAY) * DAY, "day")
         return {"requests_this_minute": requests, "tokens_this_minute": minute_tokens, "tokens_today": day_tokens}
 
+    @off_the_hub
     def totals(self) -> dict[str, dict[str, int]]:
-        rows = self._connection().execute("SELECT * FROM totals").fetchall()
+        rows = self.database.connection().execute("SELECT * FROM totals").fetchall()
         return {name: {"requests": requests, "prompt_tokens": prompt, "cached_tokens": cached,
                        "completion_tokens": completion} for name, requests, prompt, cached, completion in rows}
 
@@ -150,19 +157,6 @@ class Usage:
         row = db.execute("SELECT requests, tokens FROM windows WHERE name = ? AND kind = ? AND start = ?",
                          (name, kind, start)).fetchone()
         return (row[0], row[1]) if row else (0, 0)
-
-    def _connection(self) -> sqlite3.Connection:
-        # A connection per process: sqlite's must not cross a fork.
-        if self._pid != os.getpid() or self._db is None:
-            self._pid = os.getpid()
-            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(
-                "CREATE TABLE IF NOT EXISTS windows (name TEXT, kind TEXT, start REAL, requests INTEGER, "
-                "tokens INTEGER, PRIMARY KEY (name, kind, start));"
-                "CREATE TABLE IF NOT EXISTS totals (name TEXT PRIMARY KEY, requests INTEGER, prompt_tokens INTEGER, "
-                "cached_tokens INTEGER, completion_tokens INTEGER);")
-        return self._db
 
 
 def _over(key: Key, requests: int, minute_tokens: int, day_tokens: int) -> str:
@@ -201,6 +195,10 @@ class Keys:
 
     keys: tuple[Key, ...]
     usage: Usage
+
+    def named(self, name: str) -> Key | None:
+        """The key called ``name``, if the server still accepts one so named."""
+        return next((key for key in self.keys if key.name == name), None)
 
     def identify(self, supplied: str) -> Key | None:
         """The key ``supplied`` is, comparing with every key in constant time."""

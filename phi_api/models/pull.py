@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -55,12 +56,20 @@ CATALOG = {
 }
 
 
+_SEGMENT = re.compile(r"[A-Za-z0-9._-]{1,96}")  # the Hub's names; never empty, never a path
+_REVISION = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
 def parse(name: str) -> Source:
     """An alias, or ``REPO[/SUBFOLDER][@REVISION]``."""
     if name in CATALOG:
         return CATALOG[name]
     path, _, revision = name.partition("@")
-    parts = [part for part in path.strip("/").split("/") if part]
+    parts = path.split("/")
+    if not all(_SEGMENT.fullmatch(part) and part not in (".", "..") for part in parts) or \
+            (revision and not _REVISION.fullmatch(revision)):
+        raise PullError(f"'{name}' is not a model name: OWNER/NAME[/SUBFOLDER][@REVISION], each part letters, digits, "
+                        "'.', '_' or '-' (no empty, '.' or '..' parts)")
     if len(parts) < 2:
         known = ", ".join(CATALOG)
         raise PullError(f"'{name}' is neither a model of the catalog ({known}) nor a Hub repository "

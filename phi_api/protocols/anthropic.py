@@ -134,7 +134,7 @@ class MessagesRequest:
         chat = ChatRequest(model=body["model"], messages=tuple(chat_messages(body)), sampling=sampling,
                            stream=bool(given(body, "stream", False)), tools=tool_plan(tools, choice, parallel),
                            output_schema=output_format["schema"] if output_format else None,
-                           output_param="output_config.format")
+                           output_param="output_config.format", cache_salt=given(body, "cache_salt"))
         return cls(body["model"], chat, chat.stream)
 
 

@@ -100,7 +100,8 @@ def _output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
 def _common(body: dict[str, Any]) -> dict[str, Any]:
     if given(body, "think", False):
         raise UnsupportedParameterError("thinking is not supported by this model.", param="think")
-    return {"model": model_id(body["model"]), "sampling": _sampling(body), "stream": bool(given(body, "stream", True))}
+    return {"model": model_id(body["model"]), "sampling": _sampling(body), "stream": bool(given(body, "stream", True)),
+            "cache_salt": given(body, "cache_salt")}
 
 
 def generate_request(body: dict[str, Any]) -> ChatRequest | CompletionRequest:

@@ -170,14 +170,16 @@ class ResponsesRequest:
                 "response_format": self.response_format}
         return ChatRequest(model=self.model, messages=tuple(body["messages"]), sampling=self.sampling,
                            stream=self.stream, **output_fields(body["response_format"]),
-                           tools=tool_plan(body["tools"] or [], body["tool_choice"], bool(body["parallel_tool_calls"])))
+                           tools=tool_plan(body["tools"] or [], body["tool_choice"], bool(body["parallel_tool_calls"])),
+                           cache_salt=given(self.body, "cache_salt"))
 
 
-def history_of(request: ResponsesRequest, store: Any) -> list[dict[str, Any]] | None:
-    """The predecessor's conversation, or OpenAI's error when it is not (or no longer) stored."""
+def history_of(request: ResponsesRequest, store: Any, scope: str | None = None) -> list[dict[str, Any]] | None:
+    """The predecessor's conversation, or OpenAI's error when it is not (or no longer) stored, or not ``scope``'s:
+    another key's response is answered exactly as one that never was."""
     if request.previous_response_id is None:
         return None
-    messages = store.messages(request.previous_response_id)
+    messages = store.messages(request.previous_response_id, scope)
     if messages is None:
         raise PreviousResponseNotFoundError(f"Previous response with id '{request.previous_response_id}' not found.")
     return messages

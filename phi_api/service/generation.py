@@ -118,9 +118,10 @@ class Run:
             closed()
 
 
-def start(services: Services, request: GenerationRequest, request_id: str = "-") -> Run:
+def start(services: Services, request: GenerationRequest, request_id: str = "-", cache_key: str = "") -> Run:
     """Check ``request``, take a concurrency slot (or 429) and start generating at its priority (lower is sooner;
-    none given: 0)."""
+    none given: 0), reusing only prompts of its ``cache_key``. Requests come here through the one gate,
+    :func:`phi_api.service.admission.admit`."""
     engine, settings = services.models.engine(request.model), services.settings
     if engine.draining:
         raise ServiceUnavailableError("This server is shutting down; please retry.")
@@ -133,7 +134,7 @@ def start(services: Services, request: GenerationRequest, request_id: str = "-")
         raise RateLimitError("Too many concurrent requests. Please try again later.")
     try:
         generation = engine.submit(plan.prompt, plan.params, request_id=request_id,
-                                   priority=request.priority or 0)
+                                   priority=request.priority or 0, cache_key=cache_key)
     except BaseException:  # RetiredError (unloaded a moment ago) becomes a 404 through phi_api.web.foreign.FOREIGN
         slot.release()
         raise

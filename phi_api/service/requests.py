@@ -157,6 +157,7 @@ class ChatRequest:
     output_param: str = "response_format"  # where the schema came from, for errors that name it
     tools: ToolPlan | None = None
     priority: int | None = None  # lower is sooner (vLLM's); None: not given
+    cache_salt: str | None = None  # vLLM's: prompts are reused only among requests of the same salt (and key)
 
     prompt_param: ClassVar[str] = "messages"
 
@@ -170,7 +171,7 @@ class ChatRequest:
             logprobs=_chat_logprobs(body), **output_fields(given(body, "response_format")),
             tools=tool_plan(given(body, "tools", []), given(body, "tool_choice"),
                             bool(given(body, "parallel_tool_calls", True))),
-            priority=given(body, "priority"),
+            priority=given(body, "priority"), cache_salt=given(body, "cache_salt"),
         )
 
 
@@ -186,6 +187,7 @@ class CompletionRequest:
     logprobs: int | None = None
     echo: bool = False
     priority: int | None = None  # lower is sooner (vLLM's); None: not given
+    cache_salt: str | None = None  # vLLM's: prompts are reused only among requests of the same salt (and key)
 
     prompt_param: ClassVar[str] = "prompt"
 
@@ -196,7 +198,7 @@ class CompletionRequest:
         return cls(model=body["model"], prompt=body["prompt"], sampling=Sampling.from_openai(body),
                    stream=bool(given(body, "stream", False)), include_usage=_include_usage(body),
                    logprobs=given(body, "logprobs"), echo=bool(given(body, "echo", False)),
-                   priority=given(body, "priority"))
+                   priority=given(body, "priority"), cache_salt=given(body, "cache_salt"))
 
 
 GenerationRequest = ChatRequest | CompletionRequest

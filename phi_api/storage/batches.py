@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from phi_api.errors import BatchError
-from phi_api.storage.sqlite import Database
+from phi_api.storage.sqlite import Database, off_the_hub
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 WINDOWS = {"24h": 86_400}  # completion_window: OpenAI accepts only 24h
@@ -34,12 +34,15 @@ TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, filename TEXT, purpose TEXT, bytes INTEGER,
-    created_at INTEGER);
-CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, object TEXT, created_at REAL);
+    created_at INTEGER, owner TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, object TEXT, created_at REAL, owner TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS lines (batch_id TEXT, line INTEGER, custom_id TEXT, body TEXT,
     state TEXT, owner TEXT, result TEXT, ok INTEGER, PRIMARY KEY (batch_id, line));
 CREATE INDEX IF NOT EXISTS pending ON lines (state, batch_id, line);
 """
+# Columns added since the first release: a folder of an earlier one gets them, its rows owned by no key ("").
+_ADDED = (("files", "owner", "TEXT NOT NULL DEFAULT ''"), ("batches", "owner", "TEXT NOT NULL DEFAULT ''"))
+_MINE = "(? IS NULL OR owner = ?)"  # a scope: one owner's rows, or everyone's (None)
 
 
 @dataclass(frozen=True)
@@ -51,48 +54,62 @@ class Line:
     custom_id: str
     url: str
     body: dict[str, Any]
+    owner: str = ""  # the key (by name) that created the batch: the line runs as a request of it
 
 
 class BatchStore:
-    """Files and batches in ``folder``."""
+    """Files and batches in ``folder``, each owned by the key (by name) that made it.
+
+    Reading methods take a ``scope``: the owner whose objects are visible, or None for every owner's (an admin key,
+    or a server without keys, whose objects all belong to "").
+    """
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        self._database = Database(self.folder / "batches.sqlite3", _TABLES)
+        self.database = Database(self.folder / "batches.sqlite3", _TABLES, added=_ADDED)
 
     # Files ------------------------------------------------------------------------------------------
 
-    def add_file(self, filename: str, purpose: str, data: bytes) -> dict[str, Any]:
-        """Keep ``data`` as a new file; its file object."""
-        with self._database.connection() as db:
-            return self._write_file(db, filename, purpose, data)
+    @off_the_hub
+    def add_file(self, filename: str, purpose: str, data: bytes, owner: str = "") -> dict[str, Any]:
+        """Keep ``data`` as a new file of ``owner``; its file object."""
+        with self.database.connection() as db:
+            return self._write_file(db, filename, purpose, data, owner)
 
-    def file(self, file_id: str) -> dict[str, Any] | None:
-        row = self._database.connection().execute("SELECT * FROM files WHERE id = ?", (file_id,)).fetchone()
+    @off_the_hub
+    def file(self, file_id: str, scope: str | None = None) -> dict[str, Any] | None:
+        row = self.database.connection().execute(f"SELECT * FROM files WHERE id = ? AND {_MINE}",
+                                                 (file_id, scope, scope)).fetchone()
         return _file_object(row) if row else None
 
-    def files(self, purpose: str | None, limit: int, after: str | None, order: str) -> tuple[list[dict], bool]:
+    @off_the_hub
+    def files(self, purpose: str | None, limit: int, after: str | None, order: str,
+              scope: str | None = None) -> tuple[list[dict], bool]:
         """Files (of ``purpose``), newest first (``order`` desc) or oldest, after the one named ``after``."""
-        rows = self._database.connection().execute(
-            "SELECT * FROM files WHERE (? IS NULL OR purpose = ?) ORDER BY created_at, rowid", (purpose, purpose)
-        ).fetchall()
+        rows = self.database.connection().execute(
+            f"SELECT * FROM files WHERE (? IS NULL OR purpose = ?) AND {_MINE} ORDER BY created_at, rowid",
+            (purpose, purpose, scope, scope)).fetchall()
         return _page([_file_object(row) for row in (rows[::-1] if order == "desc" else rows)], limit, after)
 
-    def content(self, file_id: str) -> Path | None:
-        return self._path(file_id) if self.file(file_id) is not None else None
+    def content(self, file_id: str, scope: str | None = None) -> Path | None:
+        return self._path(file_id) if self.file(file_id, scope) is not None else None
 
-    def delete_file(self, file_id: str) -> bool:
-        with self._database.connection() as db:
-            gone = db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount > 0
+    @off_the_hub
+    def delete_file(self, file_id: str, scope: str | None = None) -> bool:
+        with self.database.connection() as db:
+            gone = db.execute(f"DELETE FROM files WHERE id = ? AND {_MINE}", (file_id, scope, scope)).rowcount > 0
         if gone:
             self._path(file_id).unlink(missing_ok=True)
         return gone
 
     # Batches ----------------------------------------------------------------------------------------
 
-    def create_batch(self, input_file_id: str, endpoint: str, window: str, metadata: dict | None) -> dict[str, Any]:
-        """A new batch of the input file's lines, queued (or ``failed``, with the bad lines, when any is bad)."""
-        found = self.file(input_file_id)
+    @off_the_hub
+    def create_batch(self, input_file_id: str, endpoint: str, window: str, metadata: dict | None,
+                     owner: str = "", scope: str | None = None) -> dict[str, Any]:
+        """A new batch of ``owner`` of the input file's lines (a file ``scope`` sees), queued (or ``failed``, with
+        the bad lines, when any is bad)."""
+        found = self.file(input_file_id, scope)
         if found is None:
             raise BatchError(f"No file with id '{input_file_id}'.", "input_file_id")
         if found["purpose"] != "batch":
@@ -109,25 +126,32 @@ class BatchStore:
         if errors:
             batch.update(status="failed", failed_at=now, errors={"object": "list", "data": errors})
             batch["request_counts"]["total"] = 0
-        with self._database.connection() as db:
-            db.execute("INSERT INTO batches VALUES (?, ?, ?)", (batch["id"], json.dumps(batch), time.time()))
+        with self.database.connection() as db:
+            db.execute("INSERT INTO batches VALUES (?, ?, ?, ?)", (batch["id"], json.dumps(batch), time.time(), owner))
             if not errors:
                 db.executemany("INSERT INTO lines VALUES (?, ?, ?, ?, 'pending', NULL, NULL, NULL)",
                                [(batch["id"], number, custom_id, json.dumps(body))
                                 for number, (custom_id, body) in enumerate(lines, start=1)])
         return batch
 
-    def batch(self, batch_id: str) -> dict[str, Any] | None:
-        row = self._database.connection().execute("SELECT object FROM batches WHERE id = ?", (batch_id,)).fetchone()
+    @off_the_hub
+    def batch(self, batch_id: str, scope: str | None = None) -> dict[str, Any] | None:
+        row = self.database.connection().execute(f"SELECT object FROM batches WHERE id = ? AND {_MINE}",
+                                                 (batch_id, scope, scope)).fetchone()
         return json.loads(row[0]) if row else None
 
-    def batches(self, limit: int, after: str | None) -> tuple[list[dict], bool]:
-        rows = self._database.connection().execute("SELECT object FROM batches ORDER BY created_at DESC").fetchall()
+    @off_the_hub
+    def batches(self, limit: int, after: str | None, scope: str | None = None) -> tuple[list[dict], bool]:
+        rows = self.database.connection().execute(
+            f"SELECT object FROM batches WHERE {_MINE} ORDER BY created_at DESC", (scope, scope)).fetchall()
         return _page([json.loads(row[0]) for row in rows], limit, after)
 
-    def cancel(self, batch_id: str) -> dict[str, Any]:
+    @off_the_hub
+    def cancel(self, batch_id: str, scope: str | None = None) -> dict[str, Any]:
         """Stop a batch: its lines not yet taken will not run; it is ``cancelled`` once those running end."""
-        with self._database.transaction() as db:
+        if self.batch(batch_id, scope) is None:
+            raise BatchError(f"No batch with id '{batch_id}'.", None)
+        with self.database.transaction() as db:
             batch = _batch_in(db, batch_id)
             if batch["status"] in TERMINAL or batch["status"] == "finalizing":
                 raise BatchError(f"Batch '{batch_id}' is {batch['status']}: it cannot be cancelled.", None)
@@ -139,23 +163,25 @@ class BatchStore:
 
     # The runner's side ------------------------------------------------------------------------------
 
+    @off_the_hub
     def claim(self, owner: str) -> Line | None:
-        """Take the next line to run (the oldest batch's first), for ``owner``; None when none waits."""
-        with self._database.transaction() as db:
-            row = db.execute("SELECT lines.batch_id, line, custom_id, body FROM lines JOIN batches "
+        """Take the next line to run (the oldest batch's first), for ``owner`` (a worker); None when none waits."""
+        with self.database.transaction() as db:
+            row = db.execute("SELECT lines.batch_id, line, custom_id, body, batches.owner FROM lines JOIN batches "
                              "ON batches.id = lines.batch_id WHERE state = 'pending' "
                              "ORDER BY batches.created_at, line LIMIT 1").fetchone()
             if row is None:
                 return None
-            batch_id, number, custom_id, body = row
+            batch_id, number, custom_id, body, key = row
             db.execute("UPDATE lines SET state = 'running', owner = ? WHERE batch_id = ? AND line = ?",
                        (owner, batch_id, number))
             batch = _batch_in(db, batch_id)
             if batch["status"] == "validating":
                 batch.update(status="in_progress", in_progress_at=int(time.time()))
                 _save(db, batch)
-        return Line(batch_id, number, custom_id, batch["endpoint"], json.loads(body))
+        return Line(batch_id, number, custom_id, batch["endpoint"], json.loads(body), key)
 
+    @off_the_hub
     def finish(self, line: Line, status_code: int | None, body: Any, request_id: str | None,
                error: dict[str, str] | None = None) -> None:
         """Record a line's answer (``status_code`` and ``body``), or why it has none (``error``)."""
@@ -164,7 +190,7 @@ class BatchStore:
                   "response": None if status_code is None else
                   {"status_code": status_code, "request_id": request_id, "body": body},
                   "error": error}
-        with self._database.transaction() as db:
+        with self.database.transaction() as db:
             db.execute("UPDATE lines SET state = 'done', result = ?, ok = ? WHERE batch_id = ? AND line = ?",
                        (json.dumps(result), int(ok), line.batch_id, line.line))
             batch = _batch_in(db, line.batch_id)
@@ -172,33 +198,37 @@ class BatchStore:
             _save(db, batch)
         self.settle(line.batch_id)
 
+    @off_the_hub
     def release(self, line: Line) -> None:
         """Put a claimed line back in the queue: it could not run now (the worker is shutting down)."""
-        with self._database.transaction() as db:
+        with self.database.transaction() as db:
             db.execute("UPDATE lines SET state = 'pending', owner = NULL WHERE batch_id = ? AND line = ? AND "
                        "state = 'running'", (line.batch_id, line.line))
 
+    @off_the_hub
     def recover(self, alive: Any) -> int:
         """Put back in the queue the lines claimed by owners that are no longer ``alive(owner)``; how many."""
-        with self._database.transaction() as db:
+        with self.database.transaction() as db:
             owners = [row[0] for row in db.execute("SELECT DISTINCT owner FROM lines WHERE state = 'running'")]
             dead = [owner for owner in owners if not alive(owner)]
             return sum(db.execute("UPDATE lines SET state = 'pending', owner = NULL WHERE state = 'running' AND "
                                   "owner = ?", (owner,)).rowcount for owner in dead)
 
+    @off_the_hub
     def expire(self, now: float) -> None:
         """Batches past their completion window: their lines not yet taken will not run."""
-        rows = self._database.connection().execute("SELECT object FROM batches").fetchall()
+        rows = self.database.connection().execute("SELECT object FROM batches").fetchall()
         for batch in (json.loads(row[0]) for row in rows):
             if batch["status"] in ("validating", "in_progress") and now > batch["expires_at"]:
-                with self._database.transaction() as db:
+                with self.database.transaction() as db:
                     db.execute("UPDATE lines SET state = 'expired' WHERE batch_id = ? AND state = 'pending'",
                                (batch["id"],))
                 self.settle(batch["id"])
 
+    @off_the_hub
     def settle(self, batch_id: str) -> None:
         """When no line of the batch waits or runs any more: write its output and error files, and end it."""
-        with self._database.transaction() as db:
+        with self.database.transaction() as db:
             batch = _batch_in(db, batch_id)
             left = db.execute("SELECT COUNT(*) FROM lines WHERE batch_id = ? AND state IN ('pending', 'running')",
                               (batch_id,)).fetchone()[0]
@@ -206,45 +236,50 @@ class BatchStore:
                 return
             rows = db.execute("SELECT custom_id, state, result, ok FROM lines WHERE batch_id = ? ORDER BY line",
                               (batch_id,)).fetchall()
-            batch = self._finalize(db, batch, rows)
+            owner = db.execute("SELECT owner FROM batches WHERE id = ?", (batch_id,)).fetchone()[0]
+            batch = _finalize(self, db, batch, rows, owner)
             _save(db, batch)
 
     # Inside -----------------------------------------------------------------------------------------
 
-    def _finalize(self, db: sqlite3.Connection, batch: dict[str, Any], rows: list[tuple]) -> dict[str, Any]:
-        now = int(time.time())
-        status = {"cancelling": "cancelled"}.get(batch["status"], "completed")
-        if any(state == "expired" for _, state, _, _ in rows):
-            status = "expired"
-        output: list[str] = []
-        errors: list[str] = []
-        for custom_id, state, result, ok in rows:
-            if state == "done":
-                (output if ok else errors).append(result)
-            elif state in ("expired", "cancelled"):
-                errors.append(json.dumps(_unrun(custom_id, state)))
-        counts = batch["request_counts"]
-        counts["failed"] += sum(1 for _, state, _, _ in rows if state == "expired")
-        batch.update(finalizing_at=now, status=status, **{f"{status}_at": now})
-        for key, lines in (("output_file_id", output), ("error_file_id", errors)):
-            if lines:
-                batch[key] = self._write_file(db, f"batch_{batch['id']}_{key[:-8]}.jsonl", "batch_output",
-                                              "".join(line + "\n" for line in lines).encode())["id"]
-        return batch
-
-    def _write_file(self, db: sqlite3.Connection, filename: str, purpose: str, data: bytes) -> dict[str, Any]:
+    def _write_file(self, db: sqlite3.Connection, filename: str, purpose: str, data: bytes,
+                    owner: str) -> dict[str, Any]:
         """Write ``data`` (a temporary file renamed into place) and its row; its file object."""
         file_id = f"file-{uuid.uuid4().hex[:24]}"
         path = self._path(file_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.with_suffix(".tmp").write_bytes(data)
         os.replace(path.with_suffix(".tmp"), path)
-        row = (file_id, filename, purpose, len(data), int(time.time()))
-        db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?)", row)
+        row = (file_id, filename, purpose, len(data), int(time.time()), owner)
+        db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?)", row)
         return _file_object(row)
 
     def _path(self, file_id: str) -> Path:
         return self.folder / "files" / f"{file_id}.jsonl"
+
+
+def _finalize(store: BatchStore, db: sqlite3.Connection, batch: dict[str, Any], rows: list[tuple],
+              owner: str) -> dict[str, Any]:
+    """The batch ended: its output and error files written, its status and times set."""
+    now = int(time.time())
+    status = {"cancelling": "cancelled"}.get(batch["status"], "completed")
+    if any(state == "expired" for _, state, _, _ in rows):
+        status = "expired"
+    output: list[str] = []
+    errors: list[str] = []
+    for custom_id, state, result, ok in rows:
+        if state == "done":
+            (output if ok else errors).append(result)
+        elif state in ("expired", "cancelled"):
+            errors.append(json.dumps(_unrun(custom_id, state)))
+    counts = batch["request_counts"]
+    counts["failed"] += sum(1 for _, state, _, _ in rows if state == "expired")
+    batch.update(finalizing_at=now, status=status, **{f"{status}_at": now})
+    for key, lines in (("output_file_id", output), ("error_file_id", errors)):
+        if lines:
+            batch[key] = store._write_file(db, f"batch_{batch['id']}_{key[:-8]}.jsonl", "batch_output",
+                                          "".join(line + "\n" for line in lines).encode(), owner)["id"]
+    return batch
 
 
 def _batch_in(db: sqlite3.Connection, batch_id: str) -> dict[str, Any]:
@@ -316,7 +351,7 @@ def _unrun(custom_id: str, state: str) -> dict[str, Any]:
 
 
 def _file_object(row: tuple) -> dict[str, Any]:
-    file_id, filename, purpose, size, created = row
+    file_id, filename, purpose, size, created, _ = row
     return {"id": file_id, "object": "file", "bytes": size, "created_at": created, "filename": filename,
             "purpose": purpose, "status": "processed", "status_details": None}
 

@@ -9,10 +9,12 @@ description (``GET /openapi.json``) and the playground's page and files need no 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from flask import Flask, g, request
 
-from phi_api.batch.runner import BATCH_LINE
-from phi_api.errors import AuthenticationError
+from phi_api.batch.runner import BATCH_LINE, BATCH_OWNER
+from phi_api.errors import AuthenticationError, PermissionDeniedError
 from phi_api.limits.keys import Key, Keys
 
 EXEMPT_PATHS = frozenset({"/health", "/openapi.json", "/"})  # "/": the playground's page, which holds no data
@@ -41,7 +43,11 @@ def register_auth(app: Flask, keys: Keys) -> None:
     def _authenticate() -> None:
         if request.method == "OPTIONS" or request.path in EXEMPT_PATHS or request.path.startswith(EXEMPT_PREFIXES):
             return
-        if request.environ.get(BATCH_LINE):  # a line of a batch an authenticated client created
+        if request.environ.get(BATCH_LINE):  # a line of a batch an authenticated client created: runs as its key
+            owner = keys.named(request.environ.get(BATCH_OWNER, ""))
+            if owner is None:
+                raise AuthenticationError("The key that created this batch is no longer accepted.")
+            g.api_key = owner
             return
         supplied = supplied_key()
         if supplied is None:
@@ -54,5 +60,34 @@ def register_auth(app: Flask, keys: Keys) -> None:
 
 
 def current_key() -> Key | None:
-    """The key the current request was authenticated with (None when keys are off, or for a batch line)."""
+    """The key the current request was authenticated with (None when keys are off)."""
     return g.get("api_key")
+
+
+def is_admin() -> bool:
+    """Whether the request may manage the server: an admin key's, or any request when keys are off (one user)."""
+    key = current_key()
+    return key is None or key.admin
+
+
+def require_admin(action: str) -> None:
+    """403 (before any work: the answer reveals nothing) unless :func:`is_admin`."""
+    if not is_admin():
+        raise PermissionDeniedError(f'Only an admin key ("admin": true in API_KEYS_FILE) may {action}.')
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """Whose request this is, for what it stores: the owner of what it creates (a key's name; "" without keys), and
+    whose objects it may see (``scope``: one owner's, or None for every owner's: an admin key, or no keys)."""
+
+    name: str
+    scope: str | None
+
+
+def current_tenant() -> Tenant:
+    """The current request's tenant (see :class:`Tenant`)."""
+    key = current_key()
+    if key is None:
+        return Tenant("", None)
+    return Tenant(key.name, None if key.admin else key.name)

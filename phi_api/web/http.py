@@ -3,8 +3,6 @@ and the service's dependencies gathered from the app's resources."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import logging
 import math
@@ -14,29 +12,26 @@ from typing import Any
 from flask import Blueprint, Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from phi_api.batch.runner import BATCH_LINE, BATCH_PRIORITY
-from phi_api.engine import Finished
+from phi_api.batch.runner import BATCH_LINE
 from phi_api.errors import (
     APIError,
     InvalidJSONError,
     InvalidParameterError,
     InvalidRequestError,
-    KeyRateLimitError,
     UnsupportedMediaTypeError,
 )
-from phi_api.limits.keys import Key, Keys
-from phi_api.limits.slots import Unlimited
-from phi_api.service import generation
-from phi_api.service.generation import KEEPALIVE, Services
-from phi_api.service.requests import CompletionRequest, GenerationRequest
+from phi_api.service import admission, generation
+from phi_api.service.admission import Caller, Gate
+from phi_api.service.generation import KEEPALIVE
+from phi_api.service.requests import GenerationRequest
 from phi_api.telemetry.logs import current_request_id
-from phi_api.telemetry.metrics import Metrics
-from phi_api.telemetry.tracing import RequestSpan
 from phi_api.web.auth import current_key
 from phi_api.web.foreign import from_foreign
 from phi_api.web.resources import (
+    get_caps,
     get_keys,
     get_limiter,
+    get_line,
     get_metrics,
     get_models,
     get_settings,
@@ -51,9 +46,10 @@ _JSON_TYPES = ("application/json",)
 NDJSON_TYPE = "application/x-ndjson"
 
 
-def services() -> Services:
-    """The service's dependencies, from the current app."""
-    return Services(get_models(), get_limiter(), get_settings())
+def gate() -> Gate:
+    """The gate's dependencies, from the current app."""
+    return Gate(get_models(), get_limiter(), get_settings(), get_keys(), get_caps(), get_line(), get_metrics(),
+                get_tracing())
 
 
 PRIORITY_HEADER = "X-Priority"
@@ -61,63 +57,14 @@ PRIORITY_RANGE = (-2**31, 2**31 - 1)
 
 
 def start_generation(typed: GenerationRequest) -> generation.Run:
-    """Start a typed request on the one generation path, with this HTTP request's id and ``X-Priority`` header
-    (for clients that cannot add a ``priority`` field; the field wins). A batch line (:mod:`phi_api.batch.runner`)
-    runs below every live request, outside ``MAX_CONCURRENT_REQUESTS``."""
-    if request.environ.get(BATCH_LINE):
-        batch = Services(get_models(), Unlimited(), get_settings())
-        return generation.start(batch, dataclasses.replace(typed, priority=BATCH_PRIORITY), current_request_id())
-    key = current_key()
-    if typed.priority is None:  # the field wins over the header; neither: 0
-        typed = dataclasses.replace(typed, priority=header_priority() or 0)
-    span = _request_span(typed)
-    try:
-        if key is not None:
-            admit(key)
-        run = generation.start(services(), typed, current_request_id())
-    except BaseException as error:
-        if span is not None:
-            span.fail(error)
-        raise
-    if key is not None:
-        # Bound now: a streamed answer's choices end after the request's context has gone.
-        run.observers.append(functools.partial(count_usage, get_keys(), get_metrics(), key))
-    if span is not None:
-        run.observers.append(span.observe)
-        run.on_close.append(span.close)
-    return run
-
-
-def _request_span(typed: GenerationRequest) -> RequestSpan | None:
-    """The request's trace span (:mod:`phi_api.telemetry.tracing`; None when tracing is off, at no cost)."""
-    tracing = get_tracing()
-    if tracing.provider is None:
-        return None
-    sampling = typed.sampling
-    operation = "text_completion" if isinstance(typed, CompletionRequest) else "chat"
-    return tracing.start_request(operation, typed.model, dict(request.headers), choices=sampling.n, attributes={
-        "gen_ai.request.max_tokens": sampling.max_tokens, "gen_ai.request.temperature": sampling.temperature,
-        "gen_ai.request.top_p": sampling.top_p, "phi_api.priority": typed.priority,
-        "phi_api.request_id": current_request_id()})
-
-
-def admit(key: Key) -> None:
-    """Count a request of ``key``, or refuse it (429) when the key has used up a limit; the rate-limit headers go
-    on the answer either way (:func:`phi_api.limits.keys.register`)."""
-    decision = get_keys().usage.admit(key)
-    g.rate_headers = decision.headers
-    if not decision.allowed:
-        limit = decision.reason.replace("_", " ")
-        raise KeyRateLimitError(f"Rate limit reached for key '{key.name}': {limit} ({getattr(key, decision.reason)}). "
-                                f"Retry after {decision.headers['Retry-After']} seconds.")
-
-
-def count_usage(keys: Keys, metrics: Metrics, key: Key, finished: Finished) -> None:
-    """A choice of ``key``'s request ended: its tokens count (the prompt once, with the first choice)."""
-    prompt = finished.prompt_tokens if finished.index == 0 else 0
-    cached = finished.cached_tokens if finished.index == 0 else 0
-    keys.usage.record(key, prompt, cached, finished.completion_tokens)
-    metrics.observe_key(key.name, prompt, cached, finished.completion_tokens, requests=int(finished.index == 0))
+    """Start a typed request through the one gate (:func:`phi_api.service.admission.admit`) as this HTTP request's
+    caller: its key, its id, its ``X-Priority`` header (for clients that cannot add a ``priority`` field; the field
+    wins), its trace headers; a Batch API line (:mod:`phi_api.batch.runner`) as its batch's key."""
+    caller = Caller(key=current_key(), request_id=current_request_id(), header_priority=header_priority(),
+                    trace_headers=dict(request.headers) if get_tracing().provider is not None else {},
+                    batch=bool(request.environ.get(BATCH_LINE)))
+    g.rate_headers = caller.rate_headers  # filled by the gate; sent with the answer, whatever it is
+    return admission.admit(gate(), caller, typed)
 
 
 def header_priority() -> int | None:

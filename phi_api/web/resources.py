@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from flask import Flask, current_app
@@ -20,6 +19,7 @@ from flask import Flask, current_app
 from phi_api.engine import Engine, SharedBudget
 from phi_api.engine.threads.native import give_back_memory
 from phi_api.limits.keys import Keys, Usage, read_keys
+from phi_api.limits.line import KeyCaps, WaitingLine
 from phi_api.limits.slots import ConcurrencyLimiter
 from phi_api.models.memory import ServerMemory, measured_here
 from phi_api.models.registry import Models
@@ -48,6 +48,8 @@ class Resources:
     metrics: Metrics
     tracing: Tracing
     memory: ServerMemory
+    caps: KeyCaps  # each key's cap on its running requests
+    line: WaitingLine  # this worker's line of requests waiting for a slot
     models: Models | None = None  # set last: loading the declared models needs the rest
     document: dict[str, Any] = field(default_factory=dict)  # the OpenAPI document, once the routes are registered
 
@@ -56,21 +58,22 @@ def init_app(app: Flask, settings: Settings, load: Callable[[ModelSpec, SharedBu
     """Build ``app``'s resources from ``settings``; ``load`` makes a model's engine, its keys and values in the
     worker's budget it is given; the declared models are loaded now.
 
-    The slots' lock file, the keys' usage, the stored responses and the model registry live in the server's
-    state folder, shared by its processes. The declared models must fit the memory budget with room for one
-    request (else :class:`phi_api.errors.InsufficientMemoryError`: start-up stops); what this process then takes
-    is measured.
+    The slots' lock file and the model registry live in the server's state folder (one run's, shared by its
+    processes); the keys' usage, the stored responses and the batches in the data folder (kept across restarts).
+    The declared models must fit the memory budget with room for one request (else
+    :class:`phi_api.errors.InsufficientMemoryError`: start-up stops); what this process then takes is measured.
     """
     folder = state_dir()
     resources = Resources(
         settings=settings, validator=RequestValidator(),
         limiter=ConcurrencyLimiter(settings.MAX_CONCURRENT_REQUESTS, os.path.join(folder, "slots.lock")),
-        keys=Keys(read_keys(settings.API_KEYS_FILE, settings.api_keys), Usage(Path(folder) / "keys.sqlite3")),
-        responses=ResponseStore(Path(folder) / "responses.sqlite3", settings.RESPONSES_STORE_MAX,
+        keys=Keys(read_keys(settings.API_KEYS_FILE, settings.api_keys), Usage(settings.data_dir / "keys.sqlite3")),
+        responses=ResponseStore(settings.data_dir / "responses.sqlite3", settings.RESPONSES_STORE_MAX,
                                 settings.RESPONSES_STORE_SECONDS),
         batches=BatchStore(settings.batch_dir), metrics=Metrics(), tracing=Tracing(),
         memory=ServerMemory(settings.memory_limit_bytes, settings.workers,
-                            shared=SharedBudget(0, settings.KV_IDLE_SECONDS)))
+                            shared=SharedBudget(0, settings.KV_IDLE_SECONDS)),
+        caps=KeyCaps(folder), line=WaitingLine(settings.MAX_QUEUED_REQUESTS, settings.QUEUE_TIMEOUT))
     app.extensions[_EXTENSION] = resources
 
     def engine_of(spec: ModelSpec) -> Engine:
@@ -110,6 +113,14 @@ def get_limiter(app: Flask | None = None) -> ConcurrencyLimiter:
 
 def get_keys(app: Flask | None = None) -> Keys:
     return get_resources(app).keys
+
+
+def get_caps(app: Flask | None = None) -> KeyCaps:
+    return get_resources(app).caps
+
+
+def get_line(app: Flask | None = None) -> WaitingLine:
+    return get_resources(app).line
 
 
 def get_store(app: Flask | None = None) -> ResponseStore:

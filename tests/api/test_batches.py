@@ -14,7 +14,8 @@ import time
 import pytest
 
 from phi_api.api.batches import runner
-from phi_api.batch.runner import BATCH_PRIORITY, alive, owner_id
+from phi_api.batch.runner import alive, owner_id
+from phi_api.service.admission import BATCH_PRIORITY
 from phi_api.storage.batches import BatchStore
 from phi_api.web.resources import get_batches, get_limiter
 from tests.support.fakes import fake_engine, text_pieces
@@ -235,7 +236,7 @@ def test_a_line_the_server_cannot_take_now_goes_back_to_the_queue(app):
     client = app.test_client()
     batch = create(client, jsonl(line("a")))
     work = runner(app)
-    work.dispatch = lambda url, body: (503, {"error": {"message": "shutting down"}}, "r")
+    work.dispatch = lambda line: (503, {"error": {"message": "shutting down"}}, "r", "")
     work.run_line(get_batches(app).claim(work.owner))
     assert client.get(f"/v1/batches/{batch['id']}").get_json()["request_counts"]["failed"] == 0
     run_all(app)  # the real dispatch now

@@ -41,6 +41,7 @@ class Script:
     logits_seen: list[np.ndarray] = field(default_factory=list)  # each row's logits, as the sampler left them
     params: list[Any] = field(default_factory=list)  # the SamplingParams of every submitted choice
     priorities: list[int] = field(default_factory=list)  # the priority of every submitted request
+    cache_keys: list[str] = field(default_factory=list)  # the cache key of every submitted request
     grammars: list[tuple[str, str]] = field(default_factory=list)
     threads: set[int] = field(default_factory=set)  # the OS threads that ran steps
     decoder_threads: list[int] = field(default_factory=list)  # the intra-op threads each session was made with
@@ -199,10 +200,12 @@ class RecordingEngine(Engine):
         """``options``: :class:`EngineConfig`'s fields."""
         super().__init__(model, EngineConfig(clock=model.script.clock, checked=True, **options))
 
-    def submit(self, prompt: np.ndarray, params: Any, request_id: str = "-", priority: int = 0) -> Any:
+    def submit(self, prompt: np.ndarray, params: Any, request_id: str = "-", priority: int = 0,
+               cache_key: str = "") -> Any:
         self.model.script.params.extend(params if isinstance(params, list) else [params])
         self.model.script.priorities.append(priority)
-        return super().submit(prompt, params, request_id, priority)
+        self.model.script.cache_keys.append(cache_key)
+        return super().submit(prompt, params, request_id, priority, cache_key)
 
 
 def text_pieces(*pieces: bytes) -> dict[int, bytes]:

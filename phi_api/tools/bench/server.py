@@ -63,6 +63,7 @@ class Server:
             "PYTHONUNBUFFERED": "1",
             # A folder of its own for prompts stored on disk: no server finds another's (pass one to share it).
             "PREFIX_CACHE_DIR": str(log_dir / f"prefixes-{self.port}"),
+            "DATA_DIR": str(log_dir / f"data-{self.port}"),  # and for what lasts: keys' usage, responses, batches
             **{key: str(value) for key, value in env.items()},
         }
         self.process: subprocess.Popen | None = None

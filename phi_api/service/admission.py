@@ -1,0 +1,148 @@
+"""The one gate every generation request passes, whatever its protocol or route, before the generation path.
+
+OpenAI's chat and completions, the Responses API, Anthropic's Messages, Ollama's generate and chat, OpenArc's
+bench and the Batch API's lines all come through :func:`admit`: the caller's key and what it may do, its limits
+(429 with its rate-limit headers) and, once it ends, its usage; the request's priority; the cache key its prompts
+are reused under; a generation slot (its key's cap and the server's, or a place in the waiting line); and its
+trace span. The web layer only says who asks (:class:`Caller`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from phi_api.engine import Finished
+from phi_api.errors import KeyRateLimitError, PermissionDeniedError
+from phi_api.limits.keys import Key, Keys
+from phi_api.limits.line import KeyCaps, WaitingLine
+from phi_api.limits.slots import Limiter, Slot, Unlimited
+from phi_api.models.registry import Models
+from phi_api.service import generation
+from phi_api.service.requests import CompletionRequest, GenerationRequest
+from phi_api.settings import Settings
+from phi_api.telemetry.metrics import Metrics
+from phi_api.telemetry.tracing import RequestSpan, Tracing
+
+BATCH_PRIORITY = 2**62  # below every live request's (theirs are 32-bit integers)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asks: the key (None when keys are off), the request's id, the ``X-Priority`` header's value, the headers
+    a trace continues from, and whether it is a Batch API line (of the key that created the batch)."""
+
+    key: Key | None = None
+    request_id: str = "-"
+    header_priority: int | None = None
+    trace_headers: Mapping[str, str] = field(default_factory=dict)
+    batch: bool = False
+    rate_headers: dict[str, str] = field(default_factory=dict)  # set here: the key's, for the answer whatever it is
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What the gate works with, handed to it by the web layer."""
+
+    models: Models
+    limiter: Limiter  # the server's MAX_CONCURRENT_REQUESTS
+    settings: Settings
+    keys: Keys
+    caps: KeyCaps
+    line: WaitingLine
+    metrics: Metrics
+    tracing: Tracing
+
+
+def admit(gate: Gate, caller: Caller, request: GenerationRequest) -> generation.Run:
+    """Let ``caller``'s ``request`` onto the generation path, or refuse it (403, 429, and every error of
+    :func:`generation.start`)."""
+    request = dataclasses.replace(request, priority=_priority(caller, request))
+    span = _span(gate.tracing, caller, request)
+    try:
+        if caller.key is not None:
+            _count_request(gate.keys, caller)
+        slots = Unlimited() if caller.batch else _Slots(gate, caller)
+        run = generation.start(generation.Services(gate.models, slots, gate.settings), request, caller.request_id,
+                               cache_key=cache_key(gate.settings, caller, request))
+    except BaseException as error:
+        if span is not None:
+            span.fail(error)
+        raise
+    if caller.key is not None:
+        # Bound now: a streamed answer's choices end after the request's context has gone.
+        run.observers.append(functools.partial(_count_usage, gate.keys, gate.metrics, caller.key))
+    if span is not None:
+        run.observers.append(span.observe)
+        run.on_close.append(span.close)
+    return run
+
+
+def _priority(caller: Caller, request: GenerationRequest) -> int:
+    """The field, else the header, else 0 (lower is sooner); a batch line's comes after every live request's. Only
+    the operator's chosen keys may ask for sooner than the default (``raise_priority`` in the keys file)."""
+    if caller.batch:
+        return BATCH_PRIORITY
+    priority = request.priority if request.priority is not None else caller.header_priority or 0
+    key = caller.key
+    if priority < 0 and key is not None and not (key.admin or key.raise_priority):
+        raise PermissionDeniedError(f"The key '{key.name}' may not raise a request's priority (a priority below 0).",
+                                    param="priority")
+    return priority
+
+
+def cache_key(settings: Settings, caller: Caller, request: GenerationRequest) -> str:
+    """Whose prompts this request may reuse, and leave for reuse: its key's (unless the operator shares them,
+    ``PREFIX_CACHE_SHARED``), narrowed by the request's ``cache_salt``."""
+    owner = "" if settings.PREFIX_CACHE_SHARED or caller.key is None else caller.key.name
+    if not owner and not request.cache_salt:
+        return ""
+    return hashlib.sha256(f"{owner}\0{request.cache_salt or ''}".encode()).hexdigest()[:32]
+
+
+def _count_request(keys: Keys, caller: Caller) -> None:
+    """Count a request of the caller's key, or refuse it (429) when the key has used up a limit; the rate-limit
+    headers go on the answer either way."""
+    assert caller.key is not None
+    key = caller.key
+    decision = keys.usage.admit(key)
+    caller.rate_headers.update(decision.headers)
+    if not decision.allowed:
+        limit = decision.reason.replace("_", " ")
+        raise KeyRateLimitError(f"Rate limit reached for key '{key.name}': {limit} ({getattr(key, decision.reason)}). "
+                                f"Retry after {decision.headers['Retry-After']} seconds.")
+
+
+def _count_usage(keys: Keys, metrics: Metrics, key: Key, finished: Finished) -> None:
+    """A choice of ``key``'s request ended: its tokens count (the prompt once, with the first choice)."""
+    prompt = finished.prompt_tokens if finished.index == 0 else 0
+    cached = finished.cached_tokens if finished.index == 0 else 0
+    keys.usage.record(key, prompt, cached, finished.completion_tokens)
+    metrics.observe_key(key.name, prompt, cached, finished.completion_tokens, requests=int(finished.index == 0))
+
+
+class _Slots:
+    """The caller's way to a slot: its key's cap and the server's, through the worker's waiting line."""
+
+    def __init__(self, gate: Gate, caller: Caller) -> None:
+        self._gate, self._caller = gate, caller
+
+    def try_acquire(self) -> Slot | None:
+        key = self._caller.key
+        own = self._gate.caps.limiter(key.name, key.max_concurrent_requests) if key is not None else None
+        return self._gate.line.acquire(key.name if key is not None else "", self._gate.limiter, own)
+
+
+def _span(tracing: Tracing, caller: Caller, request: GenerationRequest) -> RequestSpan | None:
+    """The request's trace span (None when tracing is off, at no cost)."""
+    if tracing.provider is None:
+        return None
+    sampling = request.sampling
+    operation = "text_completion" if isinstance(request, CompletionRequest) else "chat"
+    return tracing.start_request(operation, request.model, caller.trace_headers, choices=sampling.n, attributes={
+        "gen_ai.request.max_tokens": sampling.max_tokens, "gen_ai.request.temperature": sampling.temperature,
+        "gen_ai.request.top_p": sampling.top_p, "phi_api.priority": request.priority,
+        "phi_api.request_id": caller.request_id})
