@@ -1,0 +1,253 @@
+"""Two teams and an operator share one server (real gunicorn, two workers, the real model), through the official
+clients: each key's files, batches and stored responses are its own; models are managed by the admin key only;
+prompts are reused only within a key (and a ``cache_salt``), in memory and from disk after a restart; usage and
+stored responses survive the restart; a batch's lines and a bench run count against their key and its limits."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import ollama
+import openai
+import pytest
+import requests
+from openai import OpenAI
+
+from tests.integration.conftest import MODEL_ID
+from tests.support.server import Server, wait_until
+
+TEAM_A, TEAM_B, OPS = "sk-team-a-secret", "sk-team-b-secret", "sk-ops-secret"
+TEAM_C, TEAM_D = "sk-team-c-secret", "sk-team-d-secret"
+DOCUMENT = " ".join(f"Entry {i}: the ferry to island {i} leaves at {6 + i % 12} o'clock with {i % 4} crates."
+                    for i in range(30))  # ~700 tokens: several chunks of the prefill grid
+
+
+def keys_file(folder: Path) -> Path:
+    path = folder / "keys.json"
+    path.write_text(json.dumps({"keys": [
+        {"name": "team-a", "key": TEAM_A}, {"name": "team-b", "key": TEAM_B},
+        {"name": "ops", "key": OPS, "admin": True},
+        {"name": "team-c", "key": TEAM_C}, {"name": "team-d", "key": TEAM_D, "requests_per_minute": 1}]}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tenants")
+    return {"keys": keys_file(root), "data": root / "data", "prefixes": root / "prefixes"}
+
+
+def start(logs_dir: Path, model_path: str, folders: dict[str, Path]) -> Server:
+    return Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=2,
+                  API_KEYS_FILE=folders["keys"], DATA_DIR=folders["data"], PREFIX_CACHE_DIR=folders["prefixes"],
+                  BATCH_CONCURRENCY=1).start()
+
+
+@pytest.fixture(scope="module")
+def server(model_path, logs_dir, folders) -> Iterator[Server]:
+    running = start(logs_dir, model_path, folders)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def client(server: Server, key: str) -> OpenAI:
+    return OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def pinned(server: Server, pid: int, key: str) -> OpenAI:
+    """The openai client on a keep-alive connection worker ``pid`` accepted (its memory holds the prompts)."""
+
+    def connect() -> OpenAI:
+        http = httpx.Client(limits=httpx.Limits(max_connections=1, max_keepalive_connections=1), timeout=120)
+        made = OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, http_client=http)
+        made.models.list()
+        return made
+
+    return server.connected_to(pid, connect)
+
+
+def usage(server: Server, name: str) -> dict:
+    data = requests.get(server.url + "/v1/usage/keys", headers={"Authorization": f"Bearer {OPS}"}, timeout=30)
+    return next(item for item in data.json()["data"] if item["name"] == name)
+
+
+def ask(made: OpenAI, content: str, **extra):
+    return made.chat.completions.create(model=MODEL_ID, max_tokens=4, temperature=0,
+                                        messages=[{"role": "user", "content": content}], **extra)
+
+
+def cached(answer) -> int:
+    details = answer.usage.prompt_tokens_details
+    return details.cached_tokens if details is not None else 0
+
+
+def batch_of(made: OpenAI, questions: list[str]):
+    lines = [{"custom_id": f"q{index}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": MODEL_ID, "max_tokens": 4, "temperature": 0,
+                       "messages": [{"role": "user", "content": question}]}}
+             for index, question in enumerate(questions)]
+    data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    uploaded = made.files.create(file=("requests.jsonl", io.BytesIO(data)), purpose="batch")
+    return uploaded, made.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                         completion_window="24h")
+
+
+def test_files_batches_and_their_outputs_belong_to_the_key_that_made_them(server):
+    a, b, ops = client(server, TEAM_A), client(server, TEAM_B), client(server, OPS)
+    uploaded, batch = batch_of(a, ["What is 2 + 2?"])
+    done = wait_until(lambda: (found := a.batches.retrieve(batch.id)).status == "completed" and found, 120,
+                      interval=0.2, message="team-a's batch to end")
+    for attempt in (lambda: b.files.retrieve(uploaded.id), lambda: b.files.content(uploaded.id),
+                    lambda: b.files.delete(uploaded.id), lambda: b.batches.retrieve(batch.id),
+                    lambda: b.batches.cancel(batch.id), lambda: b.files.retrieve(done.output_file_id),
+                    lambda: b.files.content(done.output_file_id)):
+        with pytest.raises(openai.NotFoundError):
+            attempt()
+    answers = []
+    for file_id in (uploaded.id, "file-" + "0" * 24):  # another key's file, and one that never was: alike
+        with pytest.raises(openai.BadRequestError) as refused:
+            b.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+        answers.append(refused.value.message.replace(file_id, "X"))
+    assert answers[0] == answers[1]
+    assert uploaded.id not in {item.id for item in b.files.list()}
+    assert batch.id not in {item.id for item in b.batches.list()}
+    assert {uploaded.id, done.output_file_id} <= {item.id for item in a.files.list()}
+    assert batch.id in {item.id for item in ops.batches.list()}  # the admin key sees every key's
+    assert a.files.content(done.output_file_id).text.count("\n") == 1  # still there: team-b's delete did nothing
+
+
+def test_stored_responses_are_their_key_s_alone(server):
+    a, b = client(server, TEAM_A), client(server, TEAM_B)
+    first = a.responses.create(model=MODEL_ID, input="Name a colour.", max_output_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        b.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        b.responses.delete(first.id)
+    with pytest.raises(openai.BadRequestError) as foreign:
+        b.responses.create(model=MODEL_ID, previous_response_id=first.id, input="And another?", max_output_tokens=4)
+    with pytest.raises(openai.BadRequestError) as unknown:
+        b.responses.create(model=MODEL_ID, previous_response_id="resp_" + "0" * 24, input="And another?",
+                           max_output_tokens=4)
+    assert foreign.value.code == unknown.value.code == "previous_response_not_found"  # as if it never was
+    assert foreign.value.message.replace(first.id, "X") == unknown.value.message.replace("resp_" + "0" * 24, "X")
+    assert a.responses.retrieve(first.id).id == first.id
+    follow = a.responses.create(model=MODEL_ID, previous_response_id=first.id, input="Another?", max_output_tokens=4)
+    assert follow.status in ("completed", "incomplete")
+
+
+def test_only_the_admin_key_manages_models_and_an_ordinary_key_learns_nothing_of_the_disk(server, model_path):
+    headers = {"Authorization": f"Bearer {TEAM_A}"}
+
+    def post(path: str, body: dict) -> requests.Response:
+        return requests.post(server.url + path, json=body, headers=headers, timeout=60)
+
+    real, missing = post("/v1/models/load", {"model": "x", "path": model_path}), \
+        post("/v1/models/load", {"model": "x", "path": "/no/such/folder"})
+    assert real.status_code == missing.status_code == 403 and real.json() == missing.json()
+    assert real.json()["error"]["code"] == "permission_denied"
+    for path, body in (("/v1/models/unload", {"model": MODEL_ID}), ("/openarc/load",
+                       {"model_name": "x", "model_path": model_path}), ("/openarc/unload", {"model_name": MODEL_ID}),
+                       ("/v1/models/load", {"model": "owner/../secret"})):
+        assert post(path, body).status_code == 403, path
+    team = ollama.Client(host=server.url, headers=headers)
+    for attempt in (lambda: team.delete(MODEL_ID), lambda: team.pull("owner/name", stream=False),
+                    lambda: team.generate(model=MODEL_ID, prompt="Hi", keep_alive=0, options={"num_predict": 2})):
+        with pytest.raises(ollama.ResponseError) as refused:
+            attempt()
+        assert refused.value.status_code == 403
+    assert requests.get(server.url + "/v1/usage/keys", headers=headers, timeout=30).status_code == 403
+    metrics = requests.get(server.url + "/metrics", headers=headers, timeout=30).text
+    assert "phi_api_key_" not in metrics and "phi_api_requests_total" in metrics
+    assert "phi_api_key_requests_total" in requests.get(server.url + "/metrics", timeout=30,
+                                                        headers={"Authorization": f"Bearer {OPS}"}).text
+    assert [model.id for model in client(server, TEAM_B).models.list()] == [MODEL_ID]  # still served
+    bad_name = requests.post(server.url + "/v1/models/load", json={"model": "owner/../secret"}, timeout=60,
+                             headers={"Authorization": f"Bearer {OPS}"})
+    assert bad_name.status_code == 400 and bad_name.json()["error"]["param"] == "model"  # before any download
+
+
+def test_a_prompt_is_reused_only_for_its_own_key_and_salt(server):
+    pid = server.worker_pids()[0]
+    a, b = pinned(server, pid, TEAM_A), pinned(server, pid, TEAM_B)
+    question = DOCUMENT + " Which island has the earliest ferry?"
+    first = cached(ask(a, question))  # at most the chat template's start, from team-a's own earlier requests
+    assert cached(ask(a, question)) > first + 500  # team-a's own repeat: reused
+    assert cached(ask(b, question)) == 0  # the same prompt from team-b (which has generated nothing): nothing
+    assert cached(ask(a, question, extra_body={"cache_salt": "tenant-1"})) == 0  # a salt narrows it further
+
+
+def disk_written(server: Server) -> float:
+    text = requests.get(server.url + "/metrics", headers={"Authorization": f"Bearer {OPS}"}, timeout=30).text
+    return sum(float(value) for value in re.findall(r"^phi_api_prefix_disk_written_tokens_total\{[^}]*\} (\S+)$",
+                                                     text, re.MULTILINE))
+
+
+def test_after_a_restart_usage_stored_responses_and_per_key_prompts_remain(server, model_path, logs_dir, folders):
+    a = client(server, TEAM_A)
+    question = "Remember this: " + DOCUMENT + " Which island has the most crates?"
+    written = disk_written(server)
+    ask(a, question)
+    wait_until(lambda: disk_written(server) >= written + 256, 60, message="the prompt's chunks to be written")
+    kept = a.responses.create(model=MODEL_ID, input="Say yes.", max_output_tokens=4)
+    before = usage(server, "team-a")
+    server.stop()
+    again = start(logs_dir, model_path, folders)
+    try:
+        after = usage(again, "team-a")
+        assert after["requests"] == before["requests"] > 0 and after["now"]["tokens_today"] == \
+            before["now"]["tokens_today"] > 0
+        a2, b2 = client(again, TEAM_A), client(again, TEAM_B)
+        assert a2.responses.retrieve(kept.id).id == kept.id
+        assert cached(ask(b2, question)) == 0  # team-b reads nothing of team-a's from disk
+        assert cached(ask(a2, question)) >= 256  # team-a's own prompt, read from disk (nothing is in memory)
+    finally:
+        again.stop()
+        server.start()  # the module's server, as it was, for the tests after this one
+
+
+def test_a_batch_and_a_bench_run_count_against_their_key(server):
+    headers = {"Authorization": f"Bearer {TEAM_C}"}
+    start_usage = usage(server, "team-c")
+    bench = requests.post(server.url + "/v1/bench", headers=headers, timeout=120,
+                          json={"model": MODEL_ID, "input_ids": [1, 2, 3, 4], "max_tokens": 4})
+    assert bench.status_code == 200 and bench.json()["metrics"]
+    after_bench = usage(server, "team-c")
+    assert after_bench["requests"] == start_usage["requests"] + 1
+    assert after_bench["completion_tokens"] == start_usage["completion_tokens"] + 4
+    c = client(server, TEAM_C)
+    _, batch = batch_of(c, ["One?", "Two?"])
+    wait_until(lambda: c.batches.retrieve(batch.id).status == "completed", 120, interval=0.2,
+               message="team-c's batch to end")
+    after_batch = usage(server, "team-c")
+    assert after_batch["requests"] == after_bench["requests"] + 2
+    assert after_batch["prompt_tokens"] > after_bench["prompt_tokens"] + 10
+
+
+def refused_lines(server: Server) -> float:
+    text = requests.get(server.url + "/metrics", headers={"Authorization": f"Bearer {OPS}"}, timeout=30).text
+    return sum(float(value) for value in re.findall(
+        r'^phi_api_requests_total\{[^}]*route="/v1/chat/completions"[^}]*status="429"[^}]*\} (\S+)$', text,
+        re.MULTILINE))
+
+
+def test_a_batch_line_waits_for_its_key_s_limit_and_never_fails_for_it(server):
+    d = client(server, TEAM_D)  # requests_per_minute: 1
+    for _ in range(3):  # the key's request of this minute used up (a minute may have just begun: at most twice)
+        try:
+            ask(d, "Hi")
+        except openai.RateLimitError:
+            break
+    refused = refused_lines(server)
+    _, batch = batch_of(d, ["One?"])
+    wait_until(lambda: refused_lines(server) > refused or d.batches.retrieve(batch.id).status == "completed", 120,
+               interval=0.2, message="team-d's line to be refused for its limit, or to run in a new minute")
+    state = d.batches.retrieve(batch.id)
+    assert state.request_counts.failed == 0 and state.status in ("in_progress", "completed")
+    assert usage(server, "team-d")["now"]["requests_this_minute"] <= 1  # the limit held
