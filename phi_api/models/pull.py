@@ -67,7 +67,7 @@ def parse(name: str) -> Source:
     path, _, revision = name.partition("@")
     parts = path.split("/")
     if not all(_SEGMENT.fullmatch(part) and part not in (".", "..") for part in parts) or \
-            (revision and not _REVISION.fullmatch(revision)):
+            ("@" in name and not _REVISION.fullmatch(revision)):
         raise PullError(f"'{name}' is not a model name: OWNER/NAME[/SUBFOLDER][@REVISION], each part letters, digits, "
                         "'.', '_' or '-' (no empty, '.' or '..' parts)")
     if len(parts) < 2:

@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from typing import Any
 
 import gevent
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 EXIT_CONFIG_ERROR = 2
 RECONCILE_SECONDS = 1.0
 LOAD_SECONDS = 0.25  # how stale the gateway metrics may be
+HUB_TICK = 0.05  # how often the hub's lateness is measured
 # gunicorn's WORKER_BOOT_ERROR: when workers load the model themselves
 # (PRELOAD_MODEL=false), the arbiter then halts instead of respawning them.
 EXIT_MODEL_LOADING_FAILED = 3
@@ -90,6 +92,7 @@ def post_worker_init(worker: Any) -> None:
     models.start()
     gevent.spawn(_keep_in_step, models)
     gevent.spawn(_publish_load, models, resources.metrics, resources.memory)
+    gevent.spawn(_watch_hub, resources.metrics)
     if tracing.configured():
         resources.tracing.start_worker()
     if resources.settings.BATCH_CONCURRENCY:
@@ -100,6 +103,15 @@ def post_worker_init(worker: Any) -> None:
         previous = signal.getsignal(signum)
         if callable(previous):
             signal.signal(signum, _draining_then(models, previous))
+
+
+def _watch_hub(metrics: Any) -> None:
+    """Measure how late the hub runs a timer due every ``HUB_TICK`` seconds: a stall of the hub (work done on it
+    instead of off it) delays every stream of the worker by as much."""
+    while True:
+        due = time.monotonic() + HUB_TICK
+        gevent.sleep(HUB_TICK)
+        metrics.observe_hub(max(0.0, time.monotonic() - due))
 
 
 def _keep_in_step(models: Any) -> None:

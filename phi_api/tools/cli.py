@@ -30,6 +30,8 @@ COMMANDS = {
                    "across workers, and decoding while the disk tier writes"),
     "bench-batch": ("phi_api.tools.bench.batches", "a live request's first token while a batch runs, against idle "
                     "and against the same load sent live"),
+    "bench-tenants": ("phi_api.tools.bench.tenants", "the gevent hub's longest stall while several keys stream, chain "
+                      "stored responses and run a batch"),
     "load": ("phi_api.tools.bench.load", "bursts far beyond the concurrency limit, or a soak (--minutes)"),
 }
 

@@ -47,3 +47,10 @@ def test_free_disk_space_is_checked_first_naming_what_is_needed_and_free(tmp_pat
     with pytest.raises(PullError, match=r"not enough disk space in .*: 9\d+\.\d GB needed, \d+\.\d GB free"):
         _check_space(10**15, tmp_path / "not yet made")
     _check_space(1, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["org/../secret", "../org/repo", "/org/repo", "org//repo", "org/repo/", "org/./repo",
+                                  "org/repo@../main", "org/re po", "org/repo@"])
+def test_a_name_with_a_path_s_parts_is_refused_before_any_download(name):
+    with pytest.raises(PullError, match="not a model name"):
+        parse(name)

@@ -110,3 +110,49 @@ def test_a_streamed_answer_counts_for_its_key_too(limited):
     report = client.get("/v1/usage/keys", headers=as_key("sk-ops-admin")).get_json()["data"]
     team = next(item for item in report if item["name"] == "team-a")
     assert team["requests"] == 1 and team["completion_tokens"] > 0
+
+
+def test_a_key_may_raise_priority_only_when_the_operator_says_so(make_app, tmp_path):
+    path = keys_file(tmp_path, {"name": "team-a", "key": "sk-team-a-1"},
+                     {"name": "urgent", "key": "sk-urgent-1", "raise_priority": True})
+    client = make_app(API_KEYS_FILE=path).test_client()
+    refused = client.post("/v1/chat/completions", json={**CHAT, "priority": -5}, headers=as_key("sk-team-a-1"))
+    assert refused.status_code == 403 and refused.get_json()["error"]["param"] == "priority"
+    header = client.post("/v1/chat/completions", json=CHAT, headers={**as_key("sk-team-a-1"), "X-Priority": "-1"})
+    assert header.status_code == 403
+    assert client.post("/v1/chat/completions", json={**CHAT, "priority": 5}, headers=as_key("sk-team-a-1")) \
+        .status_code == 200  # later than others: anyone may
+    assert client.post("/v1/chat/completions", json={**CHAT, "priority": -5}, headers=as_key("sk-urgent-1")) \
+        .status_code == 200
+
+
+def test_the_keys_file_s_new_fields_are_checked(tmp_path):
+    keys = read_keys(keys_file(tmp_path, {"name": "a", "key": "sk-aaaaaaaa", "max_concurrent_requests": 2,
+                                          "raise_priority": True}), ())
+    assert (keys[0].max_concurrent_requests, keys[0].raise_priority, keys[0].admin) == (2, True, False)
+    for bad in ({"max_concurrent_requests": 0}, {"raise_priority": "yes"}, {"admin": 1}):
+        with pytest.raises(ConfigError):
+            read_keys(keys_file(tmp_path, {"name": "a", "key": "sk-aaaaaaaa", **bad}), ())
+
+
+def test_per_key_series_of_the_metrics_are_shown_to_admin_keys_only(limited):
+    client = limited.test_client()
+    client.post("/v1/chat/completions", json=CHAT, headers=as_key("sk-team-a-1"))
+    ordinary = client.get("/metrics", headers=as_key("sk-team-a-1")).get_data(as_text=True)
+    admin = client.get("/metrics", headers=as_key("sk-ops-admin")).get_data(as_text=True)
+    assert 'phi_api_key_requests_total{key_name="team-a"}' in admin
+    assert "phi_api_key_" not in ordinary and "phi_api_requests_total" in ordinary
+
+
+def test_requests_are_reused_under_their_key_and_salt(make_app, tmp_path):
+    from tests.support.fakes import fake_engine, text_pieces
+
+    engine = fake_engine([1, 0], text_pieces(b"a"))
+    model = engine.model
+    path = keys_file(tmp_path, {"name": "team-a", "key": "sk-team-a-1"}, {"name": "team-b", "key": "sk-team-b-1"})
+    client = make_app(engine=engine, API_KEYS_FILE=path).test_client()
+    for secret, salt in (("sk-team-a-1", None), ("sk-team-a-1", None), ("sk-team-b-1", None), ("sk-team-a-1", "s")):
+        body = {**CHAT, "cache_salt": salt} if salt else CHAT
+        assert client.post("/v1/chat/completions", json=body, headers=as_key(secret)).status_code == 200
+    keys = model.script.cache_keys
+    assert keys[0] == keys[1] != "" and len({keys[1], keys[2], keys[3]}) == 3

@@ -1,0 +1,57 @@
+"""The stores: owners and their bounds, an earlier release's database upgraded in place, and work off the hub."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import gevent
+
+from phi_api.storage.batches import BatchStore
+from phi_api.storage.responses import ResponseStore
+
+
+def response(number: int) -> dict:
+    return {"id": f"resp_{number}", "object": "response"}
+
+
+def test_a_key_s_responses_are_bounded_by_its_own_count_not_by_others(tmp_path):
+    store = ResponseStore(tmp_path / "responses.sqlite3", max_items=2, max_age=3600)
+    store.put(response(0), [], "team-b")
+    for number in range(1, 5):
+        store.put(response(number), [], "team-a")
+    assert store.response("resp_0", "team-b") is not None  # team-a's many never evicted team-b's one
+    assert [store.response(f"resp_{number}", "team-a") is not None for number in range(1, 5)] == \
+        [False, False, True, True]
+    assert store.response("resp_4", "team-b") is None and store.response("resp_4", None) is not None
+    assert not store.delete("resp_4", "team-b") and store.delete("resp_4", "team-a")
+
+
+def test_a_folder_of_an_earlier_release_is_upgraded_and_its_files_belong_to_no_key(tmp_path):
+    old = sqlite3.connect(tmp_path / "batches.sqlite3")
+    old.executescript("CREATE TABLE files (id TEXT PRIMARY KEY, filename TEXT, purpose TEXT, bytes INTEGER, "
+                      "created_at INTEGER); CREATE TABLE batches (id TEXT PRIMARY KEY, object TEXT, created_at REAL);"
+                      "INSERT INTO files VALUES ('file-old', 'a.jsonl', 'batch', 3, 1);")
+    old.commit()
+    old.close()
+    store = BatchStore(tmp_path)
+    assert store.file("file-old", "")["filename"] == "a.jsonl" and store.file("file-old", "team-a") is None
+    added = store.add_file("b.jsonl", "batch", b"{}\n", "team-a")
+    assert [item["id"] for item in store.files(None, 10, None, "asc", "team-a")[0]] == [added["id"]]
+    assert len(store.files(None, 10, None, "asc", None)[0]) == 2
+
+
+def test_a_busy_database_stalls_its_caller_not_the_hub(tmp_path):
+    store = ResponseStore(tmp_path / "responses.sqlite3", max_items=10, max_age=3600)
+    store.put(response(0), [])  # the tables exist
+    holder = sqlite3.connect(tmp_path / "responses.sqlite3", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    ticks = []
+    ticker = gevent.spawn(lambda: [ticks.append(time.monotonic()) or gevent.sleep(0.01) for _ in range(30)])
+    writer = gevent.spawn(store.put, response(1), [])
+    gevent.sleep(0.3)
+    assert not writer.ready() and len(ticks) >= 10  # the write waits for the lock; the hub ran meanwhile
+    holder.execute("COMMIT")
+    writer.get(timeout=10)
+    ticker.join(timeout=5)
+    assert store.response("resp_1") is not None
