@@ -39,7 +39,7 @@ def _as(name: str) -> dict[str, str]:
 def _chats(url: str, model: str, name: str, until: float, done: list[int]) -> None:
     count = 0
     while time.monotonic() < until:
-        body = {"model": model, "max_tokens": 16, "stream": True, "temperature": 0,
+        body: dict[str, Any] = {"model": model, "max_tokens": 16, "stream": True, "temperature": 0,
                 "messages": [{"role": "user", "content": f"Count to ten, {name}, round {count}."}]}
         with requests.post(url + "/v1/chat/completions", json=body, headers=_as(name), stream=True,
                            timeout=300) as answer:
@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(args.seconds / 3)  # the baseline: what an idle worker's hub does
         idle = _stalls(server.url)
         say(f"{args.seconds} s of mixed load: streamed chats, chained stored responses, a batch")
-        until, done = time.monotonic() + args.seconds, {"chats": [], "responses": []}
+        until = time.monotonic() + args.seconds
+        done: dict[str, list[int]] = {"chats": [], "responses": []}
         workers = [threading.Thread(target=_chats, args=(server.url, "bench-model", name, until, done["chats"]))
                    for name in ("team-a", "team-b")]
         workers += [threading.Thread(target=_responses, args=(server.url, "bench-model", name, until,
