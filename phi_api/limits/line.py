@@ -6,8 +6,9 @@ When none is free, it waits in its worker's line (``MAX_QUEUED_REQUESTS``, at mo
 gets 429 at once when the line is off (0, the specification's default).
 
 The line is fair across keys: whenever slots may have freed, the waiters are offered them in order of how many
-requests their key already runs in this worker (fewest first), then of arrival; a waiter whose key is at its cap
-is passed over, not waited for. And one key cannot fill it: when it is full, a newcomer whose key holds fewer
+requests their key already runs in this worker (fewest first), then of how long ago their key last got a slot
+(round robin: a key with many waiters takes turns with the others), then of arrival; a waiter whose key is at its
+cap is passed over, not waited for. And one key cannot fill it: when it is full, a newcomer whose key holds fewer
 places than the key holding most takes the newest place of that key, which gets its 429 at once.
 """
 
@@ -77,6 +78,8 @@ class WaitingLine:
         self.size = size
         self.timeout = timeout
         self.running: Counter[str] = Counter()  # requests each key runs in this worker
+        self._granted: dict[str, int] = {}  # when each key last got a slot (a count of grants)
+        self._grants = itertools.count(1)
         self._waiting: list[_Waiter] = []
         self._arrivals = itertools.count()
         self._dispatcher: gevent.Greenlet | None = None
@@ -113,6 +116,7 @@ class WaitingLine:
                     mine.release()
                 return None
             self.running[key] += 1
+            self._granted[key] = next(self._grants)
             return _Both([part for part in (mine, shared) if part is not None], lambda: self._ended(key))
 
         return take
@@ -146,7 +150,8 @@ class WaitingLine:
     def _dispatch(self) -> None:
         """Offer slots to the waiters, fairest first, until the line is empty."""
         while self._waiting:
-            for waiter in sorted(self._waiting, key=lambda w: (self.running[w.key], w.order)):
+            for waiter in sorted(self._waiting, key=lambda w: (self.running[w.key], self._granted.get(w.key, 0),
+                                                               w.order)):
                 slot = waiter.take()
                 if slot is None:
                     continue  # its key's cap, or no server slot: the next may still have one of its own

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 EXIT_CONFIG_ERROR = 2
 RECONCILE_SECONDS = 1.0
 LOAD_SECONDS = 0.25  # how stale the gateway metrics may be
-HUB_TICK = 0.05  # how often the hub's lateness is measured
+HUB_TICK = 0.05  # how often the hub's lateness is measured (about 1% of a core: cheap enough to keep on)
 # gunicorn's WORKER_BOOT_ERROR: when workers load the model themselves
 # (PRELOAD_MODEL=false), the arbiter then halts instead of respawning them.
 EXIT_MODEL_LOADING_FAILED = 3
@@ -91,7 +91,7 @@ def post_worker_init(worker: Any) -> None:
     assert models is not None
     models.start()
     gevent.spawn(_keep_in_step, models)
-    gevent.spawn(_publish_load, models, resources.metrics, resources.memory)
+    gevent.spawn(_publish_load, models, resources.metrics, resources.memory, resources.line)
     gevent.spawn(_watch_hub, resources.metrics)
     if tracing.configured():
         resources.tracing.start_worker()
@@ -108,10 +108,15 @@ def post_worker_init(worker: Any) -> None:
 def _watch_hub(metrics: Any) -> None:
     """Measure how late the hub runs a timer due every ``HUB_TICK`` seconds: a stall of the hub (work done on it
     instead of off it) delays every stream of the worker by as much."""
+    longest = 0.0
     while True:
         due = time.monotonic() + HUB_TICK
         gevent.sleep(HUB_TICK)
-        metrics.observe_hub(max(0.0, time.monotonic() - due))
+        late = max(0.0, time.monotonic() - due)
+        metrics.hub_stall.observe(late)
+        if late > longest:
+            longest = late
+            metrics.hub_longest_stall.set(late)
 
 
 def _keep_in_step(models: Any) -> None:
@@ -125,7 +130,7 @@ def _keep_in_step(models: Any) -> None:
             log.exception("could not catch up with the server's models")
 
 
-def _publish_load(models: Any, metrics: Any, memory: Any) -> None:
+def _publish_load(models: Any, metrics: Any, memory: Any, line: Any) -> None:
     """Keep this worker's key/value share of the memory budget, and its share of the gateway and memory metrics
     (waiting, running, key/value memory), current."""
     while True:
@@ -133,6 +138,7 @@ def _publish_load(models: Any, metrics: Any, memory: Any) -> None:
         try:
             engines = {served.spec.id: served.engine for served in models.all()}
             memory.observe(bool(engines), models.ready, models.weights())
+            metrics.queued.set(line.waiting)
             metrics.observe_engines(engines)
             metrics.observe_disk(engines)
             for engine in engines.values():

@@ -36,7 +36,7 @@ class Database:
         self._timeout = timeout
         self._pid: int | None = None
         self._db: sqlite3.Connection | None = None
-        self._lock = new_rlock()
+        self._lock = new_rlock()  # one for the object's life: replaced, a waiter could pass a holder of the old one
         self._holder: int | None = None  # the OS thread running a call now
 
     def call(self, work: Callable[[], T]) -> T:
@@ -58,7 +58,6 @@ class Database:
         if self._pid != os.getpid() or self._db is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._pid = os.getpid()
-            self._lock = new_rlock()  # a lock held in the parent at the fork would never be released here
             self._db = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None,
                                        check_same_thread=False)  # used by the pool's threads, one at a time
             self._db.execute("PRAGMA journal_mode=WAL")

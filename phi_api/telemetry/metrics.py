@@ -40,7 +40,6 @@ class Metrics:
         self._declare_disk(own)
         self._declare_keys(own)
         self._declare_hub(own)
-        self._longest_stall = 0.0
         self._published: set[str] = set()
         self._totals: dict[tuple[str, str], int] = {}  # what each cumulative count was at its last look
 
@@ -104,15 +103,10 @@ class Metrics:
         """How late the gevent hub ran what was due (what every stream of a worker waits behind)."""
         self.hub_stall = Histogram("phi_api_hub_stall_seconds", "How late the hub woke a timer due every 50 ms",
                                    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5), **own)
+        self.queued = Gauge("phi_api_requests_queued", "Generation requests waiting in line for a slot "
+                            "(MAX_QUEUED_REQUESTS), every worker's", multiprocess_mode="livesum", **own)
         self.hub_longest_stall = Gauge("phi_api_hub_longest_stall_seconds", "The longest such lateness since the "
                                        "worker started, the workers' longest", multiprocess_mode="livemax", **own)
-
-    def observe_hub(self, late: float) -> None:
-        """A timer of the hub's ran ``late`` seconds after it was due."""
-        self.hub_stall.observe(late)
-        if late > self._longest_stall:
-            self._longest_stall = late
-            self.hub_longest_stall.set(late)
 
     def _declare_disk(self, own: dict[str, Any]) -> None:
         """The disk tier of prefix reuse (engine.kv.disk), by model; its folder's size is every model's."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -175,10 +177,12 @@ def test_only_the_admin_key_manages_models_and_an_ordinary_key_learns_nothing_of
 
 def test_a_prompt_is_reused_only_for_its_own_key_and_salt(server):
     pid = server.worker_pids()[0]
-    a, b = pinned(server, pid, TEAM_A), pinned(server, pid, TEAM_B)
+    a = pinned(server, pid, TEAM_A)
     question = DOCUMENT + " Which island has the earliest ferry?"
     first = cached(ask(a, question))  # at most the chat template's start, from team-a's own earlier requests
     assert cached(ask(a, question)) > first + 500  # team-a's own repeat: reused
+    # Connected now: a connection idle for gunicorn's keepalive (5 s) is closed, and a new one may reach either worker.
+    b = pinned(server, pid, TEAM_B)
     assert cached(ask(b, question)) == 0  # the same prompt from team-b (which has generated nothing): nothing
     assert cached(ask(a, question, extra_body={"cache_salt": "tenant-1"})) == 0  # a salt narrows it further
 
@@ -251,3 +255,43 @@ def test_a_batch_line_waits_for_its_key_s_limit_and_never_fails_for_it(server):
     state = d.batches.retrieve(batch.id)
     assert state.request_counts.failed == 0 and state.status in ("in_progress", "completed")
     assert usage(server, "team-d")["now"]["requests_this_minute"] <= 1  # the limit held
+
+
+def queued(server: Server) -> float:
+    text = requests.get(server.url + "/metrics", headers={"Authorization": f"Bearer {TEAM_B}"}, timeout=30).text
+    return sum(float(value) for value in re.findall(r"^phi_api_requests_queued(?:\{[^}]*\})? (\S+)$", text,
+                                                     re.MULTILINE))
+
+
+def test_one_key_s_burst_cannot_fill_the_waiting_line(model_path, logs_dir, tmp_path):
+    """One slot, a line of 3: team-a's burst of 5 takes the slot and the line (its fifth gets 429); team-b's one
+    request still gets a place, the newest of team-a's, and is served before team-a's older waiters."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"name": "team-a", "key": TEAM_A}, {"name": "team-b", "key": TEAM_B}]}))
+    with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1, API_KEYS_FILE=keys,
+                MAX_CONCURRENT_REQUESTS=1, MAX_QUEUED_REQUESTS=3, QUEUE_TIMEOUT=120) as server:
+        outcomes: dict[str, list] = {"team-a": [], "team-b": []}
+
+        def send(name: str, key: str, tokens: int) -> None:
+            try:
+                answer = client(server, key).chat.completions.create(
+                    model=MODEL_ID, max_tokens=tokens, temperature=0, extra_body={"ignore_eos": True},
+                    messages=[{"role": "user", "content": "Tell a long story."}])
+                outcomes[name].append((200, time.monotonic(), answer.usage.completion_tokens))
+            except openai.RateLimitError:
+                outcomes[name].append((429, time.monotonic(), 0))
+
+        burst = [threading.Thread(target=send, args=("team-a", TEAM_A, 200)) for _ in range(5)]
+        for thread in burst:
+            thread.start()
+        wait_until(lambda: queued(server) == 3 and len(outcomes["team-a"]) == 1, 60,
+                   message="team-a's burst to fill the slot and the line, its last refused")
+        other = threading.Thread(target=send, args=("team-b", TEAM_B, 4))
+        other.start()
+        for thread in [*burst, other]:
+            thread.join(timeout=300)
+    a_statuses = sorted(status for status, _, _ in outcomes["team-a"])
+    assert a_statuses == [200, 200, 200, 429, 429]  # one refused at once, one bumped for team-b
+    [(b_status, b_done, _)] = outcomes["team-b"]
+    a_done = sorted(done for status, done, _ in outcomes["team-a"] if status == 200)
+    assert b_status == 200 and b_done < a_done[-1]  # served before team-a's last waiter

@@ -55,3 +55,10 @@ def test_a_busy_database_stalls_its_caller_not_the_hub(tmp_path):
     writer.get(timeout=10)
     ticker.join(timeout=5)
     assert store.response("resp_1") is not None
+
+
+def test_concurrent_first_calls_of_a_process_take_turns_on_its_connection(tmp_path):
+    store = ResponseStore(tmp_path / "responses.sqlite3", max_items=100, max_age=3600)
+    calls = [gevent.spawn(store.put, response(number), []) for number in range(20)]
+    gevent.joinall(calls, timeout=30, raise_error=True)
+    assert all(store.response(f"resp_{number}") is not None for number in range(20))
