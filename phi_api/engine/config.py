@@ -25,6 +25,7 @@ class EngineConfig:
     max_rows: int = 64  # MAX_BATCH_ROWS: sequences advanced together at most
     prefix_cache: str = "on"  # PREFIX_CACHE: on, exact or off (engine.reuse)
     prefill_slice: float = 0.2  # PREFILL_SLICE_SECONDS: the longest a prompt chunk holds others up
+    batch_invariant: bool = False  # BATCH_INVARIANT: a row's numbers do not depend on the other rows of its steps
     draft_max: int = 0  # SPECULATIVE_DRAFT_MAX: how far a sequence may draft (engine.speculation)
     prefix_disk_dir: str = ""  # PREFIX_CACHE_DIR: the disk tier's folder ("": none; engine.prefixdisk)
     prefix_disk_bytes: int = 0  # PREFIX_CACHE_DISK_MB: the most the folder holds

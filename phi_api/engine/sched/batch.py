@@ -46,6 +46,7 @@ from phi_api.engine.runtime.session import ORT_ERRORS
 from phi_api.engine.sampling.logits import prompt_records
 from phi_api.engine.sched.choice import Finished, PromptLogprobs
 from phi_api.engine.sched.outputs import Outputs, Publish, trace
+from phi_api.engine.sched.padding import Padding
 from phi_api.engine.sched.prefill import ChunkPlanner
 from phi_api.engine.sched.scheduler import Chunk, Scheduler
 from phi_api.engine.sched.sequence import Phase, Request, Sequence, row_of
@@ -65,9 +66,12 @@ class Batch:
     """The rows, the waiting and prefilling requests, and the steps that advance them."""
 
     def __init__(self, model: Any, decoder: Decoder, pool: KVPool, ledger: Ledger, policy: ReusePolicy,
-                 planner: ChunkPlanner, publish: Publish, draft_max: int = 0, disk: PrefixStore | None = None) -> None:
+                 planner: ChunkPlanner, publish: Publish, draft_max: int = 0, disk: PrefixStore | None = None,
+                 invariant: bool = False) -> None:
         """``planner``'s cost model (:mod:`engine.stepcost`) is the batch's: every step is timed into it; ``disk``:
-        the disk tier under the kept prefixes, if any (:mod:`engine.prefixdisk`)."""
+        the disk tier under the kept prefixes, if any (:mod:`engine.prefixdisk`); ``invariant``: a row's numbers do
+        not depend on the other rows of its steps (``BATCH_INVARIANT``, :mod:`engine.sched.padding`)."""
+        self.invariant = invariant
         self.model = model
         self.decoder = decoder
         self.kv = KVCache(pool, ledger, policy, disk)
@@ -83,6 +87,7 @@ class Batch:
         self._switch = decoder.spec.rope_switch
         self.costs = planner.costs
         self.speculation = Speculation(self)
+        self.padding = Padding(self.rows, self._switch)
 
     @property
     def idle(self) -> bool:
@@ -197,28 +202,28 @@ class Batch:
 
     def _step_unless_advanced(self, first: int, end: int, advanced: set[int]) -> None:
         if not all(id(row) in advanced for row in self.rows.group(first, end)):
-            self._step_rows(first, end)
+            # Batch-invariant, a row a check advanced rides along and takes nothing, as when alone it is not stepped.
+            self._step_rows(first, end, advanced if self.invariant else set())
 
-    def _step_rows(self, first: int, end: int) -> None:
+    def _step_rows(self, first: int, end: int, riding: set[int]) -> None:
         rows = self.rows.group(first, end)
-        ids = np.array([[row.pending] for row in rows], dtype=np.int64)
-        past = np.array([row.length for row in rows], dtype=np.int64)
+        pad = self.padding.plan(first, end) if self.invariant else None
+        ids = [[row.pending] for row in rows] + ([[pad.token]] if pad else [])
+        past = [row.length for row in rows] + ([pad.past] if pad else [])
         try:
-            logits = self.step(first, ids, past, prefill=False)
+            logits = self.step(first, np.array(ids, dtype=np.int64), np.array(past, dtype=np.int64), prefill=False)
         except ORT_ERRORS as error:
             detail = trace(error)
             for row in rows:
                 self.outputs.finish(row, "error", detail)
             return
-        for row in rows:  # every row holds its new key and value before any row moves
+        finally:
+            self.padding.done(pad)
+        taking = [(index, row) for index, row in enumerate(rows) if id(row) not in riding]
+        for _, row in taking:  # every row holds its new key and value before any row moves
             row.fed(self.policy, len(rows))
-        # Rows that want the raw argmax get it for the whole step at once.
-        greedy = [index for index, row in enumerate(rows) if row.sampler.plain_greedy]
-        if len(greedy) == len(rows):
-            chosen = dict(enumerate(np.argmax(logits, axis=1).tolist()))
-        else:
-            chosen = dict(zip(greedy, np.argmax(logits[greedy], axis=1).tolist(), strict=True)) if greedy else {}
-        for index, row in enumerate(rows):
+        chosen = greedy_choices(logits, [index for index, row in taking if row.sampler.plain_greedy], len(rows))
+        for index, row in taking:
             self.outputs.take_token(row, logits[index], chosen.get(index))
 
     def _cross(self, row: Sequence) -> None:
@@ -238,16 +243,13 @@ class Batch:
         """After a bug of ours: every request fails with ``detail``, without trusting the rows' bookkeeping; then
         the batch starts over, empty."""
         choices = [choice for request in [*self.waiting, *self.prefilling] for choice in request.choices]
-        choices += [row.choice for row in self.rows.occupants() if isinstance(row, Sequence) and row in self._running()]
+        choices += [row.choice for row in self.rows.occupants() if isinstance(row, Sequence) and row in self.rows.group(0, self.rows.running)]
         for choice in choices:
             self.publish(choice, Finished("error", len(choice.prompt), 0, None, 0.0, detail, index=choice.index))
         self.waiting.clear()
         self.prefilling.clear()
         self.rows.clear()
         self.ledger.reset()
-
-    def _running(self) -> list[Sequence]:
-        return self.rows.group(0, self.rows.running)
 
     def cancel_everything(self, reason: str, error: str | None = None) -> None:
         """End whatever waits, prefills or runs (the engine stops, or failed)."""
@@ -258,3 +260,11 @@ class Batch:
         for row in [row for row in self.rows.occupants() if isinstance(row, Sequence)]:
             self.outputs.finish(row, reason, error)
         self.kv.evict_all()
+
+
+def greedy_choices(logits: np.ndarray, greedy: list[int], rows: int) -> dict[int, int]:
+    """The argmax of the rows (indices ``greedy``) that want the raw argmax, taken for the whole step at once; no
+    copy of the logits when every one of the step's ``rows`` does (a padding row's logits come after them)."""
+    if len(greedy) == rows:
+        return dict(enumerate(np.argmax(logits, axis=1)[:rows].tolist()))
+    return dict(zip(greedy, np.argmax(logits[greedy], axis=1).tolist(), strict=True)) if greedy else {}

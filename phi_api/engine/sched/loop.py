@@ -200,11 +200,12 @@ class EngineLoop:
         config = self.config
         ledger = Ledger(decoder.spec, config.kv_budget_bytes, config.max_rows, self._model.info.context_length,
                         shared=self.memory, name=config.name, wake=self._signal.set)
-        pool = KVPool(decoder.spec, 2 * config.max_rows + 1, ledger.row_tokens)
-        planner = ChunkPlanner(config.prefill_chunk, grid=self._policy.exact, slice_seconds=config.prefill_slice,
-                               costs=StepCosts(config.clock))
+        # One token more than a row holds: a padding row writes at its occupant's length (engine.sched.batch).
+        pool = KVPool(decoder.spec, 2 * config.max_rows + 1, ledger.row_tokens + 1)
+        planner = ChunkPlanner(config.prefill_chunk, grid=self._policy.exact or config.batch_invariant,
+                               slice_seconds=config.prefill_slice, costs=StepCosts(config.clock))
         return Batch(self._model, decoder, pool, ledger, self._policy, planner, self._publish,
-                     draft_max=config.draft_max, disk=self._disk_tier(decoder.spec))
+                     draft_max=config.draft_max, disk=self._disk_tier(decoder.spec), invariant=config.batch_invariant)
 
     def _disk_tier(self, spec: Any) -> PrefixStore | None:
         """The disk tier under the kept prefixes (``PREFIX_CACHE_DIR``), if it is set and prefixes are reused."""

@@ -14,7 +14,8 @@ batched step of every row; a LongRoPE group whose every row advanced this way
 is not stepped again (:meth:`engine.batch.Batch.decode`). Among many rows a
 check costs time the whole batch waits: a draft is checked only where and as
 far as that pays (:mod:`engine.stepcost`), and otherwise scored against the tokens that
-come (:meth:`engine.draft.Drafter.decline`). Every token a check
+come (:meth:`engine.draft.Drafter.decline`); batch-invariant (``BATCH_INVARIANT``), every
+row checks its drafts as it does alone, whatever the timings. Every token a check
 keeps goes through the same checks as a token from the batched step (end of
 sequence, stop strings, ``max_tokens``, grammar, cancellation), one at a
 time, so a draft never carries a sequence past where it would have stopped.
@@ -42,6 +43,7 @@ class Stepping(Protocol):
 
     rows: RowTable
     decoder: Any
+    invariant: bool  # BATCH_INVARIANT: every row checks its drafts as when alone
     costs: StepCosts
     outputs: Outputs
 
@@ -68,7 +70,7 @@ class Speculation:
             if not draft:
                 continue
             group = self._group(row)
-            if self._alone(group, row):
+            if self.batch.invariant or self._alone(group, row):
                 length = len(draft)
             else:
                 length = self.batch.costs.check_length(len(draft), row.drafter.expected, len(group))

@@ -63,18 +63,19 @@ class Bench:
 
 
 def bench(tokens=(1, 2, 3), *, chunk: int = 4, budget: int = 1 << 20, max_rows: int = 8, mode: str = "on",
-          draft_max: int = 0, shared: SharedBudget | None = None, name: str = "") -> Bench:
+          draft_max: int = 0, shared: SharedBudget | None = None, name: str = "", invariant: bool = False) -> Bench:
     """A batch as the engine loop makes one (``shared``: the worker's budget it books from, with others)."""
     script = Script(list(tokens))
     model = FakeModel(script, PIECES)
     decoder = model.new_decoder(1)
     ledger = Ledger(decoder.spec, budget, max_rows, model.info.context_length, shared=shared, name=name)
-    pool = KVPool(decoder.spec, 2 * max_rows + 1, ledger.row_tokens)
+    pool = KVPool(decoder.spec, 2 * max_rows + 1, ledger.row_tokens + 1)
     policy = ReusePolicy(mode, chunk)
-    planner = ChunkPlanner(chunk, grid=policy.exact, slice_seconds=0.2, costs=StepCosts(script.clock))
+    planner = ChunkPlanner(chunk, grid=policy.exact or invariant, slice_seconds=0.2, costs=StepCosts(script.clock))
     made = Bench(None, script, chunk)  # type: ignore[arg-type]
     made.batch = Batch(model, decoder, pool, ledger, policy, planner,
-                       lambda choice, finished: made.finished.append((choice, finished)), draft_max=draft_max)
+                       lambda choice, finished: made.finished.append((choice, finished)), draft_max=draft_max,
+                       invariant=invariant)
     return made
 
 
