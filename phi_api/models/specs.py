@@ -82,11 +82,12 @@ def folder_bytes(path: str) -> int:
         return 0
 
 
-def declared(settings: Settings) -> list[ModelSpec]:
-    """The models the settings declare: ``MODELS_FILE``'s list, or ``MODEL_PATH`` as ``MODEL_ID``."""
+def declared(settings: Settings, pull: bool = True) -> list[ModelSpec]:
+    """The models the settings declare: ``MODELS_FILE``'s list, or ``MODEL_PATH`` as ``MODEL_ID``; without
+    ``pull``, models declared by name are left out rather than pulled (``python -m phi_api check``)."""
     if not settings.MODELS_FILE:
         if settings.MODEL:
-            return [ModelSpec(settings.MODEL, pulled(settings.MODEL))]
+            return [ModelSpec(settings.MODEL, pulled(settings.MODEL))] if pull else []
         return [ModelSpec(settings.MODEL_ID, settings.MODEL_PATH)]
     try:
         document = json.loads(Path(settings.MODELS_FILE).read_text(encoding="utf-8"))
@@ -101,6 +102,8 @@ def declared(settings: Settings) -> list[ModelSpec]:
             path = entry.get("path")
             path = os.path.expanduser(path) if isinstance(path, str) else path  # "~/.cache/..." as a shell reads it
             if path is None and isinstance(entry.get("model"), str):  # a model by name: pulled unless cached
+                if not pull:
+                    continue
                 path = pulled(entry["model"])
             specs.append(ModelSpec.checked(entry.get("id") or entry.get("model"), path, entry.get("options")))
         except (AttributeError, InvalidParameterError) as exc:

@@ -15,6 +15,9 @@ COMMANDS = {
                       "random-weight benchmark model of a production shape, and print its folder as the last line"),
     "pull": ("phi_api.tools.pull", "download a model by name (an alias, or REPO[/SUBFOLDER][@REVISION] on the "
              "Hugging Face Hub), check it, and print its folder"),
+    "settings": ("phi_api.tools.settings_command", "every setting: its default, its value here, what it means"),
+    "check": ("phi_api.tools.check", "check the configuration and the model folders without starting: misspelt "
+              "settings, bad values, missing folders; print the workers, threads and memory it gives"),
     "bench": ("phi_api.tools.bench.serving", "measure a server against the raw engine (and other servers)"),
     "bench-replicas": ("phi_api.tools.bench.replicas", "two replicas behind nginx (the shipped site) against one, "
                        "and cache affinity"),

@@ -1,0 +1,61 @@
+"""``python -m phi_api settings`` and ``check``: every declared setting listed, a misspelt one and a missing model
+folder flagged before the server starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from phi_api.settings import SETTING_NAMES, describe
+from phi_api.tools import check, settings_command
+
+
+def phi_api(*args: str, **environ: str) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **environ}
+    return subprocess.run([sys.executable, "-m", "phi_api", *args], capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+def test_settings_lists_every_declared_setting_and_hides_keys():
+    listed = phi_api("settings", SERVER_PORT="8123", API_KEYS="sk-secret-one")
+    assert listed.returncode == 0, listed.stderr
+    names = [line.split(" = ")[0] for line in listed.stdout.splitlines() if not line.startswith(" ")]
+    assert names == list(SETTING_NAMES)
+    assert "SERVER_PORT = 8123 (default 8000)" in listed.stdout
+    assert "sk-secret-one" not in listed.stdout and "API_KEYS = (set)" in listed.stdout
+    rows = settings_command.table({})
+    assert all(row["value"] is None for row in rows)
+    assert {row["name"]: row["description"] for row in rows} == describe()
+
+
+def test_check_flags_a_misspelt_setting_and_a_missing_model_folder(tmp_path):
+    found = phi_api("check", SERVER_PROT="9000", PHI_API_MODLE="x", MODEL_PATH=str(tmp_path / "nowhere"),
+                    PHI_API_CACHE_DIR=str(tmp_path))
+    assert found.returncode == 1, found.stdout + found.stderr
+    assert "warning: SERVER_PROT is not a setting (ignored); did you mean SERVER_PORT?" in found.stdout
+    assert "warning: PHI_API_MODLE is not a setting" in found.stdout
+    assert f"error: model phi-3.5-mini: No folder {tmp_path / 'nowhere'} on the server." in found.stdout
+    assert found.stdout.rstrip().endswith("configuration: NOT usable")
+
+
+def test_check_passes_a_served_folder_and_says_what_it_runs_with(model_path, tmp_path):
+    found = phi_api("check", MODEL_PATH=model_path, WEB_CONCURRENCY="2", INTRA_OP_THREADS="1",
+                    PHI_API_CACHE_DIR=str(tmp_path))
+    assert found.returncode == 0, found.stdout + found.stderr
+    assert f"model phi-3.5-mini: {model_path}" in found.stdout
+    assert "workers: 2, ONNX Runtime threads each: 1" in found.stdout
+    assert found.stdout.rstrip().endswith("configuration: ok")
+
+
+def test_a_bad_value_is_an_error_and_ordinary_variables_are_no_warning(tmp_path):
+    errors, warnings, _ = check.run({"SERVER_PORT": "eighty", "HOME": "/root", "LOGNAME": "root",
+                                     "PATH": "/usr/bin", "MODEL_PATH": str(tmp_path)})
+    assert len(errors) == 1 and "SERVER_PORT" in errors[0]
+    assert warnings == []
+
+
+def test_models_declared_by_name_are_not_pulled_by_a_check(tmp_path):
+    errors, _, notes = check.run({"MODEL": "phi-3.5-mini", "PHI_API_CACHE_DIR": str(tmp_path)})
+    assert errors == [] and any("not checked here" in note for note in notes)
+    assert not (tmp_path / "models").exists()
