@@ -70,7 +70,7 @@ $(INSTRUCTOR_STAMP): requirements-instructor.txt
 	touch $@
 
 test: system-packages install-dev $(INSTRUCTOR_STAMP) $(OPENWEBUI_STAMP)
-	$(VENV)/bin/ruff check phi_api tests wsgi.py gunicorn.conf.py
+	$(VENV)/bin/ruff check phi_api tests wsgi.py gunicorn.conf.py setup.py
 	$(VENV)/bin/mypy
 	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
 	PHI_API_TEST_MODEL_PATH="$$model_path" $(PY) -m pytest $(PYTEST_ARGS)

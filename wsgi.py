@@ -1,5 +1,3 @@
-"""WSGI entry point: ``gunicorn -c gunicorn.conf.py wsgi:app``."""
+"""WSGI entry point in a checkout: ``gunicorn -c gunicorn.conf.py wsgi:app``."""
 
-from phi_api.server.serving import build_wsgi_app
-
-app = build_wsgi_app()
+from phi_api.server.wsgi import app  # noqa: F401

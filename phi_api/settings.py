@@ -160,7 +160,8 @@ class Settings:
                                           value=lambda s: int(s.PREFIX_CACHE_DISK_MB * 2**20))
     PREFILL_SLICE_SECONDS: float = setting(0.2, _number(0.0, 60.0, exclusive_low=True),
                                            "Most time one engine iteration spends on a prompt while others wait or "
-                                           "run (BATCH_INVARIANT false, PREFIX_CACHE on or off)", engine="prefill_slice", per_model=True)
+                                           "run (BATCH_INVARIANT false, PREFIX_CACHE on or off)",
+                                           engine="prefill_slice", per_model=True)
     BATCH_INVARIANT: bool = setting(True, _boolean,
                                     "A request's tokens do not depend on what else runs: every decode step has an even "
                                     "row count, prompts go in chunks on the grid, drafts are checked as alone; false: "

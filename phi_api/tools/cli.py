@@ -15,6 +15,8 @@ COMMANDS = {
                       "random-weight benchmark model of a production shape, and print its folder as the last line"),
     "pull": ("phi_api.tools.pull", "download a model by name (an alias, or REPO[/SUBFOLDER][@REVISION] on the "
              "Hugging Face Hub), check it, and print its folder"),
+    "serve": ("phi_api.tools.serve", "serve with gunicorn and phi-api's configuration (flags for the common "
+              "settings; the environment for all); without a model, the default one, prepared first"),
     "settings": ("phi_api.tools.settings_command", "every setting: its default, its value here, what it means"),
     "check": ("phi_api.tools.check", "check the configuration and the model folders without starting: misspelt "
               "settings, bad values, missing folders; print the workers, threads and memory it gives"),
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m phi_api", description="phi-api command-line tools")
+    parser = argparse.ArgumentParser(prog="phi-api", description="phi-api: serve models and the tools around it")
     commands = parser.add_subparsers(dest="command", required=True)
     chosen = next((word for word in argv if not word.startswith("-")), None)
     for name, (module_name, description) in COMMANDS.items():

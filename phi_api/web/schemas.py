@@ -13,6 +13,7 @@ OpenAI refuses it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,17 @@ from referencing import Registry, Resource
 
 from phi_api.errors import APIError, InvalidMessagesError, InvalidParameterError, MissingParameterError
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+
+def schema_dir() -> Path:
+    """The JSON Schemas: installed, the package ``phi_api.schemas`` (setup.py puts them there); in a checkout, the
+    top-level ``schemas/`` folder."""
+    installed = importlib.util.find_spec("phi_api.schemas")  # a folder of data files: a namespace package
+    if installed is not None and installed.submodule_search_locations:
+        return Path(next(iter(installed.submodule_search_locations)))
+    return Path(__file__).resolve().parents[2] / "schemas"
+
+
+SCHEMA_DIR = schema_dir()
 REQUEST_SCHEMAS = {
     "chat_completion": "chat_completion.json",
     "completion": "completion.json",

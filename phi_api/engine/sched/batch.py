@@ -243,7 +243,8 @@ class Batch:
         """After a bug of ours: every request fails with ``detail``, without trusting the rows' bookkeeping; then
         the batch starts over, empty."""
         choices = [choice for request in [*self.waiting, *self.prefilling] for choice in request.choices]
-        choices += [row.choice for row in self.rows.occupants() if isinstance(row, Sequence) and row in self.rows.group(0, self.rows.running)]
+        running = self.rows.group(0, self.rows.running)
+        choices += [row.choice for row in self.rows.occupants() if isinstance(row, Sequence) and row in running]
         for choice in choices:
             self.publish(choice, Finished("error", len(choice.prompt), 0, None, 0.0, detail, index=choice.index))
         self.waiting.clear()

@@ -35,7 +35,7 @@ def test_a_row_s_logits_do_not_depend_on_its_neighbours_in_even_steps(model_path
         seen = []
         # (first row, row count, the target's index in the step): two to eight rows, the target first or inside.
         for first, count, at in ((0, 2, 0), (0, 4, 0), (0, 8, 0), (2, 2, 1), (2, 6, 1), (0, 6, 3)):
-            for trial in range(2):  # the neighbours feed other tokens each time
+            for _ in range(2):  # the neighbours feed other tokens each time
                 ids = rng.integers(10, spec.vocab_size - 10, size=(count, 1))
                 ids[at, 0] = token
                 past = np.array([lengths[first + index] for index in range(count)])

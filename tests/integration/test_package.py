@@ -1,0 +1,86 @@
+"""phi-api as a package: the wheel built from this checkout, installed into a fresh virtual environment, serves the
+default model with ``phi-api serve`` from outside the checkout, answering the openai SDK, without the conversion
+tools installed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+from openai import OpenAI
+
+from phi_api.settings import SETTING_NAMES
+from phi_api.tools.bench.server import free_port
+from tests.support.server import wait_until
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The ``bin`` folder of a fresh virtual environment with the wheel (and its runtime dependencies) installed."""
+    work = tmp_path_factory.mktemp("package")
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(CHECKOUT), "--no-deps", "-w", str(work / "dist"),
+                            "-q"], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr
+    wheel = next((work / "dist").glob("phi_api-*.whl"))
+    subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True, timeout=120)
+    bin_dir = work / "venv" / "bin"
+    done = subprocess.run([str(bin_dir / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr
+    return bin_dir
+
+
+def outside(bin_dir: Path, *args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    environ = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), **env}
+    return subprocess.run([str(bin_dir / "phi-api"), *args], capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env=environ)
+
+
+def test_the_installed_package_has_the_runtime_only_and_its_commands(installed, tmp_path, model_path):
+    python = installed / "python"
+    assert subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode != 0
+    assert subprocess.run([str(python), "-c", "import onnxruntime_genai, flask, gevent"]).returncode == 0
+    listed = outside(installed, "settings", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split(" = ")[0] for line in listed.stdout.splitlines() if not line.startswith(" ")] == \
+        list(SETTING_NAMES)
+    checked = outside(installed, "check", cwd=tmp_path, MODEL_PATH=model_path, PHI_API_CACHE_DIR=str(tmp_path))
+    assert checked.returncode == 0 and checked.stdout.rstrip().endswith("configuration: ok"), checked.stdout
+
+
+def test_phi_api_serve_from_outside_the_checkout_answers_the_openai_sdk(installed, tmp_path, model_path):
+    port = free_port()
+    environ = {"PATH": f"{installed}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
+               "PHI_API_CACHE_DIR": str(tmp_path / "cache")}
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen([str(installed / "phi-api"), "serve", "--model-path", model_path, "--model-id", "smol",
+                               "--port", str(port), "--workers", "1", "--host", "127.0.0.1"],
+                              cwd=tmp_path, env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                return requests.get(url + "/health", timeout=1).status_code == 200
+            except requests.ConnectionError:
+                return False
+
+        wait_until(healthy, timeout=120, interval=0.2, message="phi-api serve to answer /health")
+        client = OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        answer = client.chat.completions.create(model="smol", max_tokens=16, temperature=0, messages=question)
+        assert answer.model == "smol" and answer.choices[0].message.content.strip()
+        assert answer.usage.completion_tokens > 0
+        assert requests.get(url + "/", timeout=10).text.lstrip().lower().startswith("<!doctype html>")  # its files
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+        log.close()
