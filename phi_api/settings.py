@@ -17,9 +17,6 @@ from typing import Any
 
 from phi_api.errors import ConfigError
 
-DEFAULT_MODEL_PATH = (
-    "/home/wan/Downloads/models/Phi-3.5-mini-instruct-onnx/cpu_and_mobile/cpu-int4-awq-block-128-acc-level-4"
-)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -104,7 +101,8 @@ class Settings:
     bounds) and its description: a new setting is one line here.
     """
 
-    MODEL_PATH: str = setting(DEFAULT_MODEL_PATH, _text(), "ONNX Runtime GenAI model folder")
+    MODEL_PATH: str = setting("", _stripped, "ONNX Runtime GenAI model folder to serve (or MODEL, or MODELS_FILE; "
+                              "`phi-api serve` without any of them prepares the default model)")
     MODEL_ID: str = setting("phi-3.5-mini", _text(), "The model name clients must send")
     MODEL: str = setting("", _stripped, "A model to serve by name (an alias of the catalog, or REPO[/SUBFOLDER][@REV] "
                          "on the Hugging Face Hub), pulled at start-up unless it is in the cache, served under that "

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from phi_api.errors import ConfigError
-from phi_api.settings import DEFAULT_MODEL_PATH, load_settings, parse_option
+from phi_api.settings import load_settings, parse_option
 
 
 def test_defaults_are_the_specification_s():
     settings = load_settings(environ={})
-    assert settings.MODEL_PATH == DEFAULT_MODEL_PATH
+    assert settings.MODEL_PATH == ""  # no one's home folder: without a model, start-up says what to set
     assert (settings.MODEL_ID, settings.SERVER_HOST, settings.SERVER_PORT) == ("phi-3.5-mini", "0.0.0.0", 8000)
     assert (settings.MAX_CONCURRENT_REQUESTS, settings.DEFAULT_MAX_TOKENS) == (10, 1024)
     assert (settings.DEFAULT_TEMPERATURE, settings.CORS_ORIGINS, settings.MAX_REQUEST_SIZE_MB) == (0.7, "*", 10.0)

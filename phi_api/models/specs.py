@@ -88,6 +88,9 @@ def declared(settings: Settings, pull: bool = True) -> list[ModelSpec]:
     if not settings.MODELS_FILE:
         if settings.MODEL:
             return [ModelSpec(settings.MODEL, pulled(settings.MODEL))] if pull else []
+        if not settings.MODEL_PATH:
+            raise ConfigError("no model to serve: set MODEL_PATH to a model folder, MODEL to a model by name, or "
+                              "MODELS_FILE (`phi-api serve` without any of them prepares the default model)")
         return [ModelSpec(settings.MODEL_ID, settings.MODEL_PATH)]
     try:
         document = json.loads(Path(settings.MODELS_FILE).read_text(encoding="utf-8"))

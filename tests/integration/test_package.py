@@ -5,6 +5,7 @@ tools installed."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +26,13 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 def installed(tmp_path_factory) -> Path:
     """The ``bin`` folder of a fresh virtual environment with the wheel (and its runtime dependencies) installed."""
     work = tmp_path_factory.mktemp("package")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(CHECKOUT), "--no-deps", "-w", str(work / "dist"),
+    source = work / "source"  # what a source distribution holds: no build folder of an earlier run, no environments
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(CHECKOUT / name, source / name)
+    for folder in ("phi_api", "schemas"):
+        shutil.copytree(CHECKOUT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-w", str(work / "dist"),
                             "-q"], capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr
     wheel = next((work / "dist").glob("phi_api-*.whl"))

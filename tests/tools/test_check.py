@@ -59,3 +59,8 @@ def test_models_declared_by_name_are_not_pulled_by_a_check(tmp_path):
     errors, _, notes = check.run({"MODEL": "phi-3.5-mini", "PHI_API_CACHE_DIR": str(tmp_path)})
     assert errors == [] and any("not checked here" in note for note in notes)
     assert not (tmp_path / "models").exists()
+
+
+def test_without_any_model_the_server_would_not_start_and_the_check_says_what_to_set(tmp_path):
+    errors, _, _ = check.run({"PHI_API_CACHE_DIR": str(tmp_path)})
+    assert len(errors) == 1 and errors[0].startswith("no model to serve: set MODEL_PATH to a model folder")
