@@ -1,7 +1,8 @@
 # phi-api: the server only (no conversion tools). Mount an ONNX Runtime GenAI
 # model folder at /models/model, or point MODEL_PATH elsewhere.
 #   docker build -t phi-api .
-#   docker run -p 8000:8000 -v /path/to/cpu-int4-awq-block-128-acc-level-4:/models/model:ro phi-api
+#   docker run -p 8000:8000 -v /path/to/cpu-int4-awq-block-128-acc-level-4:/models/model:ro \
+#     -v phi-api-cache:/var/cache/phi-api phi-api
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 \
@@ -13,8 +14,9 @@ ENV PYTHONUNBUFFERED=1 \
     SERVER_PORT=8000
 
 WORKDIR /app
-COPY requirements.txt .
-RUN pip install -r requirements.txt
+# Every package pinned, dependencies of dependencies included (requirements.lock).
+COPY requirements.lock .
+RUN pip install --no-deps -r requirements.lock
 
 COPY phi_api/ phi_api/
 COPY schemas/ schemas/
@@ -22,7 +24,13 @@ COPY wsgi.py gunicorn.conf.py ./
 
 # The host's prepacked copy of the model (made at first start), prompts on disk and the Batch API's files and
 # batches live here: mount a volume to keep them.
-RUN useradd --system --no-create-home phi-api && mkdir -p /var/cache/phi-api && chown phi-api /var/cache/phi-api
+# The user has a home: a pull (MODEL=...) keeps the Hugging Face cache there.
+RUN useradd --system --create-home --home-dir /home/phi-api phi-api \
+    && mkdir -p /var/cache/phi-api && chown phi-api /var/cache/phi-api
 USER phi-api
 EXPOSE 8000
+VOLUME ["/var/cache/phi-api"]
+# Ready when a worker answers /health (the slim image has no curl: Python asks).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import os, sys, urllib.request; url = 'http://127.0.0.1:%s/health' % os.environ.get('SERVER_PORT', '8000'); sys.exit(urllib.request.urlopen(url, timeout=4).status != 200)"]
 CMD ["gunicorn", "-c", "gunicorn.conf.py", "wsgi:app"]

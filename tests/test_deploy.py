@@ -73,3 +73,28 @@ def test_the_nginx_site_passes_streams_through_and_keeps_conversations_together(
                       "proxy_next_upstream error timeout http_502 http_503 http_429 non_idempotent;",
                       "proxy_set_header X-Request-Id $phi_api_request_id;"):
         assert directive in site, directive
+
+
+def pins(path: Path) -> dict[str, str]:
+    """A requirements file's ``name==version`` lines, by normalized name (other lines are left out)."""
+    found = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, version = line.split("==")
+            found[name.strip().lower().replace("_", "-")] = version.strip()
+    return found
+
+
+def test_the_image_installs_every_package_pinned_runs_as_a_user_with_a_home_and_checks_its_health():
+    root = DEPLOY.parent
+    lock_lines = [line for line in (root / "requirements.lock").read_text().splitlines()
+                  if line.strip() and not line.startswith("#")]
+    assert lock_lines and all("==" in line for line in lock_lines)
+    lock, direct = pins(root / "requirements.lock"), pins(root / "requirements.txt")
+    assert {name: lock.get(name) for name in direct} == direct  # the lock holds requirements.txt's own pins
+    dockerfile = (root / "Dockerfile").read_text()
+    assert "pip install --no-deps -r requirements.lock" in dockerfile
+    assert "--create-home" in dockerfile and "USER phi-api" in dockerfile
+    assert "HEALTHCHECK" in dockerfile and "/health" in dockerfile
+    assert 'VOLUME ["/var/cache/phi-api"]' in dockerfile
