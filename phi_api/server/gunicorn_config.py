@@ -12,6 +12,7 @@ from gevent import monkey
 monkey.patch_all()
 
 from phi_api.server import serving  # noqa: E402
+from phi_api.telemetry.logs import gunicorn_logconfig  # noqa: E402
 
 _settings = serving.settings_or_exit()
 serving.prepare_metrics_dir()  # before the app (and prometheus_client) is imported
@@ -28,6 +29,7 @@ keepalive = 5
 accesslog = None  # phi-api writes one line per request itself
 errorlog = "-"
 loglevel = _settings.LOG_LEVEL.lower()
+logconfig_dict = gunicorn_logconfig(_settings.LOG_LEVEL, _settings.LOG_FORMAT)  # LOG_FORMAT=json: gunicorn's too
 control_socket_disable = True
 
 post_worker_init = serving.post_worker_init

@@ -17,7 +17,7 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import gevent
 from flask import Flask
@@ -26,6 +26,7 @@ from phi_api.errors import ConfigError
 from phi_api.models.registry import expire_idle
 from phi_api.settings import Settings, load_settings
 from phi_api.telemetry import tracing
+from phi_api.telemetry.logs import startup_error
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,14 @@ def settings_or_exit() -> Settings:
     try:
         return load_settings()
     except ConfigError as exc:
-        print(f"phi-api: configuration error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_CONFIG_ERROR)
+        config_error_exit(exc)
+
+
+def config_error_exit(exc: ConfigError) -> NoReturn:
+    """Say why the configuration cannot run (one JSON line with ``LOG_FORMAT=json``) and exit."""
+    print(startup_error(f"configuration error: {exc}", os.environ.get("LOG_FORMAT", "")), file=sys.stderr,
+          flush=True)
+    sys.exit(EXIT_CONFIG_ERROR)
 
 
 def build_wsgi_app() -> Flask:
@@ -55,8 +62,7 @@ def build_wsgi_app() -> Flask:
     try:
         return create_app()
     except ConfigError as exc:
-        print(f"phi-api: configuration error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_CONFIG_ERROR)
+        config_error_exit(exc)
     except (ModelLoadingError, InsufficientMemoryError) as exc:
         print(json.dumps(openai_body(exc)), file=sys.stderr, flush=True)
         sys.exit(EXIT_MODEL_LOADING_FAILED)

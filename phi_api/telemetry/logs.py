@@ -56,6 +56,30 @@ def configure_logging(level: str, fmt: str = "text") -> None:
     handler.setFormatter(JSONFormatter() if fmt == "json" else logging.Formatter(_FORMAT))
 
 
+def gunicorn_logconfig(level: str, fmt: str) -> dict:
+    """gunicorn's ``logconfig_dict``: with ``fmt`` json, its own lines (start-up, workers, errors) as JSON lines on
+    stderr like ours; empty (gunicorn's plain lines) otherwise."""
+    if fmt != "json":
+        return {}
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    return {"version": 1, "disable_existing_loggers": False,
+            "formatters": {"json": {"()": JSONFormatter}},
+            "handlers": {"console": handler, "error_console": handler},
+            "root": {"level": level, "handlers": ["console"]},
+            "loggers": {"gunicorn.error": {"level": level, "handlers": ["error_console"], "propagate": False},
+                        # phi-api writes its own line per request (with the request id): gunicorn's stays off.
+                        "gunicorn.access": {"level": "CRITICAL", "handlers": [], "propagate": False}}}
+
+
+def startup_error(message: str, fmt: str) -> str:
+    """The line saying why the server cannot start: JSON with ``fmt`` json (read raw: the settings may be what is
+    wrong), plain text otherwise."""
+    if fmt.strip().lower() != "json":
+        return f"phi-api: {message}"
+    record = logging.LogRecord("phi_api.server", logging.ERROR, __file__, 0, message, None, None)
+    return JSONFormatter().format(record)
+
+
 class _PhiApiHandler(logging.StreamHandler):
     """Our stderr handler (a class of its own so configuring twice adds it once)."""
 
