@@ -17,6 +17,7 @@ COMMANDS = {
              "Hugging Face Hub), check it, and print its folder"),
     "serve": ("phi_api.tools.serve", "serve with gunicorn and phi-api's configuration (flags for the common "
               "settings; the environment for all); without a model, the default one, prepared first"),
+    "chat": ("phi_api.tools.chat", "a terminal chat with a running server, answers streamed"),
     "settings": ("phi_api.tools.settings_command", "every setting: its default, its value here, what it means"),
     "check": ("phi_api.tools.check", "check the configuration and the model folders without starting: misspelt "
               "settings, bad values, missing folders; print the workers, threads and memory it gives"),

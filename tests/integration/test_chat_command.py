@@ -1,0 +1,56 @@
+"""``phi-api chat`` in a pseudo-terminal against real gunicorn: the streamed answer is the server's answer, the
+conversation goes on, and end of input ends it."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+from tests.integration.conftest import MODEL_ID
+
+PROMPT = b"\r\n> "
+
+
+def read_until(fd: int, ending: bytes, timeout: float = 120) -> bytes:
+    """What the terminal shows until it ends with ``ending``."""
+    seen, deadline = b"", time.monotonic() + timeout
+    while not seen.endswith(ending):
+        left = deadline - time.monotonic()
+        assert left > 0, f"the terminal never showed {ending!r}; it shows {seen[-500:]!r}"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 4096)
+            assert chunk, f"the chat ended early: {seen[-500:]!r}"
+            seen += chunk
+    return seen
+
+
+def test_phi_api_chat_streams_the_server_s_answer_in_a_terminal(server, client):
+    questions = ["What is the capital of France?", "And of Italy?"]
+    expected, history = [], []
+    for question in questions:  # greedy: the answers the chat must print, asked with the SDK
+        history.append({"role": "user", "content": question})
+        answer = client.chat.completions.create(model=MODEL_ID, messages=history, max_tokens=24, temperature=0)
+        expected.append(answer.choices[0].message.content)
+        history.append({"role": "assistant", "content": expected[-1]})
+    main, terminal = pty.openpty()
+    chat = subprocess.Popen([sys.executable, "-m", "phi_api", "chat", "--url", server.url, "--temperature", "0",
+                             "--max-tokens", "24"], stdin=terminal, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    try:
+        assert f"Chatting with {MODEL_ID}".encode() in read_until(main, b"> ")
+        for question, answer in zip(questions, expected, strict=True):
+            os.write(main, question.encode() + b"\n")
+            shown = read_until(main, PROMPT).decode().replace("\r\n", "\n")
+            echoed, _, printed = shown.partition("\n")
+            assert echoed == question
+            assert printed[:-len("\n> ")].strip() == answer.strip() and answer.strip()
+        os.write(main, b"\x04")  # end of input
+        assert chat.wait(timeout=30) == 0
+    finally:
+        chat.kill()
+        os.close(main)
