@@ -6,47 +6,57 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+MODEL_STAMP := $(VENV)/.installed-model
 DEV_STAMP := $(VENV)/.installed-dev
-# What serving and preparing models need; the test and benchmark tools come on top (install-dev: make test only).
-REQUIREMENTS := requirements.txt requirements-model.txt requirements-model-nodeps.txt
 INSTRUCTOR_VENV := .venv-instructor
 INSTRUCTOR_STAMP := $(INSTRUCTOR_VENV)/.installed
 OPENWEBUI_VENV := .venv-openwebui
 OPENWEBUI_STAMP := $(OPENWEBUI_VENV)/.installed
 
-.PHONY: install install-dev model pull serve test bench bench-spec bench-disk bench-quality clean system-packages
+.PHONY: install install-model install-dev model pull serve test bench bench-spec bench-disk bench-quality clean \
+	system-packages
 
+# What serving needs, and nothing more (no torch): the runtime requirements.
 install: $(STAMP)
 
-$(STAMP): $(REQUIREMENTS)
+$(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+# The conversion tools on top: preparing the default model or a random-weight one.
+install-model: $(MODEL_STAMP)
+
+$(MODEL_STAMP): $(STAMP) requirements-model.txt requirements-model-nodeps.txt
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-model.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements-model-nodeps.txt
 	touch $@
 
+# The test and benchmark tools on top (make test only).
 install-dev: $(DEV_STAMP)
 
-$(DEV_STAMP): $(STAMP) requirements-dev.txt
+$(DEV_STAMP): $(MODEL_STAMP) requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-model.txt -r requirements-dev.txt
 	touch $@
 
 # Prints the prepared model folder as its last line; a second run returns at once.
-model: install
+model: install-model
 	$(PY) -m phi_api prepare-model
 
 # Download a model by name and print its folder (MODEL=phi-3.5-mini; without MODEL: the catalog).
 pull: install
 	$(PY) -m phi_api pull $(MODEL)
 
-# With MODEL_PATH set, serve that folder and prepare nothing; otherwise prepare
-# the default model and serve it as smollm2-135m-instruct (unless MODEL_ID is set).
-# MODEL=NAME serves a model by name (an alias such as phi-3.5-mini, or REPO[/SUBFOLDER][@REVISION] on the Hub),
-# pulled first unless it is in the cache; MODEL_PATH a folder; neither: the default model, prepared here.
+# With MODEL_PATH set, serve that folder and prepare nothing (the runtime only is installed); otherwise prepare
+# the default model (the conversion tools are installed for it) and serve it as smollm2-135m-instruct (unless
+# MODEL_ID is set). MODEL=NAME serves a model by name (an alias such as phi-3.5-mini, or REPO[/SUBFOLDER][@REVISION]
+# on the Hub), pulled first unless it is in the cache.
 serve: install
 	@if [ -n "$${MODEL_PATH:-}" ] || [ -n "$(MODEL)" ]; then \
 		MODEL="$(MODEL)" exec $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app; \
 	else \
+		$(MAKE) --no-print-directory install-model; \
 		model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
 		MODEL_PATH="$$model_path" MODEL_ID="$${MODEL_ID:-smollm2-135m-instruct}" \
 			exec $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app; \

@@ -17,7 +17,7 @@ from openai import OpenAI
 
 from phi_api.settings import SETTING_NAMES
 from phi_api.tools.bench.server import free_port
-from tests.support.server import wait_until
+from tests.support.server import answers_health, wait_until
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -72,15 +72,8 @@ def test_phi_api_serve_from_outside_the_checkout_answers_the_openai_sdk(installe
                               cwd=tmp_path, env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
-
-        def healthy() -> bool:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()
-            try:
-                return requests.get(url + "/health", timeout=1).status_code == 200
-            except requests.ConnectionError:
-                return False
-
-        wait_until(healthy, timeout=120, interval=0.2, message="phi-api serve to answer /health")
+        wait_until(answers_health(server, url, tmp_path / "serve.log"), timeout=120, interval=0.2,
+                   message="phi-api serve to answer /health")
         client = OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
         question = [{"role": "user", "content": "What is the capital of France?"}]
         answer = client.chat.completions.create(model="smol", max_tokens=16, temperature=0, messages=question)

@@ -124,7 +124,7 @@ def test_make_serve_with_a_model_name_pulls_it_and_serves_it(hub, tmp_path):
     import requests
 
     from phi_api.tools.bench.server import REPO, free_port
-    from tests.support.server import wait_until
+    from tests.support.server import answers_health, wait_until
 
     port = free_port()
     env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path), "HF_HUB_DISABLE_TELEMETRY": "1",
@@ -136,14 +136,7 @@ def test_make_serve_with_a_model_name_pulls_it_and_serves_it(hub, tmp_path):
                                    stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        def healthy() -> bool:
-            assert process.poll() is None, (tmp_path / "serve.log").read_text()
-            try:
-                return requests.get(url + "/health", timeout=1).status_code == 200
-            except requests.RequestException:
-                return False
-
-        wait_until(healthy, 240, interval=0.2, message="make serve")
+        wait_until(answers_health(process, url, tmp_path / "serve.log"), 240, interval=0.2, message="make serve")
         assert [model["id"] for model in requests.get(url + "/v1/models", timeout=10).json()["data"]] == [ALIAS]
         answer = requests.post(url + "/v1/chat/completions", timeout=60, json={
             "model": ALIAS, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
