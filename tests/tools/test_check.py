@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from phi_api.settings import SETTING_NAMES, describe
 from phi_api.tools import check, settings_command
@@ -64,3 +65,9 @@ def test_models_declared_by_name_are_not_pulled_by_a_check(tmp_path):
 def test_without_any_model_the_server_would_not_start_and_the_check_says_what_to_set(tmp_path):
     errors, _, _ = check.run({"PHI_API_CACHE_DIR": str(tmp_path)})
     assert len(errors) == 1 and errors[0].startswith("no model to serve: set MODEL_PATH to a model folder")
+
+
+def test_the_settings_reference_in_docs_is_generated_from_the_declarations():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert page == settings_command.reference(), "run: python -m phi_api settings --markdown > docs/settings.md"
+    assert all(f"| `{name}` |" in page for name in SETTING_NAMES)
