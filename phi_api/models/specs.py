@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,23 @@ def pulled(name: str) -> str:
     from phi_api.models.pull import pull
 
     try:
-        return str(pull(name, say=lambda line: log.info("%s", line)))
+        return str(pull(name, say=lambda line: log.info("%s", line), report=PullProgress(name)))
     except PullError as error:
         raise ModelLoadingError(name, str(error), name) from None
+
+
+class PullProgress:
+    """A pull's download events (:func:`phi_api.models.pull.pull`'s ``report``: the model's bytes in so far, twice
+    a second) as a log line every ``every`` seconds at most, so that a long pull at start-up is not silent."""
+
+    def __init__(self, name: str, every: float = 10.0) -> None:
+        self.name, self.every = name, every
+        self.last = time.monotonic()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if "total" not in event or time.monotonic() - self.last < self.every:
+            return
+        self.last = time.monotonic()
+        total, done = int(event["total"]), int(event.get("completed", 0))
+        log.info("pulling %s: %.0f of %.0f MB (%.0f%%)", self.name, done / 2**20, total / 2**20,
+                 100 * done / max(total, 1))

@@ -35,6 +35,7 @@ import os
 import platform
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from phi_api.errors import PrepackError
@@ -96,6 +97,9 @@ def prepacked_model(source: Path, decoder_file: str, cache_dir: Path) -> Path:
 
 def _make(source: Path, decoder_file: str, cache_dir: Path, folder: Path) -> None:
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache_dir))
+    started = time.monotonic()
+    log.info("prepacking %s for this host (once per host and CPU; the workers share it): this takes a while for "
+             "a large model", source)
     try:
         _save_prepacked(source / decoder_file, staging)
         record = {"source": str(source), "decoder": decoder_file}
@@ -113,7 +117,7 @@ def _make(source: Path, decoder_file: str, cache_dir: Path, folder: Path) -> Non
         log.warning("the prepacked copy of %s gave other logits than the original (%s): serving the original, "
                     "whose weights each worker then holds itself", source, mismatch)
     else:
-        log.info("prepacked model written to %s", folder)
+        log.info("prepacked model written to %s in %.0f s", folder, time.monotonic() - started)
 
 
 def _differs(source: Path, decoder_file: str, prepacked: Path) -> str | None:

@@ -69,3 +69,12 @@ def test_a_copy_that_computes_otherwise_is_marked_unusable_and_the_original_is_s
     assert "gave other logits than the original" in caplog.text
     monkeypatch.setattr(prepack, "_save_prepacked", lambda *args: pytest.fail("made again"))
     assert prepack.prepacked_model(source, "model.onnx", tmp_path) == source / "model.onnx"  # remembered
+
+
+def test_making_the_copy_says_so_when_it_starts_and_when_it_ends(model_path, tmp_path, caplog):
+    with caplog.at_level("INFO", logger="phi_api.engine.runtime.prepack"):
+        prepack.prepacked_model(Path(model_path), "model.onnx", tmp_path)
+        prepack.prepacked_model(Path(model_path), "model.onnx", tmp_path)  # made: nothing to say
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2
+    assert messages[0].startswith(f"prepacking {model_path} for this host") and "written to" in messages[1]
