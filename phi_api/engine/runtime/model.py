@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 import phi_api.engine.runtime.oga as oga  # the submodules, not the package (which imports this module)
-import phi_api.engine.sampling.vocab as vocab
 from phi_api.engine.runtime.folder import CONFIG_FILE, ModelFolder
 from phi_api.engine.threads.native import new_lock
 from phi_api.errors import ChatTemplateError
@@ -102,18 +101,6 @@ def _rope_switch(graph_file: Path) -> int | None:
 
 
 
-def _longest_token_bytes(tokenizer_json: Path) -> int:
-    """Bytes of the vocabulary's longest token; 0 when the folder has no readable ``tokenizer.json``.
-
-    Read once, at load (before gunicorn forks), without keeping the vocabulary:
-    workers that never answer with log-probabilities never load it.
-    """
-    try:
-        return max((len(piece) for piece in vocab.token_bytes(tokenizer_json).values()), default=0)
-    except (OSError, ValueError):
-        return 0
-
-
 def _fingerprint(root: Path, config: dict[str, Any]) -> str:
     """A short, stable id of the build: phi-api's version, the model's configuration and its files' sizes."""
     from phi_api.version import __version__
@@ -152,7 +139,6 @@ class LanguageModel:
         self._tokenizer_lock = new_lock()
         self._stream_tokenizer = oga.Tokenizer(self.model)
         self._stream_lock = new_lock()
-        self.longest_token_bytes = _longest_token_bytes(root / "tokenizer.json")
         self.decoder_file = prepacked_model(root, self.info.decoder_file, cache_dir / "prepacked")
         self.spec = Decoder(self.decoder_file, DecoderSpec.read(root, self.info.rope_switch), threads=1).spec
         if self._int8_wanted(kv_dtype, root):
@@ -162,6 +148,9 @@ class LanguageModel:
                                            threads=os.cpu_count() or 1)
             self.spec = Decoder(self.decoder_file, self.spec, threads=1).spec
         self.guides = GuideFactory(root / "tokenizer.json", self.info.vocab_size, self.info.eos_token_ids)
+        # Read once, at load (before gunicorn forks), without keeping the table: workers that never answer with
+        # log-probabilities never hold it.
+        self.longest_token_bytes = max(map(len, self.guides.token_bytes().values()), default=0)
 
     @property
     def identity(self) -> str:
@@ -230,8 +219,8 @@ class LanguageModel:
 
     @functools.cached_property
     def token_bytes(self) -> dict[int, bytes]:
-        """Token id -> the bytes it stands for (read from tokenizer.json on first use)."""
-        return vocab.token_bytes(Path(self.info.path) / "tokenizer.json")
+        """Token id -> the bytes it stands for (decoded by the tokenizer llguidance built, on first use)."""
+        return self.guides.token_bytes()
 
     def create_stream(self) -> LockedStream:
         """An incremental decoder for one generation."""

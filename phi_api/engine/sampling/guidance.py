@@ -24,6 +24,11 @@ class GuideFactory:
         self._tokenizer = LLTokenizer(str(tokenizer_json), n_vocab=vocab_size, eos_token=sorted(eos_ids))
         self.vocab_size = vocab_size
 
+    def token_bytes(self) -> dict[int, bytes]:
+        """Token id -> the bytes it stands for (special tokens: their text), for every id of the logits; what
+        log-probability answers carry, also for tokens holding only part of a character."""
+        return {token: self._tokenizer.decode_bytes([token]) for token in range(self.vocab_size)}
+
     def guide(self, kind: str, grammar: str) -> Guide:
         """A fresh matcher for ``grammar`` of ``kind`` (``json_schema``); compiles it (can take a while:
         call off the hub)."""
