@@ -89,10 +89,14 @@ def test_the_sdk_stream_equals_create_under_greedy_decoding(client):
     plain = create_raw(client, input=QUESTION, instructions=INSTRUCTIONS, max_output_tokens=24)
     with client.responses.stream(model=MODEL_ID, input=QUESTION, instructions=INSTRUCTIONS, max_output_tokens=24,
                                  temperature=0) as stream:
-        deltas = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
-        final = stream.get_final_response()
-    assert deltas == final.output_text == plain.output_text
-    assert final.usage.output_tokens == plain.usage.output_tokens
+        events = list(stream)
+    deltas = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    # An answer cut at max_output_tokens ends with response.incomplete, which the SDK's get_final_response() does
+    # not accept: the last event carries the response either way.
+    last = events[-1]
+    assert last.type == ("response.completed" if plain.status == "completed" else "response.incomplete")
+    assert deltas == last.response.output_text == plain.output_text and deltas
+    assert last.response.status == plain.status and last.response.usage.output_tokens == plain.usage.output_tokens
 
 
 def test_parse_with_a_pydantic_model(client):
