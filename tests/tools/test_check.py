@@ -3,6 +3,7 @@ folder flagged before the server starts."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,10 +57,17 @@ def test_a_bad_value_is_an_error_and_ordinary_variables_are_no_warning(tmp_path)
     assert warnings == []
 
 
-def test_models_declared_by_name_are_not_pulled_by_a_check(tmp_path):
+def test_models_declared_by_name_are_not_pulled_by_a_check(tmp_path, monkeypatch):
+    def no_pull(name: str) -> str:
+        raise AssertionError(f"check pulled {name}")
+
+    monkeypatch.setattr("phi_api.models.specs.pulled", no_pull)
     errors, _, notes = check.run({"MODEL": "phi-3.5-mini", "PHI_API_CACHE_DIR": str(tmp_path)})
     assert errors == [] and any("not checked here" in note for note in notes)
-    assert not (tmp_path / "models").exists()
+    models_file = tmp_path / "models.json"  # a models file naming one model by name and one by folder
+    models_file.write_text(json.dumps([{"model": "phi-3.5-mini"}, {"id": "here", "path": str(tmp_path)}]))
+    errors, _, _ = check.run({"MODELS_FILE": str(models_file), "PHI_API_CACHE_DIR": str(tmp_path)})
+    assert len(errors) == 1 and "not an ONNX Runtime GenAI model folder" in errors[0]
 
 
 def test_without_any_model_the_server_would_not_start_and_the_check_says_what_to_set(tmp_path):

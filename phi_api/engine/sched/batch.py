@@ -46,7 +46,7 @@ from phi_api.engine.runtime.session import ORT_ERRORS
 from phi_api.engine.sampling.logits import prompt_records
 from phi_api.engine.sched.choice import Finished, PromptLogprobs
 from phi_api.engine.sched.outputs import Outputs, Publish, trace
-from phi_api.engine.sched.padding import Padding
+from phi_api.engine.sched.padding import PAD_TOKEN, Padding
 from phi_api.engine.sched.prefill import ChunkPlanner
 from phi_api.engine.sched.scheduler import Chunk, Scheduler
 from phi_api.engine.sched.sequence import Phase, Request, Sequence, row_of
@@ -208,7 +208,7 @@ class Batch:
     def _step_rows(self, first: int, end: int, riding: set[int]) -> None:
         rows = self.rows.group(first, end)
         pad = self.padding.plan(first, end) if self.invariant else None
-        ids = [[row.pending] for row in rows] + ([[pad.token]] if pad else [])
+        ids = [[row.pending] for row in rows] + ([[PAD_TOKEN]] if pad else [])
         past = [row.length for row in rows] + ([pad.past] if pad else [])
         try:
             logits = self.step(first, np.array(ids, dtype=np.int64), np.array(past, dtype=np.int64), prefill=False)

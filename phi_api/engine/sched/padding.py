@@ -35,11 +35,10 @@ PAD_TOKEN = 0  # any token id of the vocabulary: its result is thrown away
 
 
 class Pad(NamedTuple):
-    """The padding row of one step: its slot, the token it feeds, where it writes, and whether its row's pages
-    past ``past`` go back afterwards."""
+    """The padding row of one step: its slot, where it writes (it feeds :data:`PAD_TOKEN`), and whether its row's
+    pages past ``past`` go back afterwards."""
 
     slot: int
-    token: int
     past: int
     give_back: bool
 
@@ -61,7 +60,7 @@ class Padding:
         if short_group and past + 1 > self.switch:  # type: ignore[operator]
             return None
         running = getattr(occupant, "phase", None) is Phase.RUNNING
-        return Pad(end, PAD_TOKEN, past, give_back=not running)
+        return Pad(end, past, give_back=not running)
 
     def done(self, pad: Pad | None) -> None:
         """After the step: the pages the padding touched past a row that is not running go back to the system."""
