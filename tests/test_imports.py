@@ -155,3 +155,21 @@ def test_nothing_below_the_web_layer_reaches_flask_even_indirectly():
 def test_the_flask_check_follows_imports():
     graph = {"a": {"b"}, "b": {"c"}, "c": set()}
     assert reaches(graph, "a", {"c": True}) and not reaches(graph, "a", {"d": True})
+
+
+def private_imports(source: str) -> list[str]:
+    """Modules of other packages that ``source`` imports by a private name (a part starting with ``_``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        found += [name for name in names if not name.startswith("phi_api")
+                  and any(part.startswith("_") and part != "__future__" for part in name.split("."))]
+    return found
+
+
+def test_no_module_imports_another_package_s_private_modules():
+    assert private_imports("from huggingface_hub.utils._verification import x\nimport a._b") == [
+        "huggingface_hub.utils._verification", "a._b"]
+    found = {module_name(path): private_imports(path.read_text(encoding="utf-8")) for path in PACKAGE.rglob("*.py")}
+    assert {name: names for name, names in found.items() if names} == {}

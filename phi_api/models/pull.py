@@ -203,19 +203,27 @@ def _check_space(needed: int, cache: Path) -> None:
 
 def _verify(root: Path, files: list[Any], say: Callable[[str], None]) -> None:
     """Check each file against the hash the Hub announced; remove and name those that do not match."""
-    from huggingface_hub.utils._verification import compute_file_hash
-
     bad = []
     for entry in files:
         path = root / entry.path
-        algorithm, expected = ("sha256", entry.lfs.sha256) if entry.lfs is not None else ("git-sha1", entry.blob_id)
-        if compute_file_hash(path, algorithm) != expected.lower():  # type: ignore[arg-type]
+        expected = entry.lfs.sha256 if entry.lfs is not None else entry.blob_id
+        if _file_hash(path, lfs=entry.lfs is not None) != expected.lower():
             bad.append(entry.path)
             _remove_cached(path)
     if bad:
         raise PullError(f"{', '.join(bad)}: the bytes downloaded do not match the hash the Hub announces; removed "
                         "(pull again)")
     say(f"checked {len(files)} files against the Hub's hashes")
+
+
+def _file_hash(path: Path, lfs: bool) -> str:
+    """The hash the Hub announces for a file: sha256 of an LFS file's bytes, else git's blob hash (small files)."""
+    from huggingface_hub.utils.sha import git_hash, sha_fileobj
+
+    if lfs:
+        with path.open("rb") as stream:
+            return sha_fileobj(stream).hex()
+    return git_hash(path.read_bytes())
 
 
 def _remove_cached(path: Path) -> None:

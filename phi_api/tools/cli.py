@@ -1,4 +1,5 @@
-"""Command-line interface: ``python -m phi_api <command>``, a thin adapter over the commands' own modules.
+"""Command-line interface: ``phi-api <command>`` (or ``python -m phi_api``), a thin adapter over the commands'
+own modules; the benchmarks are grouped under ``phi-api bench <name>``.
 
 Each command's module declares its arguments (``add_cli_args``) and runs it (``main``), as vLLM's benchmarks do;
 only the chosen command's module is imported.
@@ -8,37 +9,44 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from typing import Any
 
 # command -> (its module, what it does)
 COMMANDS = {
-    "prepare-model": ("phi_api.tools.prepare_command", "convert the default model (SmolLM2-135M-Instruct), or build a "
-                      "random-weight benchmark model of a production shape, and print its folder as the last line"),
-    "pull": ("phi_api.tools.pull", "download a model by name (an alias, or REPO[/SUBFOLDER][@REVISION] on the "
-             "Hugging Face Hub), check it, and print its folder"),
     "serve": ("phi_api.tools.serve", "serve with gunicorn and phi-api's configuration (flags for the common "
               "settings; the environment for all); without a model, the default one, prepared first"),
     "chat": ("phi_api.tools.chat", "a terminal chat with a running server, answers streamed"),
+    "pull": ("phi_api.tools.pull", "download a model by name (an alias, or REPO[/SUBFOLDER][@REVISION] on the "
+             "Hugging Face Hub), check it, and print its folder"),
+    "prepare-model": ("phi_api.tools.prepare_command", "convert the default model (SmolLM2-135M-Instruct), or build a "
+                      "random-weight benchmark model of a production shape, and print its folder as the last line"),
     "settings": ("phi_api.tools.settings_command", "every setting: its default, its value here, what it means"),
     "check": ("phi_api.tools.check", "check the configuration and the model folders without starting: misspelt "
               "settings, bad values, missing folders; print the workers, threads and memory it gives"),
-    "bench": ("phi_api.tools.bench.serving", "measure a server against the raw engine (and other servers)"),
-    "bench-replicas": ("phi_api.tools.bench.replicas", "two replicas behind nginx (the shipped site) against one, "
-                       "and cache affinity"),
-    "bench-cpu": ("phi_api.tools.bench.cpu", "where the CPU goes while concurrent streams run (Linux)"),
-    "bench-kv": ("phi_api.tools.bench.kv", "int8 keys and values against float32: accuracy and memory"),
-    "bench-quality": ("phi_api.tools.bench.quality", "a build's perplexity and top-1 agreement against the float32 "
-                      "build of the same source, and its decode speed"),
-    "bench-structured": ("phi_api.tools.bench.structured", "forced tool calls and json_schema answers: the share "
-                         "that comes out whole and valid (greedy)"),
-    "bench-spec": ("phi_api.tools.bench.speculative", "speculative decoding on against off: copying, chat, 8 "
-                   "streams, step costs and the projected speed-up"),
-    "bench-disk": ("phi_api.tools.bench.prefixdisk", "prompts read from disk against computed: across a restart, "
-                   "across workers, and decoding while the disk tier writes"),
-    "bench-batch": ("phi_api.tools.bench.batches", "a live request's first token while a batch runs, against idle "
-                    "and against the same load sent live"),
-    "bench-tenants": ("phi_api.tools.bench.tenants", "the gevent hub's longest stall while several keys stream, chain "
-                      "stored responses and run a batch"),
-    "load": ("phi_api.tools.bench.load", "bursts far beyond the concurrency limit, or a soak (--minutes)"),
+}
+
+# phi-api bench <name> -> (its module, what it measures)
+BENCHES = {
+    "serving": ("phi_api.tools.bench.serving", "a server against the raw engine (and other servers): first token, "
+                "decode, concurrent streams, prompt reuse, static batches, memory"),
+    "spec": ("phi_api.tools.bench.speculative", "speculative decoding on against off: copying, chat, 8 streams, "
+             "step costs and the projected speed-up"),
+    "disk": ("phi_api.tools.bench.prefixdisk", "prompts read from disk against computed: across a restart, across "
+             "workers, and decoding while the disk tier writes"),
+    "batch": ("phi_api.tools.bench.batches", "a live request's first token while a batch runs, against idle and "
+              "against the same load sent live"),
+    "tenants": ("phi_api.tools.bench.tenants", "the gevent hub's longest stall while several keys stream, chain "
+                "stored responses and run a batch"),
+    "replicas": ("phi_api.tools.bench.replicas", "two replicas behind nginx (the shipped site) against one, and "
+                 "cache affinity"),
+    "cpu": ("phi_api.tools.bench.cpu", "where the CPU goes while concurrent streams run (Linux)"),
+    "kv": ("phi_api.tools.bench.kv", "int8 keys and values against float32: accuracy and memory"),
+    "quality": ("phi_api.tools.bench.quality", "a build's perplexity and top-1 agreement against the float32 build "
+                "of the same source, and its decode speed"),
+    "structured": ("phi_api.tools.bench.structured", "forced tool calls and json_schema answers: the share that "
+                   "comes out whole and valid (greedy)"),
+    "load": ("phi_api.tools.bench.load", "bursts far beyond the concurrency limit, a soak (--minutes), or a mixed "
+             "load (--mixed)"),
 }
 
 
@@ -48,13 +56,22 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="phi-api", description="phi-api: serve models and the tools around it")
-    commands = parser.add_subparsers(dest="command", required=True)
-    chosen = next((word for word in argv if not word.startswith("-")), None)
-    for name, (module_name, description) in COMMANDS.items():
-        command = commands.add_parser(name, help=description, description=description)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    words = [word for word in argv if not word.startswith("-")]
+    _add_commands(commands, COMMANDS, words[0] if words else None)
+    bench = commands.add_parser("bench", help="the benchmarks, by name (phi-api bench --help lists them)",
+                                description="the benchmarks: each runs in one process and prints what it measured")
+    benches = bench.add_subparsers(dest="bench", required=True, metavar="NAME")
+    _add_commands(benches, BENCHES, words[1] if words[:1] == ["bench"] and len(words) > 1 else None)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+def _add_commands(group: Any, table: dict[str, tuple[str, str]], chosen: str | None) -> None:
+    """One parser per entry of ``table``; only the chosen entry's module is imported, for its arguments."""
+    for name, (module_name, description) in table.items():
+        command = group.add_parser(name, help=description, description=description)
         if name == chosen:
             module = importlib.import_module(module_name)
             module.add_cli_args(command)
             command.set_defaults(run=module.main)
-    args = parser.parse_args(argv)
-    return args.run(args)

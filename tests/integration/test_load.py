@@ -1,6 +1,6 @@
 """A bounded burst far beyond the concurrency limit: only 200s and 429s, and every slot comes back.
 
-The same code as ``python -m phi_api load`` (which also soaks, outside the suite).
+The same code as ``python -m phi_api bench load`` (which also soaks, outside the suite).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The prepared default model keeps its source's quality: measured against a float32 build of the same GGUF
-(``make bench-quality`` prints the same figures, with decode speeds)."""
+(``make bench-quality`` (``phi-api bench quality``) prints the same figures, with decode speeds)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Forced tool calls and json_schema answers on the default model come out whole and valid (greedy, over the fixed
-set of ``tests/data/structured-cases.json``; ``python -m phi_api bench-structured`` prints the same figures).
+set of ``tests/data/structured-cases.json``; ``python -m phi_api bench structured`` prints the same figures).
 
 Measured on a 2-core Zen 4 (docs/quality.md): 24 of 24 forced calls (21 before the tool instructions showed a
 concrete call; 16 with the int4 recipe; 23 with BATCH_INVARIANT, whose lone rows are computed as a pair, with

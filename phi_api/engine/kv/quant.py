@@ -8,7 +8,7 @@ input. A quarter of float32's memory: Phi-3.5-mini's 786 KB a token becomes
 196 KB. Measured at Phi-3.5-mini's shape on 2 cores: 8-row decode steps 15%
 (128 tokens of context) to 27% (1,024) faster, a 64-token prompt chunk on
 1,024 tokens of context 23% slower. The accuracy cost on the default model is
-measured by ``python -m phi_api bench-kv`` (see docs/).
+measured by ``python -m phi_api bench kv`` (see docs/).
 
 The scales are calibrated once per host, when the graph is made: the float32
 graph runs over a calibration text (``data/calibration.txt``, and a short chat

@@ -1,2 +1,2 @@
-"""Benchmarks: one module per command (``python -m phi_api bench``, ``bench-spec``, ``bench-disk``, ...), each with
+"""Benchmarks: one module per command (``phi-api bench serving``, ``phi-api bench spec``, ...), each with
 its ``add_cli_args`` and ``main``; :mod:`.common` holds what they share."""

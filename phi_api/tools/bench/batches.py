@@ -1,4 +1,4 @@
-"""``python -m phi_api bench-batch``: a live request's first token while a batch runs, in one run.
+"""``python -m phi_api bench batch``: a live request's first token while a batch runs, in one run.
 
 One server, one worker (so that every request meets the same engine), ``BATCH_CONCURRENCY`` 2. A short chat
 request's first-token time (medians over ``--runs``):

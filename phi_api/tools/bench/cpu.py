@@ -1,4 +1,4 @@
-"""``python -m phi_api bench-cpu``: where the CPU goes while concurrent streams run.
+"""``python -m phi_api bench cpu``: where the CPU goes while concurrent streams run.
 
 Starts phi-api (one worker, default settings) and, for each run of ``--streams`` concurrent streaming
 completions, reads every thread's CPU time from ``/proc`` before and after: the worker's engine threads

@@ -1,4 +1,4 @@
-"""``python -m phi_api bench-kv``: what int8 keys and values cost in accuracy and give in memory, against float32.
+"""``python -m phi_api bench kv``: what int8 keys and values cost in accuracy and give in memory, against float32.
 
 The same held-out text (not the calibration text) is fed token by token to
 the model twice, with float32 keys and values and with int8 ones, and at

@@ -1,4 +1,4 @@
-"""Bounded load and soak against a running server (``python -m phi_api load``).
+"""Bounded load and soak against a running server (``python -m phi_api bench load``).
 
 - Bursts: many requests released at once, far beyond ``MAX_CONCURRENT_REQUESTS``.
   Each must end in 200 (a stream: with ``data: [DONE]``) or 429; anything else
@@ -264,7 +264,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if not needs_server(args, "load"):
+    if not needs_server(args, "bench load"):
         return 2
     args.model = args.model or default_model()
     return run(args)

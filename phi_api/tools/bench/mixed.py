@@ -1,4 +1,4 @@
-"""``python -m phi_api load --mixed --minutes M``: a mixed load that reports memory against the budget and waits.
+"""``python -m phi_api bench load --mixed --minutes M``: a mixed load that reports memory against the budget and waits.
 
 Clients send, in turn: long prompts (a RAG-like ~1,000-token document and a
 question), conversations (~300 tokens, each its own), short questions, three

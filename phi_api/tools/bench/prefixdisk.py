@@ -1,4 +1,4 @@
-"""``python -m phi_api bench-disk``: prompts on disk (``PREFIX_CACHE_DIR``) against computing them, in one run.
+"""``python -m phi_api bench disk``: prompts on disk (``PREFIX_CACHE_DIR``) against computing them, in one run.
 
 A document of about ``--prompt-tokens`` tokens is the system prompt of a chat; each run uses a document of its own,
 so that nothing but the disk tier knows it. Greedy, 8 tokens, streamed; first-token times are medians over the runs.

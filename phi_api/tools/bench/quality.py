@@ -1,4 +1,4 @@
-"""``python -m phi_api bench-quality``: what a model build keeps of its source's quality, and its decode speed.
+"""``python -m phi_api bench quality``: what a model build keeps of its source's quality, and its decode speed.
 
 A fixed English text (``tests/data/quality-text.txt``: the GNU GPL version 3,
 which may be copied verbatim) is fed to each build in prompt chunks, and at

@@ -1,4 +1,4 @@
-"""``python -m phi_api bench-replicas``: phi-api replicas behind nginx (deploy/nginx/phi-api.conf, as
+"""``python -m phi_api bench replicas``: phi-api replicas behind nginx (deploy/nginx/phi-api.conf, as
 shipped, ports substituted) against one replica alone, and what cache affinity buys a conversation."""
 
 from __future__ import annotations

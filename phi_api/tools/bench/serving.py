@@ -1,4 +1,4 @@
-"""``python -m phi_api bench``: phi-api against the raw engine (and other servers), in one run.
+"""``python -m phi_api bench serving``: phi-api against the raw engine (and other servers), in one run.
 
 Every figure is a median over ``--runs`` repetitions, measured side by side
 in the same invocation, because this kind of machine is shared and noisy.
@@ -243,7 +243,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if not needs_server(args, "bench"):
+    if not needs_server(args, "bench serving"):
         return 2
     run(args)
     return 0

@@ -1,4 +1,4 @@
-"""``python -m phi_api bench-spec``: speculative decoding from the prompt, on against off, in one run.
+"""``python -m phi_api bench spec``: speculative decoding from the prompt, on against off, in one run.
 
 Two servers on one model, one worker each: one with speculation on (the
 default), one with ``SPECULATIVE_DRAFT_MAX=0``. Every request goes to both,

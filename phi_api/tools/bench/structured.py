@@ -1,4 +1,4 @@
-"""``python -m phi_api bench-structured``: how often forced tool calls and ``json_schema`` answers come out whole.
+"""``python -m phi_api bench structured``: how often forced tool calls and ``json_schema`` answers come out whole.
 
 A forced call (``tool_choice`` naming the function) and a ``json_schema``
 answer are held to their schema by the grammar, so what can go wrong is a
@@ -107,7 +107,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if not needs_server(args, "bench-structured"):
+    if not needs_server(args, "bench structured"):
         return 2
     args.cases = args.cases or str(DEFAULT_CASES)
     run(args)

@@ -1,4 +1,4 @@
-"""``python -m phi_api bench-tenants``: how long the gevent hub stalls while several keys share the server.
+"""``python -m phi_api bench tenants``: how long the gevent hub stalls while several keys share the server.
 
 Three keys (one admin) send streamed chats and chains of stored Responses API responses, while a batch of the third
 key runs; the workers measure how late their hub runs a timer due every 50 ms (``phi_api_hub_stall_seconds``). Its

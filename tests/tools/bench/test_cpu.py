@@ -1,4 +1,4 @@
-"""bench-cpu's reading of per-thread CPU time from /proc."""
+"""phi-api bench cpu's reading of per-thread CPU time from /proc."""
 
 from __future__ import annotations
 

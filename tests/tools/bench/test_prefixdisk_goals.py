@@ -1,4 +1,4 @@
-"""bench-disk reports the prompts-on-disk issue's goals, met or not, for what it measured."""
+"""phi-api bench disk reports the prompts-on-disk issue's goals, met or not, for what it measured."""
 
 from phi_api.tools.bench.prefixdisk import goals
 

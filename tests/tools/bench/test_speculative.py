@@ -1,4 +1,4 @@
-"""bench-spec's projection: an answer replayed through the engine's drafter, and the speed-up step costs give."""
+"""phi-api bench spec's projection: an answer replayed through the drafter, and the speed-up step costs give."""
 
 from __future__ import annotations
 
