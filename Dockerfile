@@ -10,6 +10,7 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     MODEL_PATH=/models/model \
     PHI_API_CACHE_DIR=/var/cache/phi-api \
+    HF_HOME=/var/cache/phi-api/huggingface \
     SERVER_HOST=0.0.0.0 \
     SERVER_PORT=8000
 
@@ -24,7 +25,7 @@ COPY wsgi.py gunicorn.conf.py ./
 
 # The host's prepacked copy of the model (made at first start), prompts on disk and the Batch API's files and
 # batches live here: mount a volume to keep them.
-# The user has a home: a pull (MODEL=...) keeps the Hugging Face cache there.
+# A pull (MODEL=...) downloads into the Hugging Face cache, HF_HOME, on the same volume; the user has a home.
 RUN useradd --system --create-home --home-dir /home/phi-api phi-api \
     && mkdir -p /var/cache/phi-api && chown phi-api /var/cache/phi-api
 USER phi-api

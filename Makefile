@@ -13,16 +13,17 @@ INSTRUCTOR_STAMP := $(INSTRUCTOR_VENV)/.installed
 OPENWEBUI_VENV := .venv-openwebui
 OPENWEBUI_STAMP := $(OPENWEBUI_VENV)/.installed
 
-.PHONY: install install-model install-dev model pull serve test bench bench-spec bench-disk bench-quality clean \
+.PHONY: install install-model install-dev model pull serve chat test bench bench-spec bench-disk bench-quality clean \
 	system-packages
 
-# What serving needs, and nothing more (no torch): the runtime requirements.
+# What serving needs, and nothing more (no torch): the runtime, every package pinned (requirements.lock, as the
+# Dockerfile installs it).
 install: $(STAMP)
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements.lock
 	touch $@
 
 # The conversion tools on top: preparing the default model or a random-weight one.
@@ -62,6 +63,10 @@ serve: install
 			exec $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app; \
 	fi
 
+# A terminal chat, answers streamed, with the server make serve runs (its SERVER_PORT; CHAT_ARGS="--help" for more).
+chat: install
+	$(PY) -m phi_api chat $(CHAT_ARGS)
+
 # The Debian packages the tests need first: installed as root, otherwise a stop within a second that names
 # the command to run (before the minutes of set-up).
 system-packages:
@@ -88,7 +93,7 @@ test: system-packages install-dev $(INSTRUCTOR_STAMP) $(OPENWEBUI_STAMP)
 # SHAPE=phi-3.5-mini benchmarks a random-weight model of Phi-3.5-mini's shape instead (built once: minutes, ~23 GB).
 bench: install-dev
 	model_path="$$($(PY) -m phi_api prepare-model $(if $(SHAPE),--shape $(SHAPE)) | tail -n 1)"; \
-	$(PY) -m phi_api bench --model-path "$$model_path" $(BENCH_ARGS)
+	$(PY) -m phi_api bench serving --model-path "$$model_path" $(BENCH_ARGS)
 
 # Speculative decoding on against off (docs/benchmarks.md); SHAPE=phi-3.5-mini adds that model's step costs.
 bench-spec: install-dev
@@ -97,18 +102,18 @@ bench-spec: install-dev
 	if [ -n "$(SHAPE)" ]; then \
 		shape_args=(--shape-model-path "$$($(PY) -m phi_api prepare-model --shape $(SHAPE) | tail -n 1)"); \
 	fi; \
-	$(PY) -m phi_api bench-spec --model-path "$$model_path" "$${shape_args[@]}" $(BENCH_ARGS)
+	$(PY) -m phi_api bench spec --model-path "$$model_path" "$${shape_args[@]}" $(BENCH_ARGS)
 
 # Prompts read from disk against computed (docs/benchmarks.md); SHAPE=phi-3.5-mini on that model's shape.
 bench-disk: install-dev
 	model_path="$$($(PY) -m phi_api prepare-model $(if $(SHAPE),--shape $(SHAPE)) | tail -n 1)"; \
-	$(PY) -m phi_api bench-disk --model-path "$$model_path" $(BENCH_ARGS)
+	$(PY) -m phi_api bench disk --model-path "$$model_path" $(BENCH_ARGS)
 
 # The served default model's perplexity and top-1 agreement against a float32 build of the same GGUF (built once).
 bench-quality: install-dev
 	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
 	reference_path="$$($(PY) -m phi_api prepare-model --reference | tail -n 1)"; \
-	$(PY) -m phi_api bench-quality --model-path "$$model_path" --reference-path "$$reference_path" $(BENCH_ARGS)
+	$(PY) -m phi_api bench quality --model-path "$$model_path" --reference-path "$$reference_path" $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(INSTRUCTOR_VENV) $(OPENWEBUI_VENV) .pytest_cache .mypy_cache .ruff_cache

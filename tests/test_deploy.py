@@ -98,3 +98,5 @@ def test_the_image_installs_every_package_pinned_runs_as_a_user_with_a_home_and_
     assert "--create-home" in dockerfile and "USER phi-api" in dockerfile
     assert "HEALTHCHECK" in dockerfile and "/health" in dockerfile
     assert 'VOLUME ["/var/cache/phi-api"]' in dockerfile
+    assert "HF_HOME=/var/cache/phi-api/" in dockerfile  # a pull at start-up lands on the volume
+    assert "pip install --quiet --no-deps -r requirements.lock" in (root / "Makefile").read_text()  # make too

@@ -22,7 +22,9 @@ PROMPT = "> "
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)")
+    port = os.environ.get("SERVER_PORT", "8000")  # the port `make serve` and `phi-api serve` listen on here
+    parser.add_argument("--url", default=f"http://127.0.0.1:{port}",
+                        help=f"the server (default http://127.0.0.1:{port}, from SERVER_PORT)")
     parser.add_argument("--model", help="the model to talk to (default: the server's first)")
     parser.add_argument("--api-key", default=os.environ.get("PHI_API_KEY", ""),
                         help="a key of the server's API_KEYS (default: $PHI_API_KEY)")

@@ -5,32 +5,17 @@ from __future__ import annotations
 
 import os
 import pty
-import select
 import subprocess
 import sys
-import time
 
 import pytest
 from openai import OpenAI
 
 from tests.integration.conftest import MODEL_ID
 from tests.support.server import Server
+from tests.support.terminal import read_until
 
 PROMPT = b"\r\n> "
-
-
-def read_until(fd: int, ending: bytes, timeout: float = 120) -> bytes:
-    """What the terminal shows until it ends with ``ending``."""
-    seen, deadline = b"", time.monotonic() + timeout
-    while not seen.endswith(ending):
-        left = deadline - time.monotonic()
-        assert left > 0, f"the terminal never showed {ending!r}; it shows {seen[-500:]!r}"
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            chunk = os.read(fd, 4096)
-            assert chunk, f"the chat ended early: {seen[-500:]!r}"
-            seen += chunk
-    return seen
 
 
 @pytest.fixture(scope="module")

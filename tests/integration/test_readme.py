@@ -1,64 +1,57 @@
-"""The README's curl examples, run as written with curl against the real server.
+"""The curl examples of the README and of docs/, run as written with curl against the real server.
 
 The examples that load, unload or delete models name a folder that exists only on the reader's machine; the
-model-management tests cover those routes. Every other example must answer as the README says.
+model-management tests cover those routes. Every other example must answer as its page says.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-README_HOST = re.compile(r"^(http://)?localhost:8000")
+from tests.support.readme import page_commands
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+EXAMPLE_HOST = re.compile(r"^(http://)?localhost:8000")
 CHANGES_MODELS = re.compile(r"/(load|unload|delete)$")
 
 
-def curl_examples() -> list[list[str]]:
-    """Each ``curl`` command of the README's ``sh`` blocks, as its argument list (comments dropped)."""
-    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
-    commands = [words[1:] for block in blocks for words in _shell_commands(block) if words[0] == "curl"]
-    return [command for command in commands if not CHANGES_MODELS.search(_url(command))]
+def _url(arguments: list[str]) -> str | None:
+    return next((word for word in arguments if EXAMPLE_HOST.match(word)), None)
 
 
-def _shell_commands(block: str) -> list[list[str]]:
-    """A block's commands: lines joined while a quote is open (a JSON body over several lines) or end in ``\\``."""
-    commands, pending = [], ""
-    for line in block.replace("\\\n", " ").splitlines(keepends=True):
-        pending += line
-        try:
-            words = shlex.split(pending, comments=True)
-        except ValueError:  # an unclosed quote: the command goes on
-            continue
-        if words:
-            commands.append(words)
-        pending = ""
-    return commands
-
-
-def _url(arguments: list[str]) -> str:
-    return next(word for word in arguments if README_HOST.match(word))
+def curl_examples() -> list[tuple[str, list[str]]]:
+    """Each ``curl`` command against the example server in the pages' ``sh`` blocks, with its page's name."""
+    found = []
+    for page in PAGES:
+        for words in page_commands(page):
+            url = _url(words[1:]) if words[0] == "curl" else None
+            if url and not CHANGES_MODELS.search(url):
+                found.append((page.name, words[1:]))
+    return found
 
 
 EXAMPLES = curl_examples()
 
 
-def test_the_readme_shows_curl_examples_of_each_protocol():
-    paths = {README_HOST.sub("", _url(command)) for command in EXAMPLES}
+def test_the_pages_show_curl_examples_of_each_protocol():
+    paths = {EXAMPLE_HOST.sub("", _url(command) or "") for _, command in EXAMPLES}
     assert {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/api/generate",
             "/metrics"} <= paths
+    assert "README.md" in {page for page, _ in EXAMPLES}
 
 
-@pytest.mark.parametrize("arguments", EXAMPLES, ids=[README_HOST.sub("", _url(command)) for command in EXAMPLES])
-def test_a_readme_curl_example_answers(server, arguments):
+@pytest.mark.parametrize("arguments", [command for _, command in EXAMPLES],
+                         ids=[f"{page}:{EXAMPLE_HOST.sub('', _url(command) or '')}" for page, command in EXAMPLES])
+def test_a_curl_example_answers(server, arguments):
     url = _url(arguments)
     command = ["curl", "--silent", "--show-error", "--fail-with-body", "--max-time", "300",
-               *[README_HOST.sub(server.url, word) if word == url else word for word in arguments]]
+               *[EXAMPLE_HOST.sub(server.url, word) if word == url else word for word in arguments]]
     done = subprocess.run(command, capture_output=True, text=True, timeout=330)
     assert done.returncode == 0, done.stderr + done.stdout
     body = done.stdout
