@@ -49,19 +49,13 @@ model: install-model
 pull: install
 	$(PY) -m phi_api pull $(MODEL)
 
-# With MODEL_PATH set, serve that folder and prepare nothing (the runtime only is installed); otherwise prepare
-# the default model (the conversion tools are installed for it) and serve it as smollm2-135m-instruct (unless
-# MODEL_ID is set). MODEL=NAME serves a model by name (an alias such as phi-3.5-mini, or REPO[/SUBFOLDER][@REVISION]
-# on the Hub), pulled first unless it is in the cache.
+# phi-api serve in this checkout's environment. With MODEL_PATH, MODEL or MODELS_FILE it serves those and prepares
+# nothing (the runtime only is installed); otherwise it prepares the default model (the conversion tools are
+# installed for it first) and serves it as smollm2-135m-instruct (unless MODEL_ID is set). MODEL=NAME serves a model
+# by name (an alias such as phi-3.5-mini, or REPO[/SUBFOLDER][@REVISION] on the Hub), pulled first unless cached.
 serve: install
-	@if [ -n "$${MODEL_PATH:-}" ] || [ -n "$(MODEL)" ]; then \
-		MODEL="$(MODEL)" exec $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app; \
-	else \
-		$(MAKE) --no-print-directory install-model; \
-		model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
-		MODEL_PATH="$$model_path" MODEL_ID="$${MODEL_ID:-smollm2-135m-instruct}" \
-			exec $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app; \
-	fi
+	@if [ -z "$${MODEL_PATH:-}$(MODEL)$${MODELS_FILE:-}" ]; then $(MAKE) --no-print-directory install-model; fi
+	MODEL="$(MODEL)" exec $(PY) -m phi_api serve
 
 # A terminal chat, answers streamed, with the server make serve runs (its SERVER_PORT; CHAT_ARGS="--help" for more).
 chat: install
