@@ -164,12 +164,22 @@ class Engine:
         thread never spends a step's time on it.
         """
         each = params if isinstance(params, list) else [params]
-        guides = [off_hub(self.model.guide, one.guidance) if one.guidance else None for one in each]
+        return self.submit_prompts([prompt], each, request_id=request_id, priority=priority, cache_key=cache_key)
+
+    def submit_prompts(self, prompts: list[np.ndarray], params: list[SamplingParams], request_id: str = "-",
+                       priority: int = 0, cache_key: str = "") -> Generation:
+        """:meth:`submit` for several prompts at once (a completion request's list): ``params`` holds each
+        prompt's choices in turn, as many for each; the choices are numbered across the prompts, in that order."""
+        per_prompt = len(params) // len(prompts)
+        assert per_prompt * len(prompts) == len(params), "as many choices for each prompt"
+        guides = [off_hub(self.model.guide, one.guidance) if one.guidance else None for one in params]
         waker = HubWaker()
-        choices = [Choice(prompt, one, timeout=self._timeout, notify=waker.notify, request_id=request_id,
-                          index=index, guide=guide, priority=priority, cache_key=cache_key)
-                   for index, (one, guide) in enumerate(zip(each, guides, strict=True))]
-        self.loop.submit(choices)
+        choices = [Choice(prompts[index // per_prompt], one, timeout=self._timeout, notify=waker.notify,
+                          request_id=request_id, index=index, guide=guide, priority=priority, cache_key=cache_key,
+                          first_of_prompt=index % per_prompt == 0)
+                   for index, (one, guide) in enumerate(zip(params, guides, strict=True))]
+        for start in range(0, len(choices), per_prompt):  # one engine request per prompt: prefilled once each
+            self.loop.submit(choices[start:start + per_prompt])
         return Generation(choices, waker)
 
     def start(self) -> None:

@@ -24,7 +24,7 @@ class SamplingParams:
     min_p: float = 0.0
     logprobs: int | None = None  # alternatives per token to report; None: no log-probabilities
     prompt_logprobs: int | None = None  # the same for every prompt token (echo); None: none
-    guidance: tuple[str, str] | None = None  # (kind, grammar): "json_schema" (llguidance)
+    guidance: tuple[str, str] | None = None  # (kind, grammar): "json_schema" or "llguidance" (a definition)
     draft_max: int | None = None  # prompt-lookup draft tokens a step may verify; None: the server's setting
     penalty_window: int | None = None  # the repetition penalty looks at the last this many tokens; None: all
 

@@ -139,21 +139,22 @@ class CompletionShape(Shape):
     """``text_completion``: text per choice, with OpenAI's completion log-probability lists."""
 
     object = "text_completion"
-    chunk_object = "text_completion.chunk"  # the specification's name (seed 000 wins over OpenAI's here)
+    chunk_object = "text_completion.chunk"  # vLLM's and the specification's name (OpenAI reuses text_completion)
     id_prefix = "cmpl"
 
     def __init__(self, run: Run, token_bytes: Callable[[int], bytes]) -> None:
         super().__init__(run, token_bytes)
         # echo with logprobs scores the prompt: its text comes with its lists once the engine has them
         self._scored = bool(run.plan.echo) and self.logprobs
-        self._offsets = [0 if self._scored else len(run.plan.echo)] * len(run.plan.params)
+        self._offsets = [0 if self._scored else len(run.plan.echo_of(index)) for index in range(len(run.plan.params))]
 
     def opening(self, index: int) -> list[dict[str, Any]]:
-        echo = self.run.plan.echo
+        echo = self.run.plan.echo_of(index)
         return [self._choice(index, echo, None, None)] if echo and not self._scored else []
 
     def chunk_prompt(self, event: Prompt) -> list[dict[str, Any]]:
-        return [self._choice(event.index, self.run.plan.echo, self._prompt_lists(event.index, event.records), None)]
+        lists = self._prompt_lists(event.index, event.records)
+        return [self._choice(event.index, self.run.plan.echo_of(event.index), lists, None)]
 
     def chunk_text(self, event: Text) -> dict[str, Any]:
         return self._choice(event.index, event.text, self._lists(event.index, event.logprobs), None)
@@ -162,12 +163,13 @@ class CompletionShape(Shape):
         return self._choice(event.index, "", None, event.reason)
 
     def whole(self, result: ChoiceResult) -> dict[str, Any]:
-        self._offsets[result.index] = 0 if self._scored else len(self.run.plan.echo)
+        echo = self.run.plan.echo_of(result.index)
+        self._offsets[result.index] = 0 if self._scored else len(echo)
         lists = self._prompt_lists(result.index, result.prompt) if self._scored else None
         generated = self._lists(result.index, result.logprobs)
         if lists is not None and generated is not None:
             lists = {name: lists[name] + generated[name] for name in lists}
-        return self._choice(result.index, self.run.plan.echo + result.text, lists or generated, result.ended.reason)
+        return self._choice(result.index, echo + result.text, lists or generated, result.ended.reason)
 
     def _prompt_lists(self, index: int, records: Any) -> dict[str, list[Any]]:
         """OpenAI's lists for the prompt's tokens: the first has no log-probability (null), as OpenAI and vLLM

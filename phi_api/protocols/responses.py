@@ -27,8 +27,9 @@ from typing import Any
 
 from phi_api.errors import APIError, InvalidParameterError, PreviousResponseNotFoundError, UnsupportedParameterError
 from phi_api.service.choices import Calls, ChoiceResult, Done, Text
+from phi_api.service.constraints import output_fields
 from phi_api.service.generation import KEEPALIVE, Run, events
-from phi_api.service.requests import ChatRequest, Sampling, given, output_fields
+from phi_api.service.requests import ChatRequest, Sampling, given
 from phi_api.service.tools import ToolCall, tool_plan
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")

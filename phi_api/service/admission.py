@@ -117,9 +117,9 @@ def _count_request(keys: Keys, caller: Caller) -> None:
 
 
 def _count_usage(keys: Keys, metrics: Metrics, key: Key, finished: Finished) -> None:
-    """A choice of ``key``'s request ended: its tokens count (the prompt once, with the first choice)."""
-    prompt = finished.prompt_tokens if finished.index == 0 else 0
-    cached = finished.cached_tokens if finished.index == 0 else 0
+    """A choice of ``key``'s request ended: its tokens count (each prompt once, with its first choice)."""
+    prompt = finished.prompt_tokens if finished.first_of_prompt else 0
+    cached = finished.cached_tokens if finished.first_of_prompt else 0
     keys.usage.record(key, prompt, cached, finished.completion_tokens)
     metrics.observe_key(key.name, prompt, cached, finished.completion_tokens, requests=int(finished.index == 0))
 

@@ -14,6 +14,7 @@ import enum
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Final
 
 import numpy as np
@@ -38,6 +39,7 @@ from phi_api.service.tools import ToolPlan
 from phi_api.settings import Settings
 
 KEEPALIVE_SECONDS = 1.0
+MAX_CHOICES = 128  # choices of one request, every prompt's n together
 DISCONNECT_POLL_SECONDS = 0.25
 
 
@@ -64,34 +66,52 @@ class Services:
 class Plan:
     """A request made concrete: its prompt's tokens, one parameter set per choice, and what shapes its answer."""
 
-    prompt: np.ndarray
-    params: list[SamplingParams]
+    prompts: list[np.ndarray]  # one, but for a completion request's list of prompts
+    params: list[SamplingParams]  # each prompt's choices in turn: choice index = prompt index x per_prompt + its own
     tools: ToolPlan | None = None
-    echo: str = ""
+    echo: tuple[str, ...] = ()  # each prompt's text, when the answer repeats it
+
+    @property
+    def per_prompt(self) -> int:
+        """Choices of each prompt (``n``)."""
+        return len(self.params) // len(self.prompts)
+
+    def echo_of(self, index: int) -> str:
+        """The prompt text choice ``index`` repeats ("" without echo)."""
+        return self.echo[index // self.per_prompt] if self.echo else ""
 
 
 def _chat_plan(engine: Engine, settings: Settings, request: ChatRequest) -> Plan:
     plan = request.tools
     prompt = prompts.chat_prompt(engine, list(request.messages), plan)
-    if plan and plan.forced:
-        guidance = plan.grammar()
-    elif request.output_schema is not None:
-        guidance = json_schema_grammar(request.output_schema, request.output_param)
-    else:
-        guidance = None
+    # A forced call is the whole answer, so its grammar wins (as with OpenAI, where response_format shapes content).
+    guidance = plan.grammar() if plan and plan.forced else _guidance(request)
     params = request.sampling.to_params(prompt_tokens=len(prompt), prompt_param=request.prompt_param,
                                         model=engine.info, settings=settings, logprobs=request.logprobs,
                                         guidance=guidance)
-    return Plan(prompt, params, tools=plan)
+    return Plan([prompt], params, tools=plan)
+
+
+def _guidance(request: GenerationRequest) -> tuple[str, str] | None:
+    """The grammar a request's answer must match, as the engine takes it; None for free text."""
+    if request.output_grammar is not None:
+        return request.output_grammar.guidance()
+    if request.output_schema is not None:
+        return json_schema_grammar(request.output_schema, request.output_param)
+    return None
 
 
 def _completion_plan(engine: Engine, settings: Settings, request: CompletionRequest) -> Plan:
-    prompt, text = prompts.completion_prompt(engine, request.prompt)
-    # With echo, logprobs covers the prompt's tokens too (the first has none), as lm-eval's loglikelihood needs.
-    params = request.sampling.to_params(prompt_tokens=len(prompt), prompt_param=request.prompt_param,
-                                        model=engine.info, settings=settings, logprobs=request.logprobs,
-                                        prompt_logprobs=request.logprobs if request.echo else None)
-    return Plan(prompt, params, echo=text if request.echo else "")
+    parts = prompts.completion_prompts(engine, request.prompt, most=MAX_CHOICES // (request.sampling.n or 1))
+    guidance, params = _guidance(request), []
+    for prompt, _ in parts:
+        # With echo, logprobs covers the prompt's tokens too (the first has none), as lm-eval's loglikelihood needs.
+        params += request.sampling.to_params(prompt_tokens=len(prompt), prompt_param=request.prompt_param,
+                                             model=engine.info, settings=settings, logprobs=request.logprobs,
+                                             prompt_logprobs=request.logprobs if request.echo else None,
+                                             guidance=guidance)
+    echo = tuple(text for _, text in parts) if request.echo else ()
+    return Plan([prompt for prompt, _ in parts], params, echo=echo)
 
 
 _PLANNERS: dict[type, Callable[[Engine, Settings, Any], Plan]] = {ChatRequest: _chat_plan,
@@ -128,13 +148,14 @@ def start(services: Services, request: GenerationRequest, request_id: str = "-",
     plan = _PLANNERS[type(request)](engine, settings, request)
     # The engine's own exceptions (CapacityError here, ChatTemplateError or GuidanceError on the way) become API
     # errors in one place: phi_api.web.foreign.FOREIGN, applied by the web layer's error handlers.
-    engine.check_capacity(len(plan.prompt), plan.params[0].max_tokens, len(plan.params))
+    for index, prompt in enumerate(plan.prompts):
+        engine.check_capacity(len(prompt), plan.params[index * plan.per_prompt].max_tokens, plan.per_prompt)
     slot = services.limiter.try_acquire()
     if slot is None:
         raise RateLimitError("Too many concurrent requests. Please try again later.")
     try:
-        generation = engine.submit(plan.prompt, plan.params, request_id=request_id,
-                                   priority=request.priority or 0, cache_key=cache_key)
+        generation = engine.submit_prompts(plan.prompts, plan.params, request_id=request_id,
+                                           priority=request.priority or 0, cache_key=cache_key)
     except BaseException:  # RetiredError (unloaded a moment ago) becomes a 404 through phi_api.web.foreign.FOREIGN
         slot.release()
         raise
@@ -191,25 +212,32 @@ def failure(finished: Finished) -> APIError:
 
 
 def usage(finished: list[Finished]) -> dict[str, Any]:
-    """OpenAI's usage object for a request's choices (the prompt counts once)."""
-    prompt = finished[0].prompt_tokens
+    """OpenAI's usage object for a request's choices (each prompt counts once)."""
+    prompt = sum(choice.prompt_tokens for choice in finished if choice.first_of_prompt)
     completion = sum(choice.completion_tokens for choice in finished)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": max(choice.cached_tokens for choice in finished)},
+        "prompt_tokens_details": {"cached_tokens": _cached(finished)},
     }
+
+
+def _cached(finished: list[Finished]) -> int:
+    """Prompt tokens reused: each prompt's best choice (its choices share its prefill), summed over the prompts."""
+    ordered = sorted(finished, key=lambda choice: choice.index)
+    firsts = [index for index, choice in enumerate(ordered) if choice.first_of_prompt] + [len(ordered)]
+    return sum(max(choice.cached_tokens for choice in ordered[start:end]) for start, end in pairwise(firsts))
 
 
 def openarc_metrics(finished: list[Finished]) -> dict[str, Any]:
     """Performance figures of a request, with OpenArc's names (seconds; tokens per second)."""
-    prompt = finished[0].prompt_tokens
+    prompt = sum(choice.prompt_tokens for choice in finished if choice.first_of_prompt)
     new = sum(choice.completion_tokens for choice in finished)
     ttft = min((choice.time_to_first_token for choice in finished if choice.time_to_first_token is not None),
                default=0.0)
     decode = max(choice.decode_seconds for choice in finished)
-    computed = prompt - max(choice.cached_tokens for choice in finished)
+    computed = prompt - _cached(finished)
     decoded = sum(max(choice.completion_tokens - 1, 0) for choice in finished)
     return {
         "ttft": round(ttft, 6),

@@ -88,12 +88,19 @@ def text_tokens(engine: Engine, text: str, param: str, *, must_fit: bool = True)
     return engine.encode(text)
 
 
+def completion_prompts(engine: Engine, prompt: Any, most: int) -> list[tuple[np.ndarray, str]]:
+    """Token ids and text of each prompt of a completion request: a string, token ids, or a list of either (at
+    most ``most`` of them; answered as one choice per prompt, times ``n``, as OpenAI does)."""
+    if not (isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))):
+        return [completion_prompt(engine, prompt)]
+    if len(prompt) > most:
+        raise InvalidParameterError(f"prompt holds {len(prompt)} prompts; at most {most} fit in one request (with "
+                                    "this n).", param="prompt")
+    return [completion_prompt(engine, one) for one in prompt]
+
+
 def completion_prompt(engine: Engine, prompt: Any) -> tuple[np.ndarray, str]:
-    """Token ids and text of a completion prompt (a string or token ids; one prompt only)."""
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) > 1:
-            raise UnsupportedParameterError("Several prompts in one request are not supported.", param="prompt")
-        prompt = prompt[0]
+    """Token ids and text of one completion prompt (a string or token ids)."""
     if isinstance(prompt, str):
         ids = text_tokens(engine, prompt, "prompt")
         text = prompt

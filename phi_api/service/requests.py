@@ -11,11 +11,10 @@ from typing import Any, ClassVar
 from phi_api.engine import ModelInfo, SamplingParams
 from phi_api.errors import (
     ContextLengthExceededError,
-    InvalidJSONSchemaError,
     InvalidParameterError,
 )
 from phi_api.service import features
-from phi_api.service.grammar import strict_violation
+from phi_api.service.constraints import Grammar, constraint_fields
 from phi_api.service.tools import ToolPlan, tool_plan
 from phi_api.settings import Settings
 
@@ -155,6 +154,7 @@ class ChatRequest:
     logprobs: int | None = None  # alternatives per token to report; None: no log-probabilities
     output_schema: dict[str, Any] | None = None  # JSON the answer must be (a JSON Schema); None: free text
     output_param: str = "response_format"  # where the schema came from, for errors that name it
+    output_grammar: Grammar | None = None  # any other grammar the answer must match (regex, choice, Lark, GBNF)
     tools: ToolPlan | None = None
     priority: int | None = None  # lower is sooner (vLLM's); None: not given
     cache_salt: str | None = None  # vLLM's: prompts are reused only among requests of the same salt (and key)
@@ -168,7 +168,7 @@ class ChatRequest:
         return cls(
             model=body["model"], messages=tuple(body["messages"]), sampling=Sampling.from_openai(body),
             stream=bool(given(body, "stream", False)), include_usage=_include_usage(body),
-            logprobs=_chat_logprobs(body), **output_fields(given(body, "response_format")),
+            logprobs=_chat_logprobs(body), **constraint_fields(body),
             tools=tool_plan(given(body, "tools", []), given(body, "tool_choice"),
                             bool(given(body, "parallel_tool_calls", True))),
             priority=given(body, "priority"), cache_salt=given(body, "cache_salt"),
@@ -186,6 +186,9 @@ class CompletionRequest:
     include_usage: bool = False
     logprobs: int | None = None
     echo: bool = False
+    output_schema: dict[str, Any] | None = None  # JSON the answer must be (a JSON Schema); None: free text
+    output_param: str = "structured_outputs"  # where the schema came from, for errors that name it
+    output_grammar: Grammar | None = None  # any other grammar the answer must match (regex, choice, Lark, GBNF)
     priority: int | None = None  # lower is sooner (vLLM's); None: not given
     cache_salt: str | None = None  # vLLM's: prompts are reused only among requests of the same salt (and key)
 
@@ -198,7 +201,7 @@ class CompletionRequest:
         return cls(model=body["model"], prompt=body["prompt"], sampling=Sampling.from_openai(body),
                    stream=bool(given(body, "stream", False)), include_usage=_include_usage(body),
                    logprobs=given(body, "logprobs"), echo=bool(given(body, "echo", False)),
-                   priority=given(body, "priority"), cache_salt=given(body, "cache_salt"))
+                   **constraint_fields(body), priority=given(body, "priority"), cache_salt=given(body, "cache_salt"))
 
 
 GenerationRequest = ChatRequest | CompletionRequest
@@ -206,24 +209,6 @@ GenerationRequest = ChatRequest | CompletionRequest
 
 def _include_usage(body: dict[str, Any]) -> bool:
     return bool(given(body, "stream_options", {}).get("include_usage"))
-
-
-def output_fields(response_format: dict[str, Any] | None) -> dict[str, Any]:
-    """OpenAI's ``response_format`` as the schema the answer must match (any JSON object for ``json_object``)."""
-    response_format = response_format or {"type": "text"}
-    kind = response_format["type"]
-    if kind == "json_object":
-        return {"output_schema": {"type": "object"}, "output_param": "response_format"}
-    if kind == "json_schema":
-        spec = response_format["json_schema"]
-        schema = spec.get("schema") or {"type": "object"}
-        if spec.get("strict"):
-            violation = strict_violation(schema)
-            if violation:
-                raise InvalidJSONSchemaError(f"Invalid schema for response_format '{spec.get('name', '')}': "
-                                             f"{violation}", param="response_format")
-        return {"output_schema": schema, "output_param": "response_format.json_schema.schema"}
-    return {}
 
 
 def _chat_logprobs(body: dict[str, Any]) -> int | None:

@@ -45,6 +45,25 @@ def test_token_id_prompts(client):
     assert body["usage"]["prompt_tokens"] == 2
 
 
+def test_a_list_of_prompts_is_answered_one_choice_per_prompt_times_n(client):
+    prompts = ["Once upon a time", "Hi"]
+    body = client.post("/v1/completions", json={**BODY, "prompt": prompts, "n": 2, "echo": True}).get_json()
+    assert [choice["index"] for choice in body["choices"]] == [0, 1, 2, 3]
+    assert [choice["text"] for choice in body["choices"]] == [prompt + "Hello, world!" for prompt in prompts
+                                                              for _ in range(2)]
+    assert body["usage"]["prompt_tokens"] == sum(map(len, prompts))  # each prompt once, not once per choice
+    assert body["usage"]["completion_tokens"] == 4 * 5
+    events = parse_sse(client.post("/v1/completions", json={**BODY, "prompt": prompts, "stream": True,
+                                                            "stream_options": {"include_usage": True}}
+                                   ).get_data(as_text=True))
+    texts: dict[int, str] = {}
+    for chunk in events[:-1]:
+        for choice in chunk["choices"]:
+            texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+    assert texts == {0: "Hello, world!", 1: "Hello, world!"}
+    assert events[-2]["usage"]["prompt_tokens"] == sum(map(len, prompts))
+
+
 def test_echo_puts_the_prompt_first(client):
     body = client.post("/v1/completions", json={**BODY, "echo": True}).get_json()
     assert body["choices"][0]["text"] == "Once upon a timeHello, world!"

@@ -197,10 +197,10 @@ def test_stream_options_without_stream(client, route):
     assert_error(client.post(route, json=body), 400, "invalid_request_error", "invalid_parameter", "stream_options")
 
 
-def test_several_prompts_are_refused(client):
-    body = {**ROUTES["/v1/completions"], "prompt": ["a", "b"]}
+def test_more_prompts_than_one_request_holds_are_refused(client):
+    body = {**ROUTES["/v1/completions"], "prompt": ["a"] * 65, "n": 2}  # 130 choices: past 128
     assert_error(client.post("/v1/completions", json=body), 400, "invalid_request_error",
-                 "unsupported_parameter", "prompt")
+                 "invalid_parameter", "prompt")
 
 
 def test_token_ids_beyond_the_vocabulary(client):

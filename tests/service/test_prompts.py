@@ -11,7 +11,14 @@ from phi_api.errors import (
     InvalidParameterError,
     UnsupportedParameterError,
 )
-from phi_api.service.prompts import MAX_RUN_CHARS, chat_messages, check_token_ids, completion_prompt, text_tokens
+from phi_api.service.prompts import (
+    MAX_RUN_CHARS,
+    chat_messages,
+    check_token_ids,
+    completion_prompt,
+    completion_prompts,
+    text_tokens,
+)
 from tests.support.fakes import fake_engine, text_pieces
 
 
@@ -45,13 +52,18 @@ def test_a_text_that_cannot_fit_or_a_run_without_spaces_is_refused_before_tokeni
     assert len(text_tokens(engine, "x" * MAX_RUN_CHARS, "prompt", must_fit=False)) == MAX_RUN_CHARS
 
 
-def test_completion_prompts_as_text_or_ids_one_at_a_time(engine):
-    ids, text = completion_prompt(engine, ["hi"])
+def test_completion_prompts_as_text_or_ids_or_a_list_of_either(engine):
+    [(ids, text)] = completion_prompts(engine, ["hi"], most=4)
     assert text == "hi" and len(ids) == 2
-    ids, _ = completion_prompt(engine, [1, 2, 3])
+    [(ids, _)] = completion_prompts(engine, [1, 2, 3], most=4)
     assert ids.tolist() == [1, 2, 3] and ids.dtype == np.int32
-    with pytest.raises(UnsupportedParameterError):
-        completion_prompt(engine, ["a", "b"])
+    several = completion_prompts(engine, ["a", [5, 6], "bc"], most=4)
+    assert [text for _, text in several][0::2] == ["a", "bc"] and several[1][0].tolist() == [5, 6]
+    with pytest.raises(InvalidParameterError, match="at most 2") as raised:
+        completion_prompts(engine, ["a", "b", "c"], most=2)
+    assert raised.value.param == "prompt"
+    with pytest.raises(InvalidParameterError, match="empty"):
+        completion_prompts(engine, ["a", ""], most=4)
     with pytest.raises(InvalidParameterError, match="empty"):
         completion_prompt(engine, "")
     with pytest.raises(InvalidParameterError, match="vocabulary"):

@@ -200,12 +200,12 @@ class RecordingEngine(Engine):
         """``options``: :class:`EngineConfig`'s fields."""
         super().__init__(model, EngineConfig(clock=model.script.clock, checked=True, **options))
 
-    def submit(self, prompt: np.ndarray, params: Any, request_id: str = "-", priority: int = 0,
-               cache_key: str = "") -> Any:
-        self.model.script.params.extend(params if isinstance(params, list) else [params])
+    def submit_prompts(self, prompts: list[np.ndarray], params: list[Any], request_id: str = "-",
+                       priority: int = 0, cache_key: str = "") -> Any:
+        self.model.script.params.extend(params)
         self.model.script.priorities.append(priority)
         self.model.script.cache_keys.append(cache_key)
-        return super().submit(prompt, params, request_id, priority, cache_key)
+        return super().submit_prompts(prompts, params, request_id, priority, cache_key)
 
 
 def text_pieces(*pieces: bytes) -> dict[int, bytes]:

@@ -30,13 +30,16 @@ class GuideFactory:
         return {token: self._tokenizer.decode_bytes([token]) for token in range(self.vocab_size)}
 
     def guide(self, kind: str, grammar: str) -> Guide:
-        """A fresh matcher for ``grammar`` of ``kind`` (``json_schema``); compiles it (can take a while:
+        """A fresh matcher for ``grammar`` of ``kind`` (``json_schema``, or ``llguidance``: a definition already
+        compiled by llguidance, from a regex, choices, or a Lark or GBNF grammar); compiles it (can take a while:
         call off the hub)."""
         from llguidance import LLMatcher
 
-        if kind != "json_schema":
+        if kind == "json_schema":
+            grammar = LLMatcher.grammar_from_json_schema(grammar)
+        elif kind != "llguidance":
             raise GuidanceError(f"unknown grammar kind {kind!r}")
-        matcher = LLMatcher(self._tokenizer, LLMatcher.grammar_from_json_schema(grammar), log_level=0)
+        matcher = LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GuidanceError(matcher.get_error())
         return Guide(matcher, self.vocab_size)

@@ -246,7 +246,8 @@ class Batch:
         running = self.rows.group(0, self.rows.running)
         choices += [row.choice for row in self.rows.occupants() if isinstance(row, Sequence) and row in running]
         for choice in choices:
-            self.publish(choice, Finished("error", len(choice.prompt), 0, None, 0.0, detail, index=choice.index))
+            self.publish(choice, Finished("error", len(choice.prompt), 0, None, 0.0, detail, index=choice.index,
+                                          first_of_prompt=choice.first_of_prompt))
         self.waiting.clear()
         self.prefilling.clear()
         self.rows.clear()

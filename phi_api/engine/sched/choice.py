@@ -59,6 +59,7 @@ class Finished:
     accepted_tokens: int = 0  # ... and kept
     draft_checks: int = 0  # steps that checked a draft
     queue_seconds: float | None = None  # from submission until its request started (None: it never did)
+    first_of_prompt: bool = True  # the first choice of its prompt: the prompt's tokens count with it
 
     @property
     def ok(self) -> bool:
@@ -81,8 +82,9 @@ class Choice:
 
     def __init__(self, prompt: np.ndarray, params: SamplingParams, *, timeout: float,
                  notify: Callable[[], None], request_id: str = "-", index: int = 0, guide: Any = None,
-                 priority: int = 0, cache_key: str = "") -> None:
+                 priority: int = 0, cache_key: str = "", first_of_prompt: bool = True) -> None:
         self.prompt = prompt
+        self.first_of_prompt = first_of_prompt  # its prompt's tokens count with it (once per prompt)
         self.cache_key = cache_key  # whose prefixes it may reuse and leave: only those of the same key
         self.priority = priority  # lower is sooner (vLLM's); batch lines come after every live request
         self.params = params

@@ -110,7 +110,7 @@ class Outputs:
             index=row.choice.index, batch_rows=row.step_rows / row.steps if row.steps else 0.0,
             stop_string=row.text.stop_string, drafted_tokens=row.drafter.drafted,
             accepted_tokens=row.drafter.accepted, draft_checks=row.drafter.checks,
-            queue_seconds=_waited(row.choice)))
+            queue_seconds=_waited(row.choice), first_of_prompt=row.choice.first_of_prompt))
 
     def end_request(self, request: Request, reason: str, error: str | None = None) -> None:
         """End every choice of a request that never reached the running rows."""
@@ -122,7 +122,8 @@ class Outputs:
         for choice in request.choices:
             self.publish(choice, Finished(reason, len(choice.prompt), 0, None, 0.0, error,
                                        cached_tokens=request.prefilled if request.sequences else 0,
-                                       index=choice.index, queue_seconds=_waited(choice)))
+                                       index=choice.index, queue_seconds=_waited(choice),
+                                       first_of_prompt=choice.first_of_prompt))
 
 
 def _waited(choice: Choice) -> float | None:

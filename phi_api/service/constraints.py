@@ -1,0 +1,132 @@
+"""What the answer must match, from any of the fields clients use to say it: OpenAI's ``response_format``, vLLM's
+``structured_outputs`` (and its older ``guided_*`` fields), llama.cpp's ``grammar`` and ``json_schema``.
+
+A JSON Schema stays a schema (the JSON path closes and compacts it, see :mod:`.grammar`); a regex, a list of
+choices or a grammar (Lark or GBNF) becomes an llguidance grammar here, checked before anything is generated, so a
+bad one gets a 400 at once and never reaches a slot. At most one of these fields may be given.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from llguidance import LLMatcher, grammar_from
+
+from phi_api.errors import InvalidJSONSchemaError, InvalidParameterError, UnsupportedParameterError
+from phi_api.service.grammar import strict_violation
+
+_MAX_REASON_CHARS = 300
+# vLLM's structured_outputs keys phi-api honours -> llguidance's format for them (json is a schema, apart)
+_STRUCTURED = {"regex": "regex", "choice": "choice", "grammar": "grammar"}
+# the older vLLM fields, and llama.cpp's
+_FIELDS = {"guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar", "grammar": "grammar"}
+_SCHEMA_FIELDS = ("guided_json", "json_schema")
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A grammar the answer must match: its llguidance definition, and the field it came from (for errors)."""
+
+    definition: str
+    param: str
+
+    def guidance(self) -> tuple[str, str]:
+        """What the engine takes: ``(kind, grammar)``."""
+        return "llguidance", self.definition
+
+
+def grammar(kind: str, text: Any, param: str) -> Grammar:
+    """``text`` of ``kind`` (``regex``, ``choice``: a list of strings, ``grammar``: Lark or GBNF) compiled and
+    checked; 400 ``invalid_parameter`` naming ``param`` when llguidance cannot compile it."""
+    if kind == "choice" and not (isinstance(text, list) and text and all(isinstance(item, str) for item in text)):
+        raise InvalidParameterError(f"{param} must be a non-empty list of strings.", param=param)
+    if kind != "choice" and not (isinstance(text, str) and text.strip()):
+        raise InvalidParameterError(f"{param} must be a non-empty string.", param=param)
+    try:
+        definition = grammar_from(kind, json.dumps(text) if kind == "choice" else text)  # type: ignore[arg-type]
+        reason = LLMatcher.validate_grammar(definition)
+    except (ValueError, TypeError) as exc:  # llguidance's words for a grammar it cannot read
+        reason = str(exc) or type(exc).__name__
+    if reason:
+        first_line = reason.strip().splitlines()[0] if reason.strip() else "invalid"
+        raise InvalidParameterError(f"{param} cannot be compiled: {first_line[:_MAX_REASON_CHARS]}", param=param)
+    return Grammar(definition, param)
+
+
+def constraint_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The answer's constraint from a chat or completion body, as request fields: ``output_schema`` and
+    ``output_param`` for a JSON Schema, ``output_grammar`` for any other grammar; {} when free text."""
+    found = _given_constraints(body)
+    if len(found) > 1:
+        raise InvalidParameterError(f"Only one of {', '.join(name for name, _ in found)} may be given: each "
+                                    "constrains the whole answer.", param=found[1][0])
+    if not found:
+        return {}
+    param, value = found[0]
+    if param == "response_format":
+        return output_fields(value)
+    if param == "structured_outputs":
+        return _structured_outputs(value)
+    if param in _SCHEMA_FIELDS:
+        return {"output_schema": _schema(value, param), "output_param": param}
+    return {"output_grammar": grammar(_FIELDS[param], value, param)}
+
+
+def _given_constraints(body: dict[str, Any]) -> list[tuple[str, Any]]:
+    names = ["structured_outputs", *_FIELDS, *_SCHEMA_FIELDS]
+    found = [(name, body[name]) for name in names if body.get(name) is not None]  # null: not given
+    response_format = body.get("response_format") or {}
+    if response_format.get("type", "text") != "text":
+        found.insert(0, ("response_format", response_format))
+    return found
+
+
+def _structured_outputs(options: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``structured_outputs``: exactly one of ``json``, ``json_object``, ``regex``, ``choice``, ``grammar``."""
+    unsupported = sorted(set(options) - {"json", "json_object", *_STRUCTURED})
+    if unsupported:
+        raise UnsupportedParameterError(f"structured_outputs.{unsupported[0]} is not supported (json, json_object, "
+                                        "regex, choice and grammar are).", param=f"structured_outputs.{unsupported[0]}")
+    chosen = [key for key, value in options.items() if value not in (None, False)]
+    if len(chosen) != 1:
+        raise InvalidParameterError("structured_outputs needs exactly one of json, json_object, regex, choice and "
+                                    "grammar.", param="structured_outputs")
+    key = chosen[0]
+    param = f"structured_outputs.{key}"
+    if key == "json":
+        return {"output_schema": _schema(options[key], param), "output_param": param}
+    if key == "json_object":
+        return {"output_schema": {"type": "object"}, "output_param": param}
+    return {"output_grammar": grammar(_STRUCTURED[key], options[key], param)}
+
+
+def _schema(value: Any, param: str) -> dict[str, Any]:
+    """A JSON Schema given as an object or as its JSON text (vLLM takes both)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InvalidParameterError(f"{param} is not JSON: give a JSON Schema.", param=param) from None
+    if not isinstance(value, dict):
+        raise InvalidParameterError(f"{param} must be a JSON Schema object.", param=param)
+    return value
+
+
+def output_fields(response_format: dict[str, Any] | None) -> dict[str, Any]:
+    """OpenAI's ``response_format`` as the schema the answer must match (any JSON object for ``json_object``)."""
+    response_format = response_format or {"type": "text"}
+    kind = response_format["type"]
+    if kind == "json_object":
+        return {"output_schema": {"type": "object"}, "output_param": "response_format"}
+    if kind == "json_schema":
+        spec = response_format["json_schema"]
+        schema = spec.get("schema") or {"type": "object"}
+        if spec.get("strict"):
+            violation = strict_violation(schema)
+            if violation:
+                raise InvalidJSONSchemaError(f"Invalid schema for response_format '{spec.get('name', '')}': "
+                                             f"{violation}", param="response_format")
+        return {"output_schema": schema, "output_param": "response_format.json_schema.schema"}
+    return {}
