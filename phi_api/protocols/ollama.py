@@ -18,7 +18,7 @@ from typing import Any
 from phi_api.errors import APIError, UnsupportedParameterError, ollama_body
 from phi_api.service.choices import Calls, ChoiceResult, Text
 from phi_api.service.generation import KEEPALIVE, Run, events
-from phi_api.service.requests import ChatRequest, CompletionRequest, Sampling, given
+from phi_api.service.requests import ChatRequest, CompletionRequest, Infill, Sampling, given
 from phi_api.service.tools import ToolCall, new_call_id
 
 log = logging.getLogger(__name__)
@@ -105,16 +105,18 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def generate_request(body: dict[str, Any]) -> ChatRequest | CompletionRequest:
-    """An Ollama generate body: a chat turn, or the raw prompt for ``raw``."""
-    for unsupported in ("suffix", "images", "template", "context"):
+    """An Ollama generate body: a chat turn, the raw prompt for ``raw``, or the code around a hole for ``suffix``
+    (fill-in-the-middle, with the model's own tokens for it)."""
+    for unsupported in ("images", "template", "context"):
         if given(body, unsupported):
             raise UnsupportedParameterError(f"'{unsupported}' is not supported.", param=unsupported)
     common = _common(body)
     prompt = given(body, "prompt", "")
-    if given(body, "raw", False):
+    infill = Infill(given(body, "suffix")) if given(body, "suffix") else None
+    if given(body, "raw", False) or infill is not None:
         if _output_schema(body) is not None:
-            raise UnsupportedParameterError("format needs a templated prompt (raw is true).", param="format")
-        return CompletionRequest(prompt=prompt, **common)
+            raise UnsupportedParameterError("format needs a templated prompt (not raw, no suffix).", param="format")
+        return CompletionRequest(prompt=prompt, infill=infill, **common)
     system = given(body, "system")
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     return ChatRequest(messages=tuple(messages), output_schema=_output_schema(body), output_param="format", **common)

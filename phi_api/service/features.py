@@ -46,7 +46,6 @@ CHAT_GATES = (
 )
 
 COMPLETION_GATES = (
-    Gate("suffix", _truthy, "suffix (insertion) is not supported"),
     Gate("best_of", _more_than_one, "best_of > 1 is not supported"),
 )
 

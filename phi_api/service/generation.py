@@ -102,7 +102,8 @@ def _guidance(request: GenerationRequest) -> tuple[str, str] | None:
 
 
 def _completion_plan(engine: Engine, settings: Settings, request: CompletionRequest) -> Plan:
-    parts = prompts.completion_prompts(engine, request.prompt, most=MAX_CHOICES // (request.sampling.n or 1))
+    parts = prompts.completion_prompts(engine, request.prompt, most=MAX_CHOICES // (request.sampling.n or 1),
+                                       infill=request.infill)
     guidance, params = _guidance(request), []
     for prompt, _ in parts:
         # With echo, logprobs covers the prompt's tokens too (the first has none), as lm-eval's loglikelihood needs.

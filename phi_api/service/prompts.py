@@ -15,6 +15,7 @@ from phi_api.errors import (
     InvalidParameterError,
     UnsupportedParameterError,
 )
+from phi_api.service.requests import Infill
 from phi_api.service.tools import ToolPlan, template_messages
 
 log = logging.getLogger(__name__)
@@ -88,15 +89,39 @@ def text_tokens(engine: Engine, text: str, param: str, *, must_fit: bool = True)
     return engine.encode(text)
 
 
-def completion_prompts(engine: Engine, prompt: Any, most: int) -> list[tuple[np.ndarray, str]]:
+def completion_prompts(engine: Engine, prompt: Any, most: int, infill: Infill | None = None
+                       ) -> list[tuple[np.ndarray, str]]:
     """Token ids and text of each prompt of a completion request: a string, token ids, or a list of either (at
-    most ``most`` of them; answered as one choice per prompt, times ``n``, as OpenAI does)."""
-    if not (isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))):
-        return [completion_prompt(engine, prompt)]
-    if len(prompt) > most:
+    most ``most`` of them; answered as one choice per prompt, times ``n``, as OpenAI does). With ``infill``, each
+    prompt is the text before a hole (:func:`infill_prompt`)."""
+    several = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
+    if several and len(prompt) > most:
         raise InvalidParameterError(f"prompt holds {len(prompt)} prompts; at most {most} fit in one request (with "
                                     "this n).", param="prompt")
-    return [completion_prompt(engine, one) for one in prompt]
+    prompts = prompt if several else [prompt]
+    if infill is None:
+        return [completion_prompt(engine, one) for one in prompts]
+    if not all(isinstance(one, str) for one in prompts):
+        raise InvalidParameterError("With suffix, the prompt is text (the code before the hole).", param="prompt")
+    return [(infill_prompt(engine, one, infill), one) for one in prompts]
+
+
+def infill_prompt(engine: Engine, prefix: str, infill: Infill) -> np.ndarray:
+    """Token ids for filling the hole between ``prefix`` and the infill's suffix with the model's fill-in-the-middle
+    tokens, laid out as llama.cpp's server does: extra context, then prefix-suffix-middle as the families that
+    have them train on, then the tail; 400 for a model without them."""
+    tokens = engine.info.fim_tokens
+    if tokens is None:
+        raise UnsupportedParameterError("suffix (fill-in-the-middle) needs a model whose tokenizer has "
+                                        "fill-in-the-middle tokens, and this one has none.", param="suffix")
+    fim_prefix, fim_suffix, fim_middle = tokens
+
+    def text(piece: str, param: str) -> list[int]:
+        return text_tokens(engine, piece, param).tolist() if piece else []
+
+    ids = [*text(infill.extra, "input_extra"), fim_prefix, *text(prefix, "prompt"), fim_suffix,
+           *text(infill.suffix, "suffix"), fim_middle, *text(infill.tail, "prompt")]
+    return np.array(ids, dtype=np.int32)
 
 
 def completion_prompt(engine: Engine, prompt: Any) -> tuple[np.ndarray, str]:

@@ -186,6 +186,7 @@ class CompletionRequest:
     include_usage: bool = False
     logprobs: int | None = None
     echo: bool = False
+    infill: Infill | None = None  # fill-in-the-middle: the prompt is the text before the hole; None: plain
     output_schema: dict[str, Any] | None = None  # JSON the answer must be (a JSON Schema); None: free text
     output_param: str = "structured_outputs"  # where the schema came from, for errors that name it
     output_grammar: Grammar | None = None  # any other grammar the answer must match (regex, choice, Lark, GBNF)
@@ -201,10 +202,30 @@ class CompletionRequest:
         return cls(model=body["model"], prompt=body["prompt"], sampling=Sampling.from_openai(body),
                    stream=bool(given(body, "stream", False)), include_usage=_include_usage(body),
                    logprobs=given(body, "logprobs"), echo=bool(given(body, "echo", False)),
-                   **constraint_fields(body), priority=given(body, "priority"), cache_salt=given(body, "cache_salt"))
+                   infill=_infill(body), **constraint_fields(body), priority=given(body, "priority"),
+                   cache_salt=given(body, "cache_salt"))
 
 
 GenerationRequest = ChatRequest | CompletionRequest
+
+
+@dataclass(frozen=True)
+class Infill:
+    """What surrounds the hole a completion fills, besides the text before it (the prompt)."""
+
+    suffix: str  # the text after the hole
+    extra: str = ""  # context before everything (llama.cpp's input_extra: other files' text)
+    tail: str = ""  # text the answer starts with, after the middle token (llama.cpp's prompt)
+
+
+def _infill(body: dict[str, Any]) -> Infill | None:
+    """OpenAI's ``suffix``: the text after the hole; an empty one is a plain completion (the hole is at the end)."""
+    suffix = given(body, "suffix")
+    if not suffix:
+        return None
+    if given(body, "echo", False):
+        raise InvalidParameterError("echo cannot be combined with suffix.", param="echo")
+    return Infill(suffix)
 
 
 def _include_usage(body: dict[str, Any]) -> bool:

@@ -168,8 +168,9 @@ def _compact(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
-def sse_response(events: Iterable[Any], on_close: Iterable[Callable[[], None]] = ()) -> Response:
-    """A ``text/event-stream`` response of ``events`` (dicts, or ``KEEPALIVE``), ended by ``data: [DONE]``.
+def sse_response(events: Iterable[Any], on_close: Iterable[Callable[[], None]] = (), done: bool = True) -> Response:
+    """A ``text/event-stream`` response of ``events`` (dicts, or ``KEEPALIVE``), ended by ``data: [DONE]`` (unless
+    not ``done``: llama.cpp's own streams end with their last object).
 
     ``on_close`` callbacks run when the server closes the response, whether
     the stream finished, failed, or the client went away.
@@ -178,7 +179,8 @@ def sse_response(events: Iterable[Any], on_close: Iterable[Callable[[], None]] =
     def body() -> Iterator[str]:
         for event in events:
             yield ": keepalive\n\n" if event is KEEPALIVE else "data: " + _compact(event) + "\n\n"
-        yield "data: [DONE]\n\n"
+        if done:
+            yield "data: [DONE]\n\n"
 
     return streaming_response(body(), "text/event-stream", get_settings().STREAM_WRITE_TIMEOUT, on_close)
 

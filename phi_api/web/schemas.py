@@ -55,6 +55,7 @@ REQUEST_SCHEMAS = {
     "messages_count_tokens": "messages_count_tokens.json",
     "batch_create": "batch_create.json",
     "ollama_pull": "ollama_pull.json",
+    "infill": "infill.json",
 }
 
 _JSON_TYPES = {

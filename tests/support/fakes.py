@@ -41,6 +41,7 @@ class Script:
     logits_seen: list[np.ndarray] = field(default_factory=list)  # each row's logits, as the sampler left them
     params: list[Any] = field(default_factory=list)  # the SamplingParams of every submitted choice
     priorities: list[int] = field(default_factory=list)  # the priority of every submitted request
+    prompts: list[list[int]] = field(default_factory=list)  # the token ids of every submitted prompt
     cache_keys: list[str] = field(default_factory=list)  # the cache key of every submitted request
     grammars: list[tuple[str, str]] = field(default_factory=list)
     threads: set[int] = field(default_factory=set)  # the OS threads that ran steps
@@ -148,13 +149,15 @@ class FakeModel:
     """Text is encoded one token per character (``ord % VOCAB``); tokens decode through ``pieces``."""
 
     def __init__(self, script: Script, pieces: dict[int, bytes], *, context_length: int = 512,
-                 has_chat_template: bool = True, rope_switch: int | None = None) -> None:
+                 has_chat_template: bool = True, rope_switch: int | None = None,
+                 fim_tokens: tuple[int, int, int] | None = None) -> None:
         self.script = script
         self.pieces = pieces
         self.rope_switch = rope_switch  # LongRoPE's original length, as the graph would say
         self.info = ModelInfo(
             path="/fake", model_type="fake", context_length=context_length, vocab_size=VOCAB,
             eos_token_ids=frozenset({EOS}), has_chat_template=has_chat_template, fingerprint="fp_fake",
+            fim_tokens=fim_tokens,
         )
         self.spec = FakeDecoder(script, rope_switch).spec
         self.identity = "fake model"
@@ -203,6 +206,7 @@ class RecordingEngine(Engine):
     def submit_prompts(self, prompts: list[np.ndarray], params: list[Any], request_id: str = "-",
                        priority: int = 0, cache_key: str = "") -> Any:
         self.model.script.params.extend(params)
+        self.model.script.prompts.extend(prompt.tolist() for prompt in prompts)
         self.model.script.priorities.append(priority)
         self.model.script.cache_keys.append(cache_key)
         return super().submit_prompts(prompts, params, request_id, priority, cache_key)

@@ -18,6 +18,12 @@ from phi_api.errors import FolderError
 
 CONFIG_FILE = "genai_config.json"
 REQUIRED_FILES = (CONFIG_FILE, "tokenizer.json")
+# Fill-in-the-middle tokens, prefix, suffix, middle, by family (prompts are laid out prefix-suffix-middle)
+FIM_FAMILIES = (
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder, Qwen3-Coder
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder2, Granite code
+    ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),  # DeepSeek-Coder
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,20 @@ class ModelFolder:
         """The files a model needs (its configuration, tokenizer and graph, and ``extra``) that are not there."""
         names = (*REQUIRED_FILES, self.decoder_file, *extra)
         return [name for name in dict.fromkeys(names) if not (self.root / name).is_file()]
+
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """The ids of the tokenizer's fill-in-the-middle tokens (prefix, suffix, middle), of the first family it
+        has whole (:data:`FIM_FAMILIES`); None without."""
+        try:
+            tokenizer = json.loads((self.root / "tokenizer.json").read_text(encoding="utf-8"))
+            added = {token["content"]: int(token["id"]) for token in tokenizer.get("added_tokens", [])}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        for family in FIM_FAMILIES:
+            if all(name in added for name in family):
+                prefix, suffix, middle = (added[name] for name in family)
+                return prefix, suffix, middle
+        return None
 
     def chat_template(self) -> str:
         """The folder's own chat template text ("" when it has none)."""

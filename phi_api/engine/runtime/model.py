@@ -50,6 +50,7 @@ class ModelInfo:
     modified_at: float = 0.0
     decoder_file: str = "model.onnx"
     rope_switch: int | None = None  # LongRoPE: sequences longer than this use the long rotary factors
+    fim_tokens: tuple[int, int, int] | None = None  # fill-in-the-middle: prefix, suffix, middle (None: none)
 
     @classmethod
     def read(cls, folder: str) -> ModelInfo:
@@ -73,6 +74,7 @@ class ModelInfo:
             fingerprint=_fingerprint(root, read.config),
             decoder_file=decoder_file,
             rope_switch=_rope_switch(root / decoder_file),
+            fim_tokens=read.fim_tokens(),
         )
 
 

@@ -1,0 +1,30 @@
+"""What a model folder says of itself beyond genai_config.json: its fill-in-the-middle tokens, by family."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from phi_api.engine.runtime.folder import FIM_FAMILIES, ModelFolder
+
+
+def folder_with(tmp_path, added: list[str]):
+    (tmp_path / "genai_config.json").write_text(json.dumps({"model": {"type": "qwen2"}}))
+    tokens = [{"id": 1000 + index, "content": name, "special": True} for index, name in enumerate(added)]
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": tokens}), encoding="utf-8")
+    return ModelFolder.read(tmp_path)
+
+
+@pytest.mark.parametrize("family", FIM_FAMILIES)
+def test_each_family_s_fill_in_the_middle_tokens_are_found_in_prefix_suffix_middle_order(tmp_path, family):
+    shuffled = ["<|im_start|>", family[2], family[0], "<|im_end|>", family[1]]
+    ids = {name: 1000 + index for index, name in enumerate(shuffled)}
+    assert folder_with(tmp_path, shuffled).fim_tokens() == (ids[family[0]], ids[family[1]], ids[family[2]])
+
+
+def test_a_tokenizer_without_a_whole_family_has_none(tmp_path):
+    assert folder_with(tmp_path, ["<|fim_prefix|>", "<|fim_suffix|>", "<fim_middle>"]).fim_tokens() is None
+    assert folder_with(tmp_path, []).fim_tokens() is None
+    (tmp_path / "tokenizer.json").write_text("not json")
+    assert ModelFolder.read(tmp_path).fim_tokens() is None
