@@ -13,7 +13,8 @@ Refused with 400: images and documents, server tools (web search, code
 execution, ...), MCP servers, containers. Accepted and left without effect, as
 vLLM and llama.cpp's server do: ``cache_control`` (every prompt is reused
 automatically; ``usage.cache_read_input_tokens`` says how much), ``thinking``
-(these models do not think aloud), ``output_config.effort``, ``citations``,
+(a reasoning model thinks as its template makes it; its thinking comes as a
+``thinking`` block), ``output_config.effort``, ``citations``,
 ``service_tier`` and ``metadata``. ``output_config.format`` (structured
 output) holds the answer to its JSON Schema through the grammar.
 """
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phi_api.errors import APIError, UnsupportedParameterError, anthropic_body
-from phi_api.service.choices import Calls, ChoiceResult, Done, Text
+from phi_api.service.choices import Calls, ChoiceResult, Done, Text, Thinking
 from phi_api.service.generation import KEEPALIVE, Run, events
 from phi_api.service.requests import ChatRequest, Sampling, given
 from phi_api.service.tools import ToolCall, tool_plan
@@ -155,7 +156,9 @@ class MessageRenderer:
 
     def whole(self, result: ChoiceResult) -> dict[str, Any]:
         """The finished message of a collected run."""
-        content = [{"type": "text", "text": result.text}] if result.text and not result.calls else []
+        # a reasoning model's thinking first, as a thinking block (no signature: nothing here checks one)
+        content = [{"type": "thinking", "thinking": result.reasoning, "signature": ""}] if result.reasoning else []
+        content += [{"type": "text", "text": result.text}] if result.text and not result.calls else []
         content += [_tool_use(call) for call in result.calls]
         return self.message(content, result.ended)
 
@@ -164,29 +167,22 @@ class MessageRenderer:
         ends it with an ``error`` event."""
         yield "message_start", {"type": "message_start", "message": self.message([], None)}
         yield "ping", {"type": "ping"}
-        block: int | None = None  # the open text block's index
-        blocks = 0
+        blocks = _Blocks()
         try:
             for event in events(self.run):
                 if event is KEEPALIVE:
                     yield "ping", {"type": "ping"}
+                elif isinstance(event, Thinking):
+                    yield from blocks.add("thinking", event.text)
                 elif isinstance(event, Text) and event.text:
-                    if block is None:
-                        block, blocks = blocks, blocks + 1
-                        yield "content_block_start", {"type": "content_block_start", "index": block,
-                                                      "content_block": {"type": "text", "text": ""}}
-                    yield "content_block_delta", {"type": "content_block_delta", "index": block,
-                                                  "delta": {"type": "text_delta", "text": event.text}}
+                    yield from blocks.add("text", event.text)
                 elif isinstance(event, Calls):
-                    if block is not None:
-                        yield "content_block_stop", {"type": "content_block_stop", "index": block}
-                        block = None
+                    yield from blocks.close()
                     for call in event.calls:
-                        yield from _tool_use_events(blocks, call)
-                        blocks += 1
+                        yield from _tool_use_events(blocks.count, call)
+                        blocks.count += 1
                 elif isinstance(event, Done):
-                    if block is not None:
-                        yield "content_block_stop", {"type": "content_block_stop", "index": block}
+                    yield from blocks.close()
                     yield "message_delta", {"type": "message_delta",
                                             "delta": {"stop_reason": _stop_reason(event),
                                                       "stop_sequence": _stop_sequence(event)},
@@ -194,6 +190,32 @@ class MessageRenderer:
                     yield "message_stop", {"type": "message_stop"}
         except APIError as error:
             yield "error", anthropic_body(error)
+
+
+class _Blocks:
+    """The content blocks of a streamed message: the open one (thinking or text) and how many there are."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._open: tuple[int, str] | None = None  # the open block's index and type
+
+    def add(self, kind: str, text: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``text`` of a block of ``kind``: the open block goes on, or another one starts."""
+        if self._open is None or self._open[1] != kind:
+            yield from self.close()
+            self._open, self.count = (self.count, kind), self.count + 1
+            start = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else \
+                {"type": "text", "text": ""}
+            yield "content_block_start", {"type": "content_block_start", "index": self._open[0],
+                                          "content_block": start}
+        yield "content_block_delta", {"type": "content_block_delta", "index": self._open[0],
+                                      "delta": {"type": f"{kind}_delta", kind: text}}
+
+    def close(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The open block's end, if one is open."""
+        if self._open is not None:
+            yield "content_block_stop", {"type": "content_block_stop", "index": self._open[0]}
+            self._open = None
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from phi_api.errors import APIError, UnsupportedParameterError, ollama_body
-from phi_api.service.choices import Calls, ChoiceResult, Text
+from phi_api.service.choices import ChoiceResult, Done, Text, Thinking
 from phi_api.service.generation import KEEPALIVE, Run, events
 from phi_api.service.requests import ChatRequest, CompletionRequest, Infill, Sampling, given
 from phi_api.service.tools import ToolCall, new_call_id
@@ -98,10 +98,17 @@ def _output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _common(body: dict[str, Any]) -> dict[str, Any]:
-    if given(body, "think", False):
-        raise UnsupportedParameterError("thinking is not supported by this model.", param="think")
     return {"model": model_id(body["model"]), "sampling": _sampling(body), "stream": bool(given(body, "stream", True)),
             "cache_salt": given(body, "cache_salt")}
+
+
+def _thinking(body: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's ``think`` (true, false, or an effort: ``low``, ``medium``, ``high``) as a chat's reasoning effort."""
+    think = given(body, "think")
+    if think is None:
+        return {}
+    effort = think if isinstance(think, str) else ("medium" if think else "none")
+    return {"reasoning_effort": effort, "reasoning_param": "think"}
 
 
 def generate_request(body: dict[str, Any]) -> ChatRequest | CompletionRequest:
@@ -119,7 +126,8 @@ def generate_request(body: dict[str, Any]) -> ChatRequest | CompletionRequest:
         return CompletionRequest(prompt=prompt, infill=infill, **common)
     system = given(body, "system")
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return ChatRequest(messages=tuple(messages), output_schema=_output_schema(body), output_param="format", **common)
+    return ChatRequest(messages=tuple(messages), output_schema=_output_schema(body), output_param="format",
+                       **_thinking(body), **common)
 
 
 def chat_request(body: dict[str, Any]) -> ChatRequest:
@@ -140,7 +148,7 @@ def chat_request(body: dict[str, Any]) -> ChatRequest:
                 for call in message["tool_calls"]]
         messages.append(converted)
     return ChatRequest(messages=tuple(messages), output_schema=_output_schema(body), output_param="format",
-                       tools=tool_plan(given(body, "tools", [])), **_common(body))
+                       tools=tool_plan(given(body, "tools", [])), **_thinking(body), **_common(body))
 
 
 class Reply:
@@ -151,19 +159,19 @@ class Reply:
         self._chat = chat  # /api/chat answers with messages; generate with responses, templated or not
         self._started = started
 
-    def part(self, text: str) -> dict[str, Any]:
-        """A streamed fragment."""
+    def part(self, text: str, thinking: str = "") -> dict[str, Any]:
+        """A streamed fragment (of the answer, or of a reasoning model's ``thinking``)."""
         body: dict[str, Any] = {"model": self._run.request.model, "created_at": created_at()}
         if self._chat:
-            body["message"] = {"role": "assistant", "content": text}
+            body["message"] = {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {})}
         else:
-            body["response"] = text
+            body.update({"response": text, **({"thinking": thinking} if thinking else {})})
         body["done"] = False
         return body
 
-    def final(self, result: ChoiceResult, text: str) -> dict[str, Any]:
+    def final(self, result: ChoiceResult, text: str, thinking: str = "") -> dict[str, Any]:
         """The last object: the text it still carries, the tool calls, the reason, the counts and the durations."""
-        body = self.part(text)
+        body = self.part(text, thinking)
         if result.calls and self._chat:
             body["message"]["tool_calls"] = [_call(call) for call in result.calls]
         finished = result.ended.finished
@@ -182,7 +190,7 @@ class Reply:
 
     def whole(self, result: ChoiceResult) -> dict[str, Any]:
         """The one object of a non-streaming answer."""
-        return self.final(result, result.text if not result.calls else "")
+        return self.final(result, result.text if not result.calls else "", result.reasoning)
 
     def lines(self) -> Iterator[dict[str, Any]]:
         """The objects of a stream: fragments, then the last one; a failure ends it with Ollama's error."""
@@ -194,11 +202,13 @@ class Reply:
                 elif isinstance(event, Text):
                     if event.text:
                         yield self.part(event.text)
-                elif isinstance(event, Calls):
-                    result.take(event)
-                else:
+                elif isinstance(event, Thinking):
+                    yield self.part("", event.text)
+                elif isinstance(event, Done):
                     result.take(event)
                     yield self.final(result, "")
+                else:
+                    result.take(event)
         except APIError as error:
             yield ollama_body(error)
 

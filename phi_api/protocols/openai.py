@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phi_api.errors import APIError, openai_body
-from phi_api.service.choices import Calls, ChoiceResult, Done, Prompt, Text
+from phi_api.service.choices import Calls, ChoiceResult, Done, Prompt, Text, Thinking
 from phi_api.service.generation import KEEPALIVE, Run, events, openarc_metrics, usage
 
 
@@ -66,6 +66,10 @@ class Shape:
         """Chunk choices announcing tool calls (only chats make them)."""
         return []
 
+    def chunk_thinking(self, event: Thinking) -> list[dict[str, Any]]:
+        """Chunk choices carrying a reasoning model's thinking (only chats tell it apart)."""
+        return []
+
     def chunk_prompt(self, event: Prompt) -> list[dict[str, Any]]:
         """Chunk choices carrying the scored prompt (only echoing completions score it)."""
         return []
@@ -102,6 +106,10 @@ class ChatShape(Shape):
                                                                     "function": {"arguments": call.arguments}}]}))
         return chunks
 
+    def chunk_thinking(self, event: Thinking) -> list[dict[str, Any]]:
+        # vLLM's names: reasoning_content, and the newer reasoning
+        return [self._chunk(event.index, {"reasoning_content": event.text, "reasoning": event.text})]
+
     def chunk_done(self, event: Done) -> dict[str, Any]:
         return self._chunk(event.index, {}, finish_reason=event.reason)
 
@@ -109,6 +117,8 @@ class ChatShape(Shape):
         # OpenAI's schema requires "refusal" (null: this server never refuses in a separate field).
         message: dict[str, Any] = {"role": "assistant", "content": None if result.calls else result.text,
                                    "refusal": None}
+        if self.run.plan.reasoning is not None:  # a reasoning model's thinking, apart from its answer
+            message["reasoning_content"] = message["reasoning"] = result.reasoning or None
         if result.calls:
             message["tool_calls"] = [call.to_openai() for call in result.calls]
         return {"index": result.index, "message": message, "logprobs": self._content(result.logprobs),
@@ -237,6 +247,9 @@ class Answer:
                     yield chunk(shape.chunk_text(event))
                 elif isinstance(event, Calls):
                     for choice in shape.chunk_calls(event):
+                        yield chunk(choice)
+                elif isinstance(event, Thinking):
+                    for choice in shape.chunk_thinking(event):
                         yield chunk(choice)
                 elif isinstance(event, Prompt):
                     for choice in shape.chunk_prompt(event):

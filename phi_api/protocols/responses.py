@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phi_api.errors import APIError, InvalidParameterError, PreviousResponseNotFoundError, UnsupportedParameterError
-from phi_api.service.choices import Calls, ChoiceResult, Done, Text
+from phi_api.service.choices import Calls, ChoiceResult, Done, Text, Thinking
 from phi_api.service.constraints import output_fields
 from phi_api.service.generation import KEEPALIVE, Run, events
 from phi_api.service.requests import ChatRequest, Sampling, given
@@ -78,7 +78,7 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
             messages.append({"role": "tool", "tool_call_id": item["call_id"],
                              "content": output if isinstance(output, str) else _text(output, where)})
         elif kind == "reasoning":
-            continue  # a reasoning model's own notes; these models write none and read none
+            continue  # a reasoning model's earlier thinking: its template leaves it out of the conversation
         else:
             raise UnsupportedParameterError(f"{where}: items of type '{kind}' are not supported.", param="input")
     return messages
@@ -225,8 +225,9 @@ class ResponseRenderer:
     def whole(self, result: ChoiceResult) -> dict[str, Any]:
         """The finished response object of a collected run."""
         status = _status(result.ended)
-        output = ([_call_item(new_id("fc"), call, status) for call in result.calls] if result.calls else
-                  [_message_item(new_id("msg"), result.text, status)])
+        output = [_reasoning_item(new_id("rs"), result.reasoning)] if result.reasoning else []
+        output += ([_call_item(new_id("fc"), call, status) for call in result.calls] if result.calls else
+                   [_message_item(new_id("msg"), result.text, status)])
         return self.response(status, output, result.ended)
 
     # The stream ------------------------------------------------------------------------------------------
@@ -238,12 +239,26 @@ class ResponseRenderer:
         yield self._event("response.in_progress", response=self.response("in_progress", []))
         output: list[dict[str, Any]] = []
         message: dict[str, Any] | None = None
+        thinking: dict[str, Any] | None = None  # the reasoning item, while the model thinks
         calls: tuple[ToolCall, ...] = ()  # told at the end: only then is it known whether they were cut short
         try:
             for event in events(self.run):
                 if event is KEEPALIVE:
                     yield KEEPALIVE
-                elif isinstance(event, Text) and event.text:
+                elif isinstance(event, Thinking):
+                    if thinking is None:
+                        thinking = _reasoning_item(new_id("rs"), "")
+                        yield self._event("response.output_item.added", output_index=len(output),
+                                          item={**thinking, "content": []})
+                    thinking["content"][0]["text"] += event.text
+                    yield self._event("response.reasoning_text.delta", item_id=thinking["id"],
+                                      output_index=len(output), content_index=0, delta=event.text)
+                    continue
+                if thinking is not None:  # the thinking is over: its item is done
+                    yield from self._close_reasoning(len(output), thinking)
+                    output.append(thinking)
+                    thinking = None
+                if isinstance(event, Text) and event.text:
                     if message is None:
                         message = _message_item(new_id("msg"), "", "in_progress")
                         yield from self._open_message(len(output), message)
@@ -280,6 +295,11 @@ class ResponseRenderer:
         yield self._event("response.content_part.added", item_id=message["id"], output_index=index, content_index=0,
                           part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
 
+    def _close_reasoning(self, index: int, item: dict[str, Any]) -> Iterator[Any]:
+        yield self._event("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
+                          text=item["content"][0]["text"])
+        yield self._event("response.output_item.done", output_index=index, item=item)
+
     def _close_message(self, index: int, message: dict[str, Any]) -> Iterator[Any]:
         part = message["content"][0]
         yield self._event("response.output_text.done", item_id=message["id"], output_index=index, content_index=0,
@@ -310,6 +330,11 @@ def _status(done: Done | None) -> str:
 def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def _reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    """A reasoning model's thinking, as the Responses API gives it (its text, no summary)."""
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
 
 
 def _call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:

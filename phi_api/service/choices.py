@@ -6,8 +6,9 @@ can be told now: :class:`Text` (with each token's log-probability record),
 :class:`Calls`, and :class:`Done` last. Text that may still become a call is
 held back (``tool_choice`` ``auto``: until it cannot start one; forced
 calls: to the end). A forced call cut by ``max_tokens`` is told as far as it
-got, ending with ``length``, as OpenAI does. The renderers (:mod:`openai`,
-:mod:`ollama`) shape these for their protocols.
+got, ending with ``length``, as OpenAI does. A reasoning model's thinking is told apart, as
+:class:`Thinking` (:mod:`.reasoning`); only the answer after it may be a call. The renderers (:mod:`openai`,
+:mod:`ollama`, ...) shape these for their protocols.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phi_api.engine import Finished, TextDelta
+from phi_api.service.reasoning import Reasoning, ReasoningSplitter
 from phi_api.service.tools import ToolCall, ToolPlan, could_be_call
 
 
@@ -26,6 +28,15 @@ class Text:
     index: int
     text: str
     logprobs: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """Thinking of choice ``index``: a reasoning model's text before its answer (its tokens' log-probabilities are
+    not reported)."""
+
+    index: int
+    text: str
 
 
 @dataclass(frozen=True)
@@ -56,7 +67,7 @@ class Done:
     finished: Finished
 
 
-Event = Text | Calls | Prompt | Done
+Event = Text | Thinking | Calls | Prompt | Done
 
 
 @dataclass
@@ -65,6 +76,7 @@ class ChoiceResult:
 
     index: int
     text: str = ""
+    reasoning: str = ""
     logprobs: list[tuple[str, Any]] = field(default_factory=list)
     calls: tuple[ToolCall, ...] = ()
     prompt: tuple[tuple[int, Any], ...] = ()
@@ -80,6 +92,8 @@ class ChoiceResult:
         """Add what ``event`` tells."""
         if isinstance(event, Prompt):
             self.prompt = event.records
+        elif isinstance(event, Thinking):
+            self.reasoning += event.text
         elif isinstance(event, Text):
             self.text += event.text
             self.logprobs += event.logprobs
@@ -93,17 +107,33 @@ class ChoiceResult:
 class ChoiceAssembler:
     """Turns one choice's engine events into the events a client is told (see the module's docstring)."""
 
-    def __init__(self, index: int, plan: ToolPlan | None) -> None:
+    def __init__(self, index: int, plan: ToolPlan | None, reasoning: Reasoning | None = None) -> None:
         self.index = index
         self._plan = plan
         self._mode = "text" if plan is None else ("forced" if plan.forced else "undecided")
         self._parts: list[str] = []
         self._held: list[Text] = []
+        self._thinking = ReasoningSplitter(reasoning) if reasoning is not None else None
 
     def add(self, delta: TextDelta) -> list[Event]:
         """Take new text; what can be told now."""
-        text = Text(self.index, delta.text, delta.logprobs)
-        self._parts.append(delta.text)
+        if self._thinking is None:
+            return self._answer(Text(self.index, delta.text, delta.logprobs))
+        return self._split(self._thinking.feed(delta.text), delta.logprobs)
+
+    def _split(self, pieces: list[tuple[bool, str]], logprobs: tuple[tuple[str, Any], ...] = ()) -> list[Event]:
+        """Thinking told as it is; the answer's pieces (carrying the delta's log-probabilities) as any answer."""
+        events: list[Event] = []
+        for thinking, text in pieces:
+            if thinking:
+                events.append(Thinking(self.index, text))
+            else:
+                events += self._answer(Text(self.index, text, logprobs))
+                logprobs = ()
+        return events
+
+    def _answer(self, text: Text) -> list[Event]:
+        self._parts.append(text.text)
         if self._mode == "text":
             return [text]
         self._held.append(text)
@@ -113,7 +143,11 @@ class ChoiceAssembler:
         return []
 
     def close(self, finished: Finished) -> list[Event]:
-        """The end of the choice: held text or tool calls, then :class:`Done`."""
+        """The end of the choice: held thinking and text, or tool calls, then :class:`Done`."""
+        told = self._split(self._thinking.flush()) if self._thinking is not None else []
+        return told + self._end(finished)
+
+    def _end(self, finished: Finished) -> list[Event]:
         calls, reason = self._calls(finished)
         if calls:
             records = tuple(record for text in self._held for record in text.logprobs)

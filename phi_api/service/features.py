@@ -39,7 +39,6 @@ CHAT_GATES = (
     Gate("audio", _present, "audio output is not supported: this is a text model"),
     Gate("modalities", lambda value: bool(value) and "audio" in value, "only the text modality is supported"),
     Gate("prediction", _present, "predicted outputs are not supported"),
-    Gate("reasoning_effort", _present, "reasoning_effort applies to reasoning models only"),
     Gate("web_search_options", _present, "web search is not supported"),
     Gate("store", lambda value: value is True, "storing completions is not supported"),
     Gate("service_tier", lambda value: value not in (None, "auto", "default"), "only the default service tier exists"),

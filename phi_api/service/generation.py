@@ -28,12 +28,14 @@ from phi_api.errors import (
     InternalError,
     RateLimitError,
     ServiceUnavailableError,
+    UnsupportedParameterError,
 )
 from phi_api.limits.slots import Limiter
 from phi_api.models.registry import Models
 from phi_api.service import prompts
 from phi_api.service.choices import ChoiceAssembler, ChoiceResult, Event, Prompt
 from phi_api.service.grammar import json_schema_grammar
+from phi_api.service.reasoning import Reasoning
 from phi_api.service.requests import ChatRequest, CompletionRequest, GenerationRequest
 from phi_api.service.tools import ToolPlan
 from phi_api.settings import Settings
@@ -70,6 +72,7 @@ class Plan:
     params: list[SamplingParams]  # each prompt's choices in turn: choice index = prompt index x per_prompt + its own
     tools: ToolPlan | None = None
     echo: tuple[str, ...] = ()  # each prompt's text, when the answer repeats it
+    reasoning: Reasoning | None = None  # how a reasoning model's thinking is told apart from its answer
 
     @property
     def per_prompt(self) -> int:
@@ -89,7 +92,23 @@ def _chat_plan(engine: Engine, settings: Settings, request: ChatRequest) -> Plan
     params = request.sampling.to_params(prompt_tokens=len(prompt), prompt_param=request.prompt_param,
                                         model=engine.info, settings=settings, logprobs=request.logprobs,
                                         guidance=guidance)
-    return Plan([prompt], params, tools=plan)
+    return Plan([prompt], params, tools=plan, reasoning=_reasoning(engine, request, prompt))
+
+
+def _reasoning(engine: Engine, request: ChatRequest, prompt: np.ndarray) -> Reasoning | None:
+    """How the answer's thinking is found, for a reasoning model (one whose tokenizer has thinking markers); 400
+    for a request about thinking that the model cannot honour."""
+    markers, effort = engine.info.think_markers, request.reasoning_effort
+    if markers is None:
+        if effort not in (None, "none"):
+            raise UnsupportedParameterError(f"{request.reasoning_param} applies to reasoning models only, and this "
+                                            "model does not reason.", param=request.reasoning_param)
+        return None
+    if effort == "none":
+        raise UnsupportedParameterError(f"This model's thinking cannot be turned off ({request.reasoning_param}).",
+                                        param=request.reasoning_param)
+    opened = engine.decode(prompt[-8:]).rstrip().endswith(markers[0])  # the template opened the thinking itself
+    return Reasoning(markers[0], markers[1], inside=opened)
 
 
 def _guidance(request: GenerationRequest) -> tuple[str, str] | None:
@@ -166,7 +185,7 @@ def start(services: Services, request: GenerationRequest, request_id: str = "-",
 def events(run: Run, keepalive: float | None = KEEPALIVE_SECONDS) -> Iterator[Event | Keepalive]:
     """What the run's choices tell, as it happens, with :data:`KEEPALIVE` after ``keepalive`` seconds of
     silence. A choice that ends without an answer raises its error (see :func:`failure`)."""
-    assemblers = [ChoiceAssembler(index, run.plan.tools) for index in range(len(run.plan.params))]
+    assemblers = [ChoiceAssembler(index, run.plan.tools, run.plan.reasoning) for index in range(len(run.plan.params))]
     for event in run.generation.events(idle_timeout=keepalive):
         if event is None:
             yield KEEPALIVE

@@ -158,6 +158,8 @@ class ChatRequest:
     tools: ToolPlan | None = None
     priority: int | None = None  # lower is sooner (vLLM's); None: not given
     cache_salt: str | None = None  # vLLM's: prompts are reused only among requests of the same salt (and key)
+    reasoning_effort: str | None = None  # how hard a reasoning model should think ("none": not at all)
+    reasoning_param: str = "reasoning_effort"  # where that came from, for errors that name it
 
     prompt_param: ClassVar[str] = "messages"
 
@@ -172,6 +174,7 @@ class ChatRequest:
             tools=tool_plan(given(body, "tools", []), given(body, "tool_choice"),
                             bool(given(body, "parallel_tool_calls", True))),
             priority=given(body, "priority"), cache_salt=given(body, "cache_salt"),
+            reasoning_effort=given(body, "reasoning_effort"),
         )
 
 

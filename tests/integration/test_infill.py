@@ -21,12 +21,13 @@ FIM_NAMES = {3: "<|fim_prefix|>", 4: "<|fim_suffix|>", 5: "<|fim_middle|>"}
 PREFIX, SUFFIX = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
 
 
-def rename_tokens(path, names: dict[int, str]) -> None:
-    """Give the tokenizer's added tokens ``names`` by id (its vocabulary too, so that both agree)."""
+def rename_tokens(path, names: dict[int, str], special: bool = True) -> None:
+    """Give the tokenizer's added tokens ``names`` by id (its vocabulary too, so that both agree); not ``special``:
+    decoded as text, as reasoning models' thinking markers are."""
     tokenizer = json.loads(path.read_text(encoding="utf-8"))
     for token in tokenizer["added_tokens"]:
         if token["id"] in names:
-            old, token["content"] = token["content"], names[token["id"]]
+            old, token["content"], token["special"] = token["content"], names[token["id"]], special
             tokenizer["model"]["vocab"][names[token["id"]]] = tokenizer["model"]["vocab"].pop(old)
     path.write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
 

@@ -24,6 +24,8 @@ FIM_FAMILIES = (
     ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder2, Granite code
     ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),  # DeepSeek-Coder
 )
+# Thinking markers, start and end (Qwen3, DeepSeek-R1-Distill, Phi-4-mini-reasoning)
+THINK_MARKERS = (("<think>", "</think>"),)
 
 
 @dataclass(frozen=True)
@@ -64,14 +66,24 @@ class ModelFolder:
         names = (*REQUIRED_FILES, self.decoder_file, *extra)
         return [name for name in dict.fromkeys(names) if not (self.root / name).is_file()]
 
+    def added_tokens(self) -> dict[str, int]:
+        """The tokenizer's added tokens (special or not): text -> id ({} when they cannot be read)."""
+        try:
+            tokenizer = json.loads((self.root / "tokenizer.json").read_text(encoding="utf-8"))
+            return {token["content"]: int(token["id"]) for token in tokenizer.get("added_tokens", [])}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return {}
+
+    def think_markers(self) -> tuple[str, str] | None:
+        """The tokenizer's thinking markers (start, end), when it has a pair of :data:`THINK_MARKERS`: a reasoning
+        model; None for others."""
+        added = self.added_tokens()
+        return next((pair for pair in THINK_MARKERS if all(marker in added for marker in pair)), None)
+
     def fim_tokens(self) -> tuple[int, int, int] | None:
         """The ids of the tokenizer's fill-in-the-middle tokens (prefix, suffix, middle), of the first family it
         has whole (:data:`FIM_FAMILIES`); None without."""
-        try:
-            tokenizer = json.loads((self.root / "tokenizer.json").read_text(encoding="utf-8"))
-            added = {token["content"]: int(token["id"]) for token in tokenizer.get("added_tokens", [])}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None
+        added = self.added_tokens()
         for family in FIM_FAMILIES:
             if all(name in added for name in family):
                 prefix, suffix, middle = (added[name] for name in family)

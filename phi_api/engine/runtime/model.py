@@ -51,6 +51,7 @@ class ModelInfo:
     decoder_file: str = "model.onnx"
     rope_switch: int | None = None  # LongRoPE: sequences longer than this use the long rotary factors
     fim_tokens: tuple[int, int, int] | None = None  # fill-in-the-middle: prefix, suffix, middle (None: none)
+    think_markers: tuple[str, str] | None = None  # a reasoning model's thinking markers, start and end
 
     @classmethod
     def read(cls, folder: str) -> ModelInfo:
@@ -75,6 +76,7 @@ class ModelInfo:
             decoder_file=decoder_file,
             rope_switch=_rope_switch(root / decoder_file),
             fim_tokens=read.fim_tokens(),
+            think_markers=read.think_markers(),
         )
 
 

@@ -1,0 +1,83 @@
+"""A reasoning model's thinking against real gunicorn, through each protocol's official client (openai, ollama,
+anthropic), streamed and whole. The model is the tiny random-weight Phi-3 with two of its tokenizer's special
+tokens renamed ``<think>`` and ``</think>`` (and, as in those models, not special: decoded as text), and a chat
+template that opens the thinking at the end of the prompt, as DeepSeek-R1-Distill's does: the answer starts inside
+it. Through the OpenAI route a grammar that spells the end
+token drives the output, so what it thinks and answers is known whatever its weights say; the other clients get
+the weights' own (greedy) words, all thinking until the end token comes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import anthropic
+import pytest
+from ollama import Client
+from openai import OpenAI
+
+from tests.integration.test_infill import rename_tokens
+from tests.support.server import Server
+
+THINK_NAMES = {6: "<think>", 7: "</think>"}
+GRAMMAR = 'start: "I should greet back." <[7]> "Hello there."'
+TEMPLATE = ("{% for message in messages %}<|{{ message.role }}|>{{ message.content }}<|end|>{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}")
+THOUGHT, ANSWER = "I should greet back.", "Hello there."
+MESSAGES = [{"role": "user", "content": "Hi!"}]
+
+
+@pytest.fixture(scope="module")
+def thinker(tiny_phi3, tmp_path_factory, logs_dir):
+    folder = tmp_path_factory.mktemp("tiny-thinker") / "model"
+    shutil.copytree(tiny_phi3, folder)
+    rename_tokens(folder / "tokenizer.json", THINK_NAMES, special=False)  # as Qwen3's and DeepSeek-R1's are
+    config = folder / "tokenizer_config.json"
+    if config.is_file():
+        settings = json.loads(config.read_text(encoding="utf-8"))
+        for token_id, name in THINK_NAMES.items():
+            if str(token_id) in settings.get("added_tokens_decoder", {}):
+                settings["added_tokens_decoder"][str(token_id)]["content"] = name
+        config.write_text(json.dumps(settings), encoding="utf-8")
+    (folder / "chat_template.jinja").write_text(TEMPLATE, encoding="utf-8")
+    # PREFIX_CACHE=exact: the same greedy request answers bit for bit the same, streamed or not
+    with Server(logs_dir, MODEL_PATH=str(folder), MODEL_ID="tiny-thinker", WEB_CONCURRENCY=1,
+                PREFIX_CACHE="exact") as running:
+        yield running
+
+
+def test_the_openai_sdk_reads_reasoning_content_apart_from_content(thinker):
+    client = OpenAI(base_url=thinker.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    grammar = {"structured_outputs": {"grammar": GRAMMAR}}
+    message = client.chat.completions.create(model="tiny-thinker", messages=MESSAGES, max_tokens=64,
+                                             extra_body=grammar).choices[0].message
+    assert (message.reasoning_content, message.content) == (THOUGHT, ANSWER)
+    thought, answer = "", ""
+    for chunk in client.chat.completions.create(model="tiny-thinker", messages=MESSAGES, max_tokens=64, stream=True,
+                                                extra_body=grammar):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        thought += getattr(delta, "reasoning_content", None) or ""
+        answer += (delta.content or "") if delta else ""
+    assert (thought, answer) == (THOUGHT, ANSWER)
+
+
+def test_the_ollama_client_reads_message_thinking(thinker):
+    ollama = Client(host=thinker.url)
+    options = {"num_predict": 24, "temperature": 0}
+    whole = ollama.chat(model="tiny-thinker", messages=MESSAGES, think=True, options=options)
+    assert whole.done and whole.message.thinking  # the template opened the thinking: the words start there
+    assert "<think>" not in whole.message.thinking + whole.message.content
+    parts = list(ollama.chat(model="tiny-thinker", messages=MESSAGES, think=True, options=options, stream=True))
+    streamed = ("".join(part.message.thinking or "" for part in parts), "".join(part.message.content for part in parts))
+    assert streamed == (whole.message.thinking, whole.message.content)
+
+
+def test_the_anthropic_sdk_reads_a_thinking_block(thinker):
+    claude = anthropic.Anthropic(base_url=thinker.url, api_key="x", max_retries=0)
+    greedy = {"temperature": 0}
+    message = claude.messages.create(model="tiny-thinker", max_tokens=24, messages=MESSAGES, extra_body=greedy)
+    assert message.content[0].type == "thinking" and message.content[0].thinking
+    assert all(block.type == "text" for block in message.content[1:])
+    with claude.messages.stream(model="tiny-thinker", max_tokens=24, messages=MESSAGES, extra_body=greedy) as stream:
+        final = stream.get_final_message()
+    assert [block.model_dump() for block in final.content] == [block.model_dump() for block in message.content]
