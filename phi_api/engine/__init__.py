@@ -91,7 +91,7 @@ class LoadedModel(SteppedModel, Protocol):
     def encode(self, text: str) -> np.ndarray: ...
     def decode(self, tokens: Any) -> str: ...
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                    add_generation_prompt: bool) -> str: ...
+                    add_generation_prompt: bool, variables: dict[str, Any] | None = None) -> str: ...
     def guide(self, grammar: tuple[str, str]) -> Any: ...
     @property
     def token_bytes(self) -> dict[int, bytes]: ...
@@ -146,9 +146,10 @@ class Engine:
         return self.model.longest_token_bytes
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                    add_generation_prompt: bool = True) -> str:
-        """The prompt text for chat ``messages`` (and ``tools``, when the template renders them)."""
-        return off_hub(self.model.render_chat, messages, tools, add_generation_prompt)
+                    add_generation_prompt: bool = True, variables: dict[str, Any] | None = None) -> str:
+        """The prompt text for chat ``messages`` (and ``tools``, when the template renders them; ``variables``:
+        what else the template reads, such as Qwen3's ``enable_thinking``)."""
+        return off_hub(self.model.render_chat, messages, tools, add_generation_prompt, variables)
 
     def check_capacity(self, prompt_tokens: int, max_tokens: int, choices: int) -> None:
         """Raise :class:`CapacityError` for a request the key/value budget could never hold."""

@@ -60,12 +60,15 @@ def _text_content(content: Any, index: int) -> str:
 
 
 def chat_prompt(engine: Engine, messages: list[dict[str, Any]], plan: ToolPlan | None = None,
-                add_generation_prompt: bool = True, must_fit: bool = True) -> np.ndarray:
-    """Token ids of the templated conversation (tools included), ending with the assistant's turn."""
+                add_generation_prompt: bool = True, must_fit: bool = True,
+                variables: dict[str, Any] | None = None) -> np.ndarray:
+    """Token ids of the templated conversation (tools included), ending with the assistant's turn; ``variables``:
+    what else the template reads (``chat_template_kwargs``)."""
     knows_tools = engine.info.template_knows_tools
     rendered = template_messages(chat_messages(messages), plan, knows_tools)
     tools = [{"type": "function", "function": f} for f in plan.functions] if plan and knows_tools else None
-    text = engine.render_chat(rendered, tools, add_generation_prompt)  # ChatTemplateError: see web.foreign.FOREIGN
+    # ChatTemplateError: see web.foreign.FOREIGN
+    text = engine.render_chat(rendered, tools, add_generation_prompt, variables or None)
     return text_tokens(engine, text, "messages", must_fit=must_fit)
 
 

@@ -5,10 +5,11 @@ attributes, never keys. :meth:`Sampling.to_params` is the one place a request be
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from phi_api.engine import ModelInfo, SamplingParams
+from phi_api.engine.runtime.template import RESERVED
 from phi_api.errors import (
     ContextLengthExceededError,
     InvalidParameterError,
@@ -158,6 +159,7 @@ class ChatRequest:
     tools: ToolPlan | None = None
     priority: int | None = None  # lower is sooner (vLLM's); None: not given
     cache_salt: str | None = None  # vLLM's: prompts are reused only among requests of the same salt (and key)
+    template_variables: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs: the template reads them
     reasoning_effort: str | None = None  # how hard a reasoning model should think ("none": not at all)
     reasoning_param: str = "reasoning_effort"  # where that came from, for errors that name it
 
@@ -174,7 +176,7 @@ class ChatRequest:
             tools=tool_plan(given(body, "tools", []), given(body, "tool_choice"),
                             bool(given(body, "parallel_tool_calls", True))),
             priority=given(body, "priority"), cache_salt=given(body, "cache_salt"),
-            reasoning_effort=given(body, "reasoning_effort"),
+            reasoning_effort=given(body, "reasoning_effort"), template_variables=_template_variables(body),
         )
 
 
@@ -229,6 +231,16 @@ def _infill(body: dict[str, Any]) -> Infill | None:
     if given(body, "echo", False):
         raise InvalidParameterError("echo cannot be combined with suffix.", param="echo")
     return Infill(suffix)
+
+
+def _template_variables(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``chat_template_kwargs``: variables for the chat template, none of them one the conversation fills."""
+    variables = given(body, "chat_template_kwargs", {})
+    taken = sorted(set(variables) & RESERVED)
+    if taken:
+        raise InvalidParameterError(f"chat_template_kwargs may not set {taken[0]}: the conversation fills it.",
+                                    param="chat_template_kwargs")
+    return dict(variables)
 
 
 def _include_usage(body: dict[str, Any]) -> bool:

@@ -65,7 +65,30 @@ def test_a_model_that_does_not_reason_is_unchanged_and_refuses_requests_about_th
 def test_thinking_that_cannot_be_turned_off_is_a_400(thinker):
     refused = chat(thinker, reasoning_effort="none")
     assert refused.status_code == 400 and refused.get_json()["error"]["param"] == "reasoning_effort"
+    assert "enable_thinking" in refused.get_json()["error"]["message"]
     assert chat(thinker, reasoning_effort="low").status_code == 200
+
+
+def test_a_template_with_enable_thinking_turns_thinking_off(make_app):
+    engine = fake_engine(TOKENS, PIECES, think_markers=("<think>", "</think>"),
+                         chat_template="{% if enable_thinking is false %}...{% endif %}")
+    client = make_app(engine=engine).test_client()
+    assert chat(client, reasoning_effort="none").status_code == 200
+    ollama = client.post("/api/chat", json={"model": "test-model", "messages": MESSAGES, "think": False,
+                                            "stream": False})
+    assert ollama.status_code == 200
+    assert engine.model.rendered[-2:] == ["<user>hi<enable_thinking=False><assistant>"] * 2
+
+
+def test_chat_template_kwargs_reach_the_template_and_cannot_replace_the_conversation(client, make_app):
+    engine = fake_engine(TOKENS, PIECES)
+    app_client = make_app(engine=engine).test_client()
+    assert chat(app_client, chat_template_kwargs={"custom_flag": True}).status_code == 200
+    assert engine.model.rendered[-1] == "<user>hi<custom_flag=True><assistant>"
+    refused = chat(client, chat_template_kwargs={"messages": []})
+    assert refused.status_code == 400 and refused.get_json()["error"]["param"] == "chat_template_kwargs"
+    bad_name = chat(client, chat_template_kwargs={"not a name": 1})
+    assert bad_name.status_code == 400
 
 
 def test_ollama_gives_the_thinking_as_message_thinking(thinker):

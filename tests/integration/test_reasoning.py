@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import anthropic
 import pytest
@@ -25,11 +26,12 @@ TEMPLATE = ("{% for message in messages %}<|{{ message.role }}|>{{ message.conte
             "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}")
 THOUGHT, ANSWER = "I should greet back.", "Hello there."
 MESSAGES = [{"role": "user", "content": "Hi!"}]
+QWEN3 = Path(__file__).resolve().parents[1] / "data" / "templates" / "qwen3.jinja"
 
 
-@pytest.fixture(scope="module")
-def thinker(tiny_phi3, tmp_path_factory, logs_dir):
-    folder = tmp_path_factory.mktemp("tiny-thinker") / "model"
+def thinker_folder(tiny_phi3, root: Path, template: str) -> Path:
+    """The tiny Phi-3 as a reasoning model: thinking markers in its tokenizer, and ``template`` as its template."""
+    folder = root / "model"
     shutil.copytree(tiny_phi3, folder)
     rename_tokens(folder / "tokenizer.json", THINK_NAMES, special=False)  # as Qwen3's and DeepSeek-R1's are
     config = folder / "tokenizer_config.json"
@@ -39,11 +41,41 @@ def thinker(tiny_phi3, tmp_path_factory, logs_dir):
             if str(token_id) in settings.get("added_tokens_decoder", {}):
                 settings["added_tokens_decoder"][str(token_id)]["content"] = name
         config.write_text(json.dumps(settings), encoding="utf-8")
-    (folder / "chat_template.jinja").write_text(TEMPLATE, encoding="utf-8")
+    (folder / "chat_template.jinja").write_text(template, encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def thinker(tiny_phi3, tmp_path_factory, logs_dir):
+    folder = thinker_folder(tiny_phi3, tmp_path_factory.mktemp("tiny-thinker"), TEMPLATE)
     # PREFIX_CACHE=exact: the same greedy request answers bit for bit the same, streamed or not
     with Server(logs_dir, MODEL_PATH=str(folder), MODEL_ID="tiny-thinker", WEB_CONCURRENCY=1,
                 PREFIX_CACHE="exact") as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_phi3, tmp_path_factory, logs_dir):
+    folder = thinker_folder(tiny_phi3, tmp_path_factory.mktemp("tiny-qwen3"), QWEN3.read_text(encoding="utf-8"))
+    with Server(logs_dir, MODEL_PATH=str(folder), MODEL_ID="tiny-thinker", WEB_CONCURRENCY=1) as running:
+        yield running
+
+
+def test_qwen3_s_template_turns_thinking_off_through_the_openai_sdk(qwen3):
+    client = OpenAI(base_url=qwen3.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+    def ask(grammar: str, **extra):
+        return client.chat.completions.create(model="tiny-thinker", messages=MESSAGES, max_tokens=64,
+                                              extra_body={"structured_outputs": {"grammar": grammar}, **extra})
+
+    thinking = ask('start: <[6]> "I should greet back." <[7]> "Hello there."')
+    assert (thinking.choices[0].message.reasoning_content, thinking.choices[0].message.content) == (THOUGHT, ANSWER)
+    off = ask('start: "Hello there."', chat_template_kwargs={"enable_thinking": False})
+    none = ask('start: "Hello there."', reasoning_effort="none")
+    assert off.choices[0].message.content == none.choices[0].message.content == ANSWER
+    assert off.choices[0].message.reasoning_content is None
+    # the template wrote an empty thinking into the prompt: "<think>\n\n</think>\n\n", a few tokens more
+    assert off.usage.prompt_tokens == none.usage.prompt_tokens > thinking.usage.prompt_tokens
 
 
 def test_the_openai_sdk_reads_reasoning_content_apart_from_content(thinker):

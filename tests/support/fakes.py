@@ -150,15 +150,15 @@ class FakeModel:
 
     def __init__(self, script: Script, pieces: dict[int, bytes], *, context_length: int = 512,
                  has_chat_template: bool = True, rope_switch: int | None = None,
-                 fim_tokens: tuple[int, int, int] | None = None, think_markers: tuple[str, str] | None = None
-                 ) -> None:
+                 fim_tokens: tuple[int, int, int] | None = None, think_markers: tuple[str, str] | None = None,
+                 chat_template: str = "") -> None:
         self.script = script
         self.pieces = pieces
         self.rope_switch = rope_switch  # LongRoPE's original length, as the graph would say
         self.info = ModelInfo(
             path="/fake", model_type="fake", context_length=context_length, vocab_size=VOCAB,
             eos_token_ids=frozenset({EOS}), has_chat_template=has_chat_template, fingerprint="fp_fake",
-            fim_tokens=fim_tokens, think_markers=think_markers,
+            fim_tokens=fim_tokens, think_markers=think_markers, chat_template=chat_template,
         )
         self.spec = FakeDecoder(script, rope_switch).spec
         self.identity = "fake model"
@@ -178,8 +178,10 @@ class FakeModel:
     def decode(self, tokens: Any) -> str:
         return b"".join(self.pieces.get(int(t), b"") for t in tokens).decode("utf-8", "replace")
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: Any = None, add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], tools: Any = None, add_generation_prompt: bool = True,
+                    variables: dict[str, Any] | None = None) -> str:
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        text += "".join(f"<{name}={value}>" for name, value in (variables or {}).items())
         text += "<assistant>" if add_generation_prompt else ""
         self.rendered.append(text)
         return text

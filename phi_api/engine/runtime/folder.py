@@ -90,6 +90,20 @@ class ModelFolder:
                 return prefix, suffix, middle
         return None
 
+    def template_tokens(self) -> dict[str, str]:
+        """``bos_token`` and ``eos_token`` as a chat template reads them (from ``tokenizer_config.json``)."""
+        try:
+            config = json.loads((self.root / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        tokens = {}
+        for name in ("bos_token", "eos_token"):
+            value = config.get(name) if isinstance(config, dict) else None
+            value = value.get("content") if isinstance(value, dict) else value  # older files: an object
+            if isinstance(value, str):
+                tokens[name] = value
+        return tokens
+
     def chat_template(self) -> str:
         """The folder's own chat template text ("" when it has none)."""
         jinja = self.root / "chat_template.jinja"

@@ -14,6 +14,7 @@ import numpy as np
 
 import phi_api.engine.runtime.oga as oga  # the submodules, not the package (which imports this module)
 from phi_api.engine.runtime.folder import CONFIG_FILE, ModelFolder
+from phi_api.engine.runtime.template import render as render_template
 from phi_api.engine.threads.native import new_lock
 from phi_api.errors import ChatTemplateError
 
@@ -205,8 +206,12 @@ class LanguageModel:
             return self._tokenizer.decode(tokens)
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                    add_generation_prompt: bool = True) -> str:
-        """The prompt for ``messages`` (and ``tools``): the folder's own chat template, else the Phi-3.5 one."""
+                    add_generation_prompt: bool = True, variables: dict[str, Any] | None = None) -> str:
+        """The prompt for ``messages`` (and ``tools``): the folder's own chat template, else the Phi-3.5 one;
+        with ``variables`` (what the template reads besides the conversation), rendered by phi-api itself."""
+        if variables:
+            return render_template(self.info.chat_template, messages, tools, add_generation_prompt, variables,
+                                   ModelFolder(Path(self.info.path), {}).template_tokens())
         template = None if self.info.has_chat_template else PHI3_CHAT_TEMPLATE
         tools_json = json.dumps(tools) if tools else None
         with self._tokenizer_lock:
