@@ -16,7 +16,7 @@ import numpy as np
 
 from phi_api.engine.config import EngineConfig
 from phi_api.engine.kv.budget import SharedBudget
-from phi_api.engine.params import SamplingParams
+from phi_api.engine.params import SamplingParams, ThinkingBudget
 from phi_api.engine.runtime.model import ModelInfo
 from phi_api.engine.sched.choice import Choice, Event, Finished, PromptLogprobs, TextDelta
 from phi_api.engine.sched.loop import EngineLoad, EngineLoop
@@ -43,6 +43,7 @@ __all__ = [
     "SamplingParams",
     "SharedBudget",
     "TextDelta",
+    "ThinkingBudget",
 ]
 
 

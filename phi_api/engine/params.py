@@ -6,6 +6,16 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class ThinkingBudget:
+    """A reasoning model's thinking, ended after ``tokens`` tokens: its end marker is then the only choice."""
+
+    start: int  # the start marker's token id
+    end: int  # the end marker's token id
+    tokens: int
+    inside: bool = False  # the prompt opened the thinking (the answer starts in it)
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Sampling and stopping rules for one generation (already validated)."""
 
@@ -27,6 +37,7 @@ class SamplingParams:
     guidance: tuple[str, str] | None = None  # (kind, grammar): "json_schema" or "llguidance" (a definition)
     draft_max: int | None = None  # prompt-lookup draft tokens a step may verify; None: the server's setting
     penalty_window: int | None = None  # the repetition penalty looks at the last this many tokens; None: all
+    thinking: ThinkingBudget | None = None  # a thinking budget; None: the model thinks as long as it likes
 
     @property
     def greedy(self) -> bool:

@@ -13,7 +13,7 @@ Refused with 400: images and documents, server tools (web search, code
 execution, ...), MCP servers, containers. Accepted and left without effect, as
 vLLM and llama.cpp's server do: ``cache_control`` (every prompt is reused
 automatically; ``usage.cache_read_input_tokens`` says how much), ``thinking``
-(a reasoning model thinks as its template makes it; its thinking comes as a
+(``budget_tokens`` bounds a reasoning model's thinking, which comes as a
 ``thinking`` block), ``output_config.effort``, ``citations``,
 ``service_tier`` and ``metadata``. ``output_config.format`` (structured
 output) holds the answer to its JSON Schema through the grammar.
@@ -135,7 +135,8 @@ class MessagesRequest:
         chat = ChatRequest(model=body["model"], messages=tuple(chat_messages(body)), sampling=sampling,
                            stream=bool(given(body, "stream", False)), tools=tool_plan(tools, choice, parallel),
                            output_schema=output_format["schema"] if output_format else None,
-                           output_param="output_config.format", cache_salt=given(body, "cache_salt"))
+                           output_param="output_config.format", cache_salt=given(body, "cache_salt"),
+                           thinking_budget=_budget(given(body, "thinking", {})))
         return cls(body["model"], chat, chat.stream)
 
 
@@ -216,6 +217,11 @@ class _Blocks:
         if self._open is not None:
             yield "content_block_stop", {"type": "content_block_stop", "index": self._open[0]}
             self._open = None
+
+
+def _budget(thinking: dict[str, Any]) -> int | None:
+    """``thinking``'s ``budget_tokens`` when it is enabled: a reasoning model's thinking ends there."""
+    return thinking.get("budget_tokens") if thinking.get("type") == "enabled" else None
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:

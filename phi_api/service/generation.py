@@ -28,11 +28,10 @@ from phi_api.errors import (
     InternalError,
     RateLimitError,
     ServiceUnavailableError,
-    UnsupportedParameterError,
 )
 from phi_api.limits.slots import Limiter
 from phi_api.models.registry import Models
-from phi_api.service import prompts
+from phi_api.service import prompts, reasoning
 from phi_api.service.choices import ChoiceAssembler, ChoiceResult, Event, Prompt
 from phi_api.service.grammar import json_schema_grammar
 from phi_api.service.reasoning import Reasoning
@@ -86,43 +85,16 @@ class Plan:
 
 def _chat_plan(engine: Engine, settings: Settings, request: ChatRequest) -> Plan:
     plan = request.tools
-    prompt = prompts.chat_prompt(engine, list(request.messages), plan, variables=_template_variables(engine, request))
+    prompt = prompts.chat_prompt(engine, list(request.messages), plan,
+                                 variables=reasoning.template_variables(engine.info, request))
+    thinking = reasoning.reasoning_of(engine, request, prompt)
     # A forced call is the whole answer, so its grammar wins (as with OpenAI, where response_format shapes content).
     guidance = plan.grammar() if plan and plan.forced else _guidance(request)
     params = request.sampling.to_params(prompt_tokens=len(prompt), prompt_param=request.prompt_param,
                                         model=engine.info, settings=settings, logprobs=request.logprobs,
-                                        guidance=guidance)
-    return Plan([prompt], params, tools=plan, reasoning=_reasoning(engine, request, prompt))
-
-
-def _template_variables(engine: Engine, request: ChatRequest) -> dict[str, Any]:
-    """What the chat template reads besides the conversation: the request's ``chat_template_kwargs``, and
-    ``enable_thinking`` false for a request that turns a reasoning model's thinking off, where its template has it
-    (Qwen3's)."""
-    variables = dict(request.template_variables)
-    if request.reasoning_effort == "none" and _can_stop_thinking(engine):
-        variables.setdefault("enable_thinking", False)
-    return variables
-
-
-def _can_stop_thinking(engine: Engine) -> bool:
-    return engine.info.think_markers is not None and "enable_thinking" in engine.info.chat_template
-
-
-def _reasoning(engine: Engine, request: ChatRequest, prompt: np.ndarray) -> Reasoning | None:
-    """How the answer's thinking is found, for a reasoning model (one whose tokenizer has thinking markers); 400
-    for a request about thinking that the model cannot honour."""
-    markers, effort = engine.info.think_markers, request.reasoning_effort
-    if markers is None:
-        if effort not in (None, "none"):
-            raise UnsupportedParameterError(f"{request.reasoning_param} applies to reasoning models only, and this "
-                                            "model does not reason.", param=request.reasoning_param)
-        return None
-    if effort == "none" and not _can_stop_thinking(engine):
-        raise UnsupportedParameterError(f"This model's thinking cannot be turned off ({request.reasoning_param}): "
-                                        "its chat template has no enable_thinking.", param=request.reasoning_param)
-    opened = engine.decode(prompt[-8:]).rstrip().endswith(markers[0])  # the template opened the thinking itself
-    return Reasoning(markers[0], markers[1], inside=opened)
+                                        guidance=guidance,
+                                        thinking=reasoning.thinking_budget(engine.info, request, thinking))
+    return Plan([prompt], params, tools=plan, reasoning=thinking)
 
 
 def _guidance(request: GenerationRequest) -> tuple[str, str] | None:

@@ -9,6 +9,16 @@ back until it cannot be; the markers themselves are told to nobody, nor are the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from phi_api.engine import ModelInfo, ThinkingBudget
+from phi_api.errors import UnsupportedParameterError
+
+if TYPE_CHECKING:  # the request types import nothing of this module; only their annotations are needed here
+    from phi_api.engine import Engine
+    from phi_api.service.requests import ChatRequest
 
 
 @dataclass(frozen=True)
@@ -87,3 +97,42 @@ def _held_suffix(text: str, marker: str) -> int:
         if marker.startswith(text[-size:]):
             return size
     return 0
+
+
+def template_variables(model: ModelInfo, request: ChatRequest) -> dict[str, Any]:
+    """What the chat template reads besides the conversation: the request's ``chat_template_kwargs``, and
+    ``enable_thinking`` false for a request that turns a reasoning model's thinking off, where its template has it
+    (Qwen3's)."""
+    variables = dict(request.template_variables)
+    if request.reasoning_effort == "none" and _can_stop_thinking(model):
+        variables.setdefault("enable_thinking", False)
+    return variables
+
+
+def _can_stop_thinking(model: ModelInfo) -> bool:
+    return model.think_markers is not None and "enable_thinking" in model.chat_template
+
+
+def reasoning_of(engine: Engine, request: ChatRequest, prompt: np.ndarray) -> Reasoning | None:
+    """How the answer's thinking is found, for a reasoning model (one whose tokenizer has thinking markers); 400
+    for a request about thinking that the model cannot honour."""
+    markers, effort = engine.info.think_markers, request.reasoning_effort
+    if markers is None:
+        if effort not in (None, "none"):
+            raise UnsupportedParameterError(f"{request.reasoning_param} applies to reasoning models only, and this "
+                                            "model does not reason.", param=request.reasoning_param)
+        return None
+    if effort == "none" and not _can_stop_thinking(engine.info):
+        raise UnsupportedParameterError(f"This model's thinking cannot be turned off ({request.reasoning_param}): "
+                                        "its chat template has no enable_thinking.", param=request.reasoning_param)
+    opened = engine.decode(prompt[-8:]).rstrip().endswith(markers[0])  # the template opened the thinking itself
+    return Reasoning(markers[0], markers[1], inside=opened)
+
+
+def thinking_budget(model: ModelInfo, request: ChatRequest, found: Reasoning | None) -> ThinkingBudget | None:
+    """The request's thinking budget in engine terms (vLLM's ``thinking_token_budget``, Anthropic's
+    ``budget_tokens``); None without one, or for a model that does not think (it keeps any budget)."""
+    if request.thinking_budget is None or found is None or model.think_token_ids is None:
+        return None
+    start, end = model.think_token_ids
+    return ThinkingBudget(start, end, request.thinking_budget, inside=found.inside)

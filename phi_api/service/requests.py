@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from phi_api.engine import ModelInfo, SamplingParams
+from phi_api.engine import ModelInfo, SamplingParams, ThinkingBudget
 from phi_api.engine.runtime.template import RESERVED
 from phi_api.errors import (
     ContextLengthExceededError,
@@ -67,7 +67,7 @@ class Sampling:
 
     def to_params(self, *, prompt_tokens: int, prompt_param: str, model: ModelInfo, settings: Settings,
                   logprobs: int | None = None, guidance: tuple[str, str] | None = None,
-                  prompt_logprobs: int | None = None) -> list[SamplingParams]:
+                  prompt_logprobs: int | None = None, thinking: ThinkingBudget | None = None) -> list[SamplingParams]:
         """Engine parameters for a prompt of ``prompt_tokens`` tokens, one set per choice.
 
         ``max_tokens``: when the request gives none, ``DEFAULT_MAX_TOKENS``
@@ -100,6 +100,7 @@ class Sampling:
             guidance=guidance,
             draft_max=self.draft_max,
             penalty_window=self.penalty_window,
+            thinking=thinking,
         )
         if self.n == 1 or params.seed is None:
             return [params] * self.n
@@ -162,6 +163,7 @@ class ChatRequest:
     template_variables: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs: the template reads them
     reasoning_effort: str | None = None  # how hard a reasoning model should think ("none": not at all)
     reasoning_param: str = "reasoning_effort"  # where that came from, for errors that name it
+    thinking_budget: int | None = None  # the most tokens a reasoning model may think; None: no limit
 
     prompt_param: ClassVar[str] = "messages"
 
@@ -177,6 +179,7 @@ class ChatRequest:
                             bool(given(body, "parallel_tool_calls", True))),
             priority=given(body, "priority"), cache_salt=given(body, "cache_salt"),
             reasoning_effort=given(body, "reasoning_effort"), template_variables=_template_variables(body),
+            thinking_budget=given(body, "thinking_token_budget"),
         )
 
 

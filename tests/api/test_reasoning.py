@@ -127,3 +127,21 @@ def test_the_responses_api_gives_a_reasoning_item_before_the_message(thinker):
     done = [event for event in data if event["type"] == "response.output_item.done"]
     assert [(event["output_index"], event["item"]["type"]) for event in done] == [(0, "reasoning"), (1, "message")]
     assert data[-1]["response"]["output"][0]["content"][0]["text"] == "The user says hi."
+
+
+def test_a_thinking_budget_ends_the_thinking_with_its_end_marker(make_app):
+    script = [1, 2, 3, 5, 6, 0]  # left alone, the model never closes its thinking
+    engine = fake_engine(script, PIECES, think_markers=("<think>", "</think>"), think_token_ids=(1, 4))
+    client = make_app(engine=engine).test_client()
+    unbounded = chat(client, temperature=0).get_json()["choices"][0]["message"]
+    assert unbounded["content"] == "" and unbounded["reasoning_content"].endswith("Hi there")
+    bounded = chat(client, temperature=0, thinking_token_budget=1).get_json()["choices"][0]["message"]
+    assert (bounded["reasoning_content"], bounded["content"]) == ("The user", "Hi there")
+    anthropic = client.post("/v1/messages", json={"model": "test-model", "max_tokens": 64, "messages": MESSAGES,
+                                                  "thinking": {"type": "enabled", "budget_tokens": 1}}).get_json()
+    assert [block.get("thinking") or block.get("text") for block in anthropic["content"]] == ["The user", "Hi there"]
+
+
+def test_a_model_that_does_not_think_keeps_any_thinking_budget(client):
+    answer = chat(client, thinking_token_budget=0)
+    assert answer.status_code == 200 and answer.get_json()["choices"][0]["message"]["content"] == "Hello, world!"

@@ -113,3 +113,13 @@ def test_the_anthropic_sdk_reads_a_thinking_block(thinker):
     with claude.messages.stream(model="tiny-thinker", max_tokens=24, messages=MESSAGES, extra_body=greedy) as stream:
         final = stream.get_final_message()
     assert [block.model_dump() for block in final.content] == [block.model_dump() for block in message.content]
+
+
+def test_a_thinking_budget_ends_the_thinking_through_the_openai_sdk(thinker):
+    client = OpenAI(base_url=thinker.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    free = client.chat.completions.create(model="tiny-thinker", messages=MESSAGES, max_tokens=16, temperature=0)
+    assert free.choices[0].message.reasoning_content  # the template opened the thinking; the weights go on in it
+    closed = client.chat.completions.create(model="tiny-thinker", messages=MESSAGES, max_tokens=16, temperature=0,
+                                            extra_body={"thinking_token_budget": 0})
+    assert closed.choices[0].message.reasoning_content is None  # </think> came first: every word is the answer
+    assert closed.usage.completion_tokens >= 1 and "</think>" not in (closed.choices[0].message.content or "")

@@ -80,6 +80,11 @@ class ModelFolder:
         added = self.added_tokens()
         return next((pair for pair in THINK_MARKERS if all(marker in added for marker in pair)), None)
 
+    def think_token_ids(self) -> tuple[int, int] | None:
+        """The token ids of :meth:`think_markers` (start, end)."""
+        markers, added = self.think_markers(), self.added_tokens()
+        return (added[markers[0]], added[markers[1]]) if markers else None
+
     def fim_tokens(self) -> tuple[int, int, int] | None:
         """The ids of the tokenizer's fill-in-the-middle tokens (prefix, suffix, middle), of the first family it
         has whole (:data:`FIM_FAMILIES`); None without."""

@@ -53,6 +53,7 @@ class ModelInfo:
     rope_switch: int | None = None  # LongRoPE: sequences longer than this use the long rotary factors
     fim_tokens: tuple[int, int, int] | None = None  # fill-in-the-middle: prefix, suffix, middle (None: none)
     think_markers: tuple[str, str] | None = None  # a reasoning model's thinking markers, start and end
+    think_token_ids: tuple[int, int] | None = None  # their token ids
 
     @classmethod
     def read(cls, folder: str) -> ModelInfo:
@@ -78,6 +79,7 @@ class ModelInfo:
             rope_switch=_rope_switch(root / decoder_file),
             fim_tokens=read.fim_tokens(),
             think_markers=read.think_markers(),
+            think_token_ids=read.think_token_ids(),
         )
 
 

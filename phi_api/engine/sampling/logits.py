@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from phi_api.engine.params import SamplingParams
+from phi_api.engine.params import SamplingParams, ThinkingBudget
 
 _TOP_P_CANDIDATES = 1024  # top-p usually keeps far fewer: sort these first, all only if they do not reach p
 _DRAW_BLOCK = 256  # weights summed per block when drawing (49k tokens: 192 blocks)
@@ -147,11 +147,13 @@ class Sampler:
         self._rng = None if params.greedy else np.random.default_rng(params.seed if params.seed is not None
                                                                      else seed)
         self._scratch: np.ndarray | None = None  # sample()'s work buffer, made at the first draw
+        self._budget = ThinkingCounter(params.thinking) if params.thinking is not None else None
 
     @property
     def plain_greedy(self) -> bool:
         """Whether the choice is the raw logits' argmax (what a batch can compute for all such rows at once)."""
-        return (self.params.greedy and self._editor is None and self._guide is None and not self._masks_eos)
+        return (self.params.greedy and self._editor is None and self._guide is None and not self._masks_eos
+                and self._budget is None)
 
     @property
     def guide_failure(self) -> str | None:
@@ -214,10 +216,14 @@ class Sampler:
             self._guide.mask(logits)
         if self._editor is not None:
             self._editor.apply_min_p(logits)
+        if self._budget is not None:
+            self._budget.mask(logits)
 
     def observe(self, token: int) -> TokenLogprob | None:
         """Account for ``token`` (chosen here, or by a batch's argmax for a plain greedy row)."""
         self._generated += 1
+        if self._budget is not None:
+            self._budget.observe(token)
         if self._guide is not None:
             self._guide.consume(token)
         return self._editor.observe(token) if self._editor is not None else None
@@ -231,6 +237,28 @@ class Sampler:
             self._scratch = np.empty(logits.size, dtype=np.float32)
         return sample(logits, self.params.temperature, self.params.top_k, self.params.top_p, self._rng,
                       self._scratch)
+
+
+class ThinkingCounter:
+    """Counts a sequence's thinking tokens; once the budget is spent, the end marker is the only token left."""
+
+    def __init__(self, budget: ThinkingBudget) -> None:
+        self._budget = budget
+        self._state = "thinking" if budget.inside else "before"  # before, thinking, over
+        self._spent = 0
+
+    def observe(self, token: int) -> None:
+        if self._state == "before" and token == self._budget.start:
+            self._state = "thinking"
+        elif self._state == "thinking":
+            self._state = "over" if token == self._budget.end else "thinking"
+            self._spent += self._state == "thinking"
+
+    def mask(self, logits: np.ndarray) -> None:
+        if self._state == "thinking" and self._spent >= self._budget.tokens and self._budget.end < logits.size:
+            end = logits[self._budget.end]
+            logits.fill(-np.inf)
+            logits[self._budget.end] = end if np.isfinite(end) else 0.0
 
 
 _TINY = float(np.finfo(np.float32).tiny)  # the smallest temperature a float32 division takes (below: zero)
