@@ -18,6 +18,8 @@ from typing import Any
 from phi_api.errors import ConfigError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# how a model writes tool calls (phi_api.service.tool_formats.FORMATS, and auto: what its folder says)
+TOOL_PARSERS = ("auto", "generic", "hermes", "phi4_mini", "mistral", "llama3_json", "pythonic")
 
 
 def _integer(low: int, high: int | None = None) -> Callable[[str, Any], int]:
@@ -165,6 +167,9 @@ class Settings:
                                     "row count, prompts go in chunks on the grid, drafts are checked as alone; false: "
                                     "faster under load, answers may differ in the last bits", engine="batch_invariant",
                                     per_model=True)
+    TOOL_PARSER: str = setting("auto", _text(choices=TOOL_PARSERS),
+                               "How the model writes tool calls: auto (what its folder says), generic, hermes, "
+                               "phi4_mini, mistral, llama3_json or pythonic", engine="tool_parser", per_model=True)
     SPECULATIVE_DRAFT_MAX: int = setting(8, _integer(0, 64),
                                          "Most prompt-lookup draft tokens one step verifies (adaptive below it); 0 "
                                          "turns speculative decoding off", engine="draft_max", per_model=True)

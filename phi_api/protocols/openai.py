@@ -115,8 +115,9 @@ class ChatShape(Shape):
 
     def whole(self, result: ChoiceResult) -> dict[str, Any]:
         # OpenAI's schema requires "refusal" (null: this server never refuses in a separate field).
-        message: dict[str, Any] = {"role": "assistant", "content": None if result.calls else result.text,
-                                   "refusal": None}
+        # with calls, the text around them (a family whose calls start anywhere), or null as OpenAI writes it
+        message: dict[str, Any] = {"role": "assistant", "content": (result.text or None) if result.calls
+                                   else result.text, "refusal": None}
         if self.run.plan.reasoning is not None:  # a reasoning model's thinking, apart from its answer
             message["reasoning_content"] = message["reasoning"] = result.reasoning or None
         if result.calls:

@@ -18,7 +18,7 @@ from typing import Any
 
 from phi_api.engine import Finished, TextDelta
 from phi_api.service.reasoning import Reasoning, ReasoningSplitter
-from phi_api.service.tools import ToolCall, ToolPlan, could_be_call
+from phi_api.service.tools import ToolCall, ToolPlan
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,10 @@ class ChoiceAssembler:
     def __init__(self, index: int, plan: ToolPlan | None, reasoning: Reasoning | None = None) -> None:
         self.index = index
         self._plan = plan
-        self._mode = "text" if plan is None else ("forced" if plan.forced else "undecided")
+        # text: told as it comes; forced: all held; undecided: held while it may start a call; watching: told until
+        # the model's call marker may be opening, then held (a format whose calls start anywhere)
+        self._mode = "text" if plan is None else "forced" if plan.forced else \
+            "watching" if plan.finds_calls_anywhere else "undecided"
         self._parts: list[str] = []
         self._held: list[Text] = []
         self._thinking = ReasoningSplitter(reasoning) if reasoning is not None else None
@@ -137,8 +140,11 @@ class ChoiceAssembler:
         if self._mode == "text":
             return [text]
         self._held.append(text)
-        if self._mode == "undecided" and not could_be_call("".join(self._parts)):
+        assert self._plan is not None
+        if self._mode == "undecided" and not self._plan.could_start("".join(self._parts)):
             self._mode = "text"
+            return self._release_held()
+        if self._mode == "watching" and not self._plan.format.may_open("".join(held.text for held in self._held)):
             return self._release_held()
         return []
 
@@ -148,21 +154,25 @@ class ChoiceAssembler:
         return told + self._end(finished)
 
     def _end(self, finished: Finished) -> list[Event]:
-        calls, reason = self._calls(finished)
+        content, calls, reason = self._calls(finished)
         if calls:
             records = tuple(record for text in self._held for record in text.logprobs)
-            return [Calls(self.index, tuple(calls), records), Done(self.index, reason, finished)]
+            told: list[Event] = [Text(self.index, content)] if content else []
+            return told + [Calls(self.index, tuple(calls), records), Done(self.index, reason, finished)]
         return self._release_held() + [Done(self.index, reason, finished)]
 
-    def _calls(self, finished: Finished) -> tuple[list[ToolCall], str]:
+    def _calls(self, finished: Finished) -> tuple[str, list[ToolCall], str]:
+        """The text still to tell around the calls, the calls, and the reason the choice ended."""
         if self._plan is None:
-            return [], finished.reason
-        text = "".join(self._parts)
-        calls = self._plan.parse(text)
+            return "", [], finished.reason
+        # a format whose calls start anywhere: the text told already is the answer's; the rest holds the calls
+        watched = self._mode == "watching"
+        text = "".join(held.text for held in self._held) if watched else "".join(self._parts)
+        content, calls = self._plan.split(text)
         if calls:
-            return calls, "tool_calls"
+            return content if watched else "", calls, "tool_calls"
         partial = self._plan.partial_call(text) if finished.reason == "length" else None
-        return ([partial], "length") if partial else ([], finished.reason)
+        return "", ([partial] if partial else []), "length" if partial else finished.reason
 
     def _release_held(self) -> list[Event]:
         held, self._held = self._held, []

@@ -10,6 +10,7 @@ The service knows no Flask: its dependencies come in as :class:`Services`.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +37,7 @@ from phi_api.service.choices import ChoiceAssembler, ChoiceResult, Event, Prompt
 from phi_api.service.grammar import json_schema_grammar
 from phi_api.service.reasoning import Reasoning
 from phi_api.service.requests import ChatRequest, CompletionRequest, GenerationRequest
+from phi_api.service.tool_formats import FORMATS, ToolFormat, detect
 from phi_api.service.tools import ToolPlan
 from phi_api.settings import Settings
 
@@ -84,7 +86,7 @@ class Plan:
 
 
 def _chat_plan(engine: Engine, settings: Settings, request: ChatRequest) -> Plan:
-    plan = request.tools
+    plan = request.tools and dataclasses.replace(request.tools, format=tool_format(engine))
     prompt = prompts.chat_prompt(engine, list(request.messages), plan,
                                  variables=reasoning.template_variables(engine.info, request))
     thinking = reasoning.reasoning_of(engine, request, prompt)
@@ -95,6 +97,12 @@ def _chat_plan(engine: Engine, settings: Settings, request: ChatRequest) -> Plan
                                         guidance=guidance,
                                         thinking=reasoning.thinking_budget(engine.info, request, thinking))
     return Plan([prompt], params, tools=plan, reasoning=thinking)
+
+
+def tool_format(engine: Engine) -> ToolFormat:
+    """How the engine's model writes tool calls: its TOOL_PARSER, or what its folder says."""
+    name = engine.config.tool_parser
+    return FORMATS[detect(engine.info.added_tokens, engine.info.chat_template) if name == "auto" else name]
 
 
 def _guidance(request: GenerationRequest) -> tuple[str, str] | None:

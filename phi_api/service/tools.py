@@ -24,8 +24,8 @@ from typing import Any
 
 from phi_api.errors import InvalidFunctionParametersError, InvalidParameterError
 from phi_api.service.grammar import check_json_schema, json_schema_grammar, strict_violation
+from phi_api.service.tool_formats import FORMATS, ToolFormat
 
-_DECODER = json.JSONDecoder()
 # The forced-call grammar writes {"name": "<function>", "arguments": {...}} in this order.
 _NAME = re.compile(r'^\s*\{\s*"name"\s*:\s*"([^"\\]*)"')
 _ARGUMENTS = re.compile(r'"arguments"\s*:\s*')
@@ -57,6 +57,7 @@ class ToolPlan:
     functions: tuple[dict[str, Any], ...]  # the "function" objects of the request's tools
     forced: tuple[str, ...]  # names the answer must call (required / named); empty for auto
     parallel: bool
+    format: ToolFormat = FORMATS["generic"]  # how the model writes calls (set when its model is known)
 
     @property
     def names(self) -> set[str]:
@@ -88,11 +89,18 @@ class ToolPlan:
 
     def parse(self, text: str) -> list[ToolCall]:
         """The calls to known functions in ``text`` (only the first unless parallel calls are allowed)."""
+        return self.split(text)[1]
+
+    def split(self, text: str) -> tuple[str, list[ToolCall]]:
+        """``text`` as the answer's own text (markup out) and its calls to known functions, in the model's format
+        (a forced call, written by the grammar as bare JSON, in any)."""
+        content, found = self.format.split(text)
+        if not found and self.forced:
+            content, found = FORMATS["generic"].split(text)
         calls = []
-        for found in _json_objects(text):
-            name = found.get("name")
-            arguments = found.get("arguments", found.get("parameters"))
-            if not isinstance(name, str) or name not in self.names or arguments is None:
+        for call in found:
+            name, arguments = call["name"], call["arguments"]
+            if name not in self.names:
                 continue
             if isinstance(arguments, str):
                 try:
@@ -100,7 +108,19 @@ class ToolPlan:
                 except ValueError:
                     continue
             calls.append(ToolCall(name, json.dumps(arguments, ensure_ascii=False), new_call_id(), arguments))
-        return calls if self.parallel else calls[:1]
+        return content, calls if self.parallel else calls[:1]
+
+    @property
+    def finds_calls_anywhere(self) -> bool:
+        """Whether a call may start anywhere in the answer (a format with an opening marker) rather than only at
+        its start."""
+        return bool(self.format.open) and self.format.name != "llama3_json"
+
+    def could_start(self, text: str) -> bool:
+        """Whether an answer beginning with ``text`` may turn out to be a call (auto mode, streaming)."""
+        head = text.lstrip()
+        starts = ["[" if self.format.body == "pythonic" else "{", _TAG_OPEN, self.format.open]
+        return not head or any(start and (head.startswith(start) or start.startswith(head)) for start in starts)
 
 
     def partial_call(self, text: str) -> ToolCall | None:
@@ -163,24 +183,6 @@ def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _json_objects(text: str) -> list[dict[str, Any]]:
-    """Every JSON object in ``text`` (inside <tool_call> tags or bare), outermost first."""
-    found: list[dict[str, Any]] = []
-    position = 0
-    while True:
-        start = text.find("{", position)
-        if start < 0:
-            return found
-        try:
-            value, end = _DECODER.raw_decode(text, start)
-        except ValueError:
-            position = start + 1
-            continue
-        if isinstance(value, dict):
-            found.append(value)
-        position = end
-
-
 def tool_plan(tools: list[dict[str, Any]], tool_choice: Any = None, parallel: bool = True) -> ToolPlan | None:
     """The plan for a validated chat request's ``tools`` and ``tool_choice`` (None: not given); None when no
     tool is in play."""
@@ -214,10 +216,11 @@ def template_messages(messages: list[dict[str, Any]], plan: ToolPlan | None, tem
     """Messages as the chat template should see them, tool turns included."""
     if template_knows_tools:
         # Templates that render tool calls expect the arguments as objects, not JSON text.
-        return [{**m, "tool_calls": [{**call, "function": {**call["function"],
-                                                           "arguments": _arguments(call["function"]["arguments"])}}
-                                     for call in m["tool_calls"]]} if m.get("tool_calls") else m
-                for m in messages]
+        rendered = [{**m, "tool_calls": [{**call, "function": {**call["function"],
+                                                               "arguments": _arguments(call["function"]["arguments"])}}
+                                         for call in m["tool_calls"]]} if m.get("tool_calls") else m
+                    for m in messages]
+        return _tools_in_system(rendered, plan) if plan is not None and plan.format.tools_in_system else rendered
     rendered = []
     if plan is not None:
         rendered.append({"role": "system", "content": plan.system_prompt()})
@@ -236,6 +239,13 @@ def template_messages(messages: list[dict[str, Any]], plan: ToolPlan | None, tem
     return _merge_systems(rendered)
 
 
+def _tools_in_system(messages: list[dict[str, Any]], plan: ToolPlan) -> list[dict[str, Any]]:
+    """The tools as Phi-4-mini's template reads them: JSON text in the system message's ``tools`` (one is added)."""
+    system = next((m for m in messages if m["role"] == "system"), {"role": "system", "content": ""})
+    with_tools = {**system, "tools": json.dumps(list(plan.functions), ensure_ascii=False)}
+    return [with_tools] + [m for m in messages if m is not system]
+
+
 def _arguments(arguments: Any) -> Any:
     """A call's arguments as an object: OpenAI sends JSON text, Ollama the object itself."""
     if not isinstance(arguments, str):
@@ -251,9 +261,3 @@ def _merge_systems(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     systems = [m["content"] for m in messages if m["role"] == "system"]
     others = [m for m in messages if m["role"] != "system"]
     return ([{"role": "system", "content": "\n\n".join(systems)}] if systems else []) + others
-
-
-def could_be_call(text: str) -> bool:
-    """Whether an answer beginning with ``text`` may turn out to be a tool call (auto mode, streaming)."""
-    head = text.lstrip()
-    return head.startswith("{") or _TAG_OPEN.startswith(head[: len(_TAG_OPEN)]) if head else True

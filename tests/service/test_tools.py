@@ -7,7 +7,7 @@ import json
 import pytest
 
 from phi_api.errors import InvalidParameterError
-from phi_api.service.tools import could_be_call, template_messages, tool_plan
+from phi_api.service.tools import template_messages, tool_plan
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -70,7 +70,7 @@ def test_duplicate_function_names_are_refused():
 @pytest.mark.parametrize("text,possible", [("", True), ("  ", True), (" {", True), ("<tool", True),
                                            ("<tool_call>{", True), ("The", False), ("<b>", False)])
 def test_could_be_call(text, possible):
-    assert could_be_call(text) is possible
+    assert plan().could_start(text) is possible
 
 
 def test_templates_with_tool_support_get_the_messages_as_they_are_but_parsed_arguments():

@@ -54,6 +54,7 @@ class ModelInfo:
     fim_tokens: tuple[int, int, int] | None = None  # fill-in-the-middle: prefix, suffix, middle (None: none)
     think_markers: tuple[str, str] | None = None  # a reasoning model's thinking markers, start and end
     think_token_ids: tuple[int, int] | None = None  # their token ids
+    added_tokens: frozenset[str] = frozenset()  # the tokenizer's added tokens (which tool call markers it has)
 
     @classmethod
     def read(cls, folder: str) -> ModelInfo:
@@ -80,6 +81,7 @@ class ModelInfo:
             fim_tokens=read.fim_tokens(),
             think_markers=read.think_markers(),
             think_token_ids=read.think_token_ids(),
+            added_tokens=frozenset(read.added_tokens()),
         )
 
 

@@ -1,0 +1,58 @@
+"""Each model family's way of writing tool calls: the calls found, the markup taken out of the text, and which
+format a model folder says it writes."""
+
+from __future__ import annotations
+
+import pytest
+
+from phi_api.service.tool_formats import FORMATS, detect
+from phi_api.settings import TOOL_PARSERS
+
+PARIS = {"name": "get_weather", "arguments": {"city": "Paris"}}
+TIME = {"name": "get_time", "arguments": {}}
+
+
+@pytest.mark.parametrize("name,text,content,calls", [
+    ("hermes", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+     "Let me check.", [PARIS]),
+    ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>\n'
+               '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', "", [PARIS, TIME]),
+    ("phi4_mini", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                  '{"type": "function", "function": {"name": "get_time", "arguments": {}}}]<|/tool_call|>', "",
+     [PARIS, TIME]),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', "", [PARIS]),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}', "", [PARIS, TIME]),
+    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [PARIS]),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [PARIS]),
+    ("pythonic", '[get_weather(city="Paris"), get_time()]', "", [PARIS, TIME]),
+    ("generic", 'Sure: {"name": "get_weather", "arguments": {"city": "Paris"}}', "", [PARIS]),
+])
+def test_each_family_s_calls_come_out_and_its_markup_does_not_stay(name, text, content, calls):
+    assert FORMATS[name].split(text) == (content, calls)
+
+
+@pytest.mark.parametrize("text", ['[os.system("ls")]', "[get_weather(city)]", "[get_weather(city=x.y)]",
+                                  "get_weather(", "Plain words."])
+def test_pythonic_calls_are_read_never_run_and_anything_else_is_text(text):
+    assert FORMATS["pythonic"].split(text) == (text, [])
+
+
+def test_a_marker_may_be_opening_while_its_start_is_at_the_end():
+    hermes = FORMATS["hermes"]
+    assert hermes.may_open("I will check <tool") and hermes.may_open("x <tool_call>{")
+    assert not hermes.may_open("I will check <b>") and not FORMATS["generic"].may_open("<tool_call>")
+
+
+@pytest.mark.parametrize("added,template,expected", [
+    ({"<|tool_call|>", "<|/tool_call|>"}, "", "phi4_mini"),
+    ({"[TOOL_CALLS]"}, "", "mistral"),
+    ({"<|python_tag|>"}, "", "llama3_json"),
+    (set(), "{{- '<tool_call>' }}", "hermes"),
+    ({"<|im_start|>"}, "plain", "generic"),
+])
+def test_a_model_folder_says_which_format_its_model_writes(added, template, expected):
+    assert detect(added, template) == expected
+
+
+def test_the_setting_names_every_format():
+    assert set(TOOL_PARSERS) == {"auto", *FORMATS}
