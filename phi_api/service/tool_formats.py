@@ -34,6 +34,8 @@ class ToolFormat:
     close: str = ""  # the text that closes a block; "": the calls run to the end of the answer
     body: str = "json"  # json, mistral or pythonic
     tools_in_system: bool = False  # the template reads the tools from the system message (Phi-4-mini's)
+    forced: tuple[str, str] = ("", "")  # the text a forced call's JSON is written between, in this family
+    arguments_key: str = "arguments"  # the key of a call's arguments (Llama 3's: parameters)
 
     def split(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         """The answer's own text (the markup taken out) and the calls written in ``text``, as ``name`` and
@@ -75,10 +77,11 @@ class ToolFormat:
 
 FORMATS = {fmt.name: fmt for fmt in (
     ToolFormat("generic"),
-    ToolFormat("hermes", "<tool_call>", "</tool_call>"),
-    ToolFormat("phi4_mini", "<|tool_call|>", "<|/tool_call|>", tools_in_system=True),
-    ToolFormat("mistral", "[TOOL_CALLS]", body="mistral"),
-    ToolFormat("llama3_json", "<|python_tag|>"),
+    ToolFormat("hermes", "<tool_call>", "</tool_call>", forced=("<tool_call>\n", "\n</tool_call>")),
+    ToolFormat("phi4_mini", "<|tool_call|>", "<|/tool_call|>", tools_in_system=True,
+               forced=("<|tool_call|>[", "]<|/tool_call|>")),
+    ToolFormat("mistral", "[TOOL_CALLS]", body="mistral", forced=("[TOOL_CALLS][", "]")),
+    ToolFormat("llama3_json", "<|python_tag|>", arguments_key="parameters"),
     ToolFormat("pythonic", body="pythonic"),
 )}
 

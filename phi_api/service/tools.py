@@ -22,13 +22,15 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from llguidance import LLMatcher
+
 from phi_api.errors import InvalidFunctionParametersError, InvalidParameterError
 from phi_api.service.grammar import check_json_schema, json_schema_grammar, strict_violation
 from phi_api.service.tool_formats import FORMATS, ToolFormat
 
 # The forced-call grammar writes {"name": "<function>", "arguments": {...}} in this order.
 _NAME = re.compile(r'^\s*\{\s*"name"\s*:\s*"([^"\\]*)"')
-_ARGUMENTS = re.compile(r'"arguments"\s*:\s*')
+_ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 _TAG_OPEN, _TAG_CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -64,16 +66,23 @@ class ToolPlan:
         return {function["name"] for function in self.functions}
 
     def grammar(self) -> tuple[str, str] | None:
-        """The JSON Schema that forces a call, or None for auto; 400 naming the tool whose parameters are
-        not a schema the grammar can be built from."""
+        """The grammar that forces a call, in the model family's own shape (its JSON between the family's
+        markers), or None for auto; 400 naming the tool whose parameters are not a schema the grammar can be built
+        from."""
         if not self.forced:
             return None
         options = []
         for index, function in enumerate(self.functions):
             if function["name"] in self.forced:
-                check_json_schema(_call_schema(function), f"tools[{index}].function.parameters")
-                options.append(_call_schema(function))
-        return json_schema_grammar(options[0] if len(options) == 1 else {"anyOf": options}, "tools")
+                schema = _call_schema(function, self.format.arguments_key)
+                check_json_schema(schema, f"tools[{index}].function.parameters")
+                options.append(schema)
+        kind, schema_text = json_schema_grammar(options[0] if len(options) == 1 else {"anyOf": options}, "tools")
+        before, after = self.format.forced
+        if not before and not after:
+            return kind, schema_text
+        lark = f"start: {json.dumps(before)} call {json.dumps(after)}\ncall: %json {schema_text}"
+        return "llguidance", LLMatcher.grammar_from_lark(lark)
 
     def system_prompt(self) -> str:
         """The tools and the calling convention, for templates that cannot render tools: an example call of the
@@ -128,6 +137,7 @@ class ToolPlan:
         returns them; None when not even the function is known yet."""
         if not self.forced or not text:
             return None
+        text = text.lstrip().removeprefix(self.format.forced[0])  # the family's markers before the JSON
         named = _NAME.search(text)
         name = named.group(1) if named else (self.forced[0] if len(self.forced) == 1 else None)
         if name not in self.forced:
@@ -173,12 +183,12 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
+def _call_schema(function: dict[str, Any], arguments_key: str = "arguments") -> dict[str, Any]:
     parameters = function.get("parameters") or {"type": "object", "properties": {}}
     return {
         "type": "object",
-        "properties": {"name": {"const": function["name"]}, "arguments": parameters},
-        "required": ["name", "arguments"],
+        "properties": {"name": {"const": function["name"]}, arguments_key: parameters},
+        "required": ["name", arguments_key],
         "additionalProperties": False,
     }
 

@@ -20,6 +20,7 @@ GRAMMARS = {
     "tiny-phi4": f'start: "Checking the weather. <|tool_call|>[{CALL}]<|/tool_call|>"',
 }
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+MARKERS = {"tiny-hermes": ("<tool_call>", "</tool_call>"), "tiny-phi4": ("<|tool_call|>[", "]<|/tool_call|>")}
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +52,17 @@ def test_a_family_s_call_comes_back_as_tool_calls_with_the_text_as_content(famil
         reasons.append(chunk.choices[0].finish_reason)
     assert content.strip() == "Checking the weather." and "tool_call" not in content
     assert names == ["get_weather"] and json.loads(arguments) == {"city": "Paris"} and reasons[-1] == "tool_calls"
+
+
+@pytest.mark.parametrize("model", sorted(GRAMMARS))
+def test_a_forced_call_is_written_in_the_family_s_shape_and_validates(families, model):
+    city = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}}}
+    choice = families.chat.completions.create(model=model, messages=MESSAGES, tools=[city], tool_choice="required",
+                                              max_tokens=64, temperature=0, logprobs=True).choices[0]
+    [call] = choice.message.tool_calls
+    assert choice.finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome") and not choice.message.content
+    written = "".join(token.token for token in choice.logprobs.content)  # what the model wrote, markup included
+    opening, closing = MARKERS[model]
+    assert written.startswith(opening) and written.rstrip().endswith(closing)

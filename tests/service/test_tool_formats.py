@@ -56,3 +56,21 @@ def test_a_model_folder_says_which_format_its_model_writes(added, template, expe
 
 def test_the_setting_names_every_format():
     assert set(TOOL_PARSERS) == {"auto", *FORMATS}
+
+
+def test_a_forced_call_s_grammar_writes_the_family_s_markers_around_the_call():
+    from llguidance import LLMatcher
+
+    from phi_api.service.tools import tool_plan
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    generic = tool_plan(tools, "required")
+    assert generic.grammar()[0] == "json_schema"
+    for name in ("hermes", "phi4_mini", "mistral"):
+        family = generic.__class__(generic.functions, generic.forced, generic.parallel, FORMATS[name])
+        kind, definition = family.grammar()
+        assert kind == "llguidance" and LLMatcher.validate_grammar(definition) == ""
+        assert FORMATS[name].forced[0].strip() in definition
+    hermes = generic.__class__(generic.functions, generic.forced, generic.parallel, FORMATS["hermes"])
+    cut = hermes.partial_call('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
+    assert (cut.name, cut.arguments) == ("get_weather", '{"city": "Pa')
