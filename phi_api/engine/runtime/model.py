@@ -14,6 +14,7 @@ import numpy as np
 
 import phi_api.engine.runtime.oga as oga  # the submodules, not the package (which imports this module)
 from phi_api.engine.runtime.folder import CONFIG_FILE, ModelFolder
+from phi_api.engine.runtime.template import reads
 from phi_api.engine.runtime.template import render as render_template
 from phi_api.engine.threads.native import new_lock
 from phi_api.errors import ChatTemplateError
@@ -71,7 +72,7 @@ class ModelInfo:
             vocab_size=int(model.get("vocab_size", 0)),
             eos_token_ids=frozenset(eos if isinstance(eos, list) else [eos]),
             has_chat_template=bool(template),
-            template_knows_tools="tools" in template,
+            template_knows_tools="tools" in reads(template),  # the variable, not the word
             chat_template=template or PHI3_CHAT_TEMPLATE,
             size_bytes=sum(entry.stat().st_size for entry in os.scandir(root) if entry.is_file()),
             modified_at=(root / CONFIG_FILE).stat().st_mtime,

@@ -40,5 +40,17 @@ def render(template: str, messages: list[dict[str, Any]], tools: list[dict[str, 
         raise ChatTemplateError(f"the chat template failed: {exc}") from None
 
 
+def reads(template: str) -> frozenset[str]:
+    """The variables ``template`` reads from outside (``tools``, ``enable_thinking``, ...); none when it does not
+    parse (ONNX Runtime GenAI's own template engine will say why)."""
+    from jinja2 import Environment, TemplateSyntaxError, meta
+
+    try:
+        return frozenset(meta.find_undeclared_variables(Environment(extensions=["jinja2.ext.loopcontrols"])
+                                                        .parse(template)))
+    except TemplateSyntaxError:
+        return frozenset()
+
+
 def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)

@@ -43,3 +43,12 @@ def test_an_earlier_answer_s_thinking_is_left_out_as_the_template_says():
 def test_a_template_that_fails_or_reaches_past_the_sandbox_is_a_chat_template_error(template):
     with pytest.raises(ChatTemplateError):
         render(template, MESSAGES, None, True, {}, {})
+
+
+def test_a_template_knows_tools_when_it_reads_the_tools_variable_not_the_word():
+    from phi_api.engine.runtime.template import reads
+
+    assert "tools" in reads(QWEN3) and "enable_thinking" in reads(QWEN3)
+    assert "tools" not in reads("{{ messages[0]['content'] }} You have no tools.")
+    assert "tools" not in reads("{% for m in messages %}{{ m.tools }}{% endfor %}")  # a message's own field
+    assert reads("{% for %}") == frozenset()
