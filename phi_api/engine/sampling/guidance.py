@@ -4,7 +4,7 @@ own guidance is built on), used directly so that every row of a batch has a gram
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,17 +42,18 @@ class GuideFactory:
         matcher = LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GuidanceError(matcher.get_error())
-        return Guide(matcher, self.vocab_size)
+        return Guide(matcher, self.vocab_size, self._tokenizer)
 
 
 class Guide:
     """One sequence's grammar state: the mask of its next token, and the tokens it has taken."""
 
-    def __init__(self, matcher: LLMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: LLMatcher, vocab_size: int, tokenizer: Any = None) -> None:
         from llguidance.numpy import allocate_token_bitmask
 
         self._matcher = matcher
         self._bitmask = allocate_token_bitmask(1, vocab_size)
+        self._tokenizer = tokenizer
 
     def mask(self, logits: np.ndarray) -> None:
         """Set the logits of the tokens the grammar does not allow now to minus infinity."""
@@ -62,7 +63,18 @@ class Guide:
         apply_token_bitmask_inplace(logits[None, :], self._bitmask)
 
     def consume(self, token: int) -> None:
-        """Advance the grammar past ``token``."""
+        """Advance the grammar past ``token``.
+
+        An added token whose text a grammar spells as a string (Qwen's ``<tool_call>``, ``<think>``) is allowed by
+        llguidance's mask but refused by its parser, which reads it as a special token: the grammar then takes the
+        same text as ordinary tokens, and the model keeps its own token.
+        """
+        tokenizer = self._tokenizer
+        if tokenizer is not None and tokenizer.is_special_token(token) and not self._matcher.validate_tokens([token]):
+            spelled = tokenizer.greedy_tokenize(tokenizer.decode_str([token]))
+            if spelled and self._matcher.validate_tokens(spelled) == len(spelled):
+                self._matcher.consume_tokens(spelled)
+                return
         self._matcher.consume_token(token)
 
     @property

@@ -1,0 +1,79 @@
+"""Tiny random-weight models of the 2026 small-model families (Qwen3, Llama 3, Mistral), built with ONNX Runtime
+GenAI's model builder in seconds, with the default model's tokenizer plus the family's special tokens and the
+family's real chat template (tests/data/templates). Their words are noise: tests drive them with grammars and check
+what phi-api makes of the family's markup and template."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phi_api.tools.prepare import REFERENCE_RECIPE, run_builder
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"
+
+
+@dataclass(frozen=True)
+class Family:
+    """A family's architecture (transformers' names), special tokens and template."""
+
+    name: str
+    config: str  # transformers' config class
+    model: str  # transformers' causal-LM class
+    special: tuple[str, ...]  # added to the tokenizer (special ones; the second ends a turn)
+    # the call and thinking markers, added as tokens decoded as text, as Qwen's are: phi-api reads markers in the
+    # text, so one that is a special token (Llama 3's <|python_tag|>, Mistral's [TOOL_CALLS]) is not seen
+    text_tokens: tuple[str, ...] = ()
+    template: str = ""  # a file of tests/data/templates
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+FAMILIES = {family.name: family for family in (
+    Family("qwen3", "Qwen3Config", "Qwen3ForCausalLM", ("<|im_start|>", "<|im_end|>"),
+           ("<think>", "</think>", "<tool_call>", "</tool_call>"), "qwen3.jinja", {"head_dim": 16}),
+    Family("llama", "LlamaConfig", "LlamaForCausalLM", ("<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>",
+                                                        "<|end_header_id|>"), ("<|python_tag|>",)),
+    Family("mistral", "MistralConfig", "MistralForCausalLM", ("[INST]", "[/INST]"), ("[TOOL_CALLS]",)),
+)}
+
+
+def build_tiny(family: Family, tokenizer_source: Path, out_dir: Path, work_dir: Path) -> Path:
+    """Build the family's tiny model into ``out_dir`` (reusing it if present) and return it."""
+    if (out_dir / "genai_config.json").is_file():
+        return out_dir
+    hf_dir = work_dir / f"tiny-{family.name}-hf"
+    _write_folder(family, tokenizer_source, hf_dir)
+    run_builder(hf_dir, out_dir, work_dir / f"tiny-{family.name}-cache", work_dir / f"tiny-{family.name}.log",
+                recipe=REFERENCE_RECIPE)
+    if family.template:
+        (out_dir / "chat_template.jinja").write_text((TEMPLATES / family.template).read_text(encoding="utf-8"),
+                                                     encoding="utf-8")
+    return out_dir
+
+
+def _write_folder(family: Family, tokenizer_source: Path, out_dir: Path) -> None:
+    import torch
+    import transformers
+    from tokenizers import AddedToken
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(family.special)})
+    tokenizer.add_tokens([AddedToken(text, special=False, normalized=False) for text in family.text_tokens])
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(out_dir)
+    eos = tokenizer.convert_tokens_to_ids(family.special[1])
+    config = getattr(transformers, family.config)(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=0,
+        eos_token_id=eos, pad_token_id=eos, tie_word_embeddings=False, **family.extra)
+    torch.manual_seed(0)
+    model = getattr(transformers, family.model)(config)
+    model.save_pretrained(out_dir)
+    transformers.GenerationConfig(eos_token_id=[eos], pad_token_id=eos).save_pretrained(out_dir)
+    config_path = out_dir / "tokenizer_config.json"
+    settings = json.loads(config_path.read_text(encoding="utf-8"))
+    settings.pop("chat_template", None)
+    config_path.write_text(json.dumps(settings, indent=2), encoding="utf-8")
