@@ -14,6 +14,7 @@ from typing import Any
 
 from llguidance import LLMatcher, grammar_from
 
+from phi_api.engine.threads.native import off_hub
 from phi_api.errors import InvalidJSONSchemaError, InvalidParameterError, UnsupportedParameterError
 from phi_api.service.grammar import strict_violation
 
@@ -44,15 +45,21 @@ def grammar(kind: str, text: Any, param: str) -> Grammar:
         raise InvalidParameterError(f"{param} must be a non-empty list of strings.", param=param)
     if kind != "choice" and not (isinstance(text, str) and text.strip()):
         raise InvalidParameterError(f"{param} must be a non-empty string.", param=param)
-    try:
-        definition = grammar_from(kind, json.dumps(text) if kind == "choice" else text)  # type: ignore[arg-type]
-        reason = LLMatcher.validate_grammar(definition)
-    except (ValueError, TypeError) as exc:  # llguidance's words for a grammar it cannot read
-        reason = str(exc) or type(exc).__name__
+    # compiled on a pooled thread: a large grammar must not stall the worker's other requests on the hub
+    definition, reason = off_hub(_compile, kind, json.dumps(text) if kind == "choice" else text)
     if reason:
         first_line = reason.strip().splitlines()[0] if reason.strip() else "invalid"
         raise InvalidParameterError(f"{param} cannot be compiled: {first_line[:_MAX_REASON_CHARS]}", param=param)
     return Grammar(definition, param)
+
+
+def _compile(kind: str, text: str) -> tuple[str, str]:
+    """llguidance's definition of ``text`` of ``kind``, and why it cannot be used ("" when it can)."""
+    try:
+        definition = grammar_from(kind, text)  # type: ignore[arg-type]
+        return definition, LLMatcher.validate_grammar(definition)
+    except (ValueError, TypeError) as exc:  # llguidance's words for a grammar it cannot read
+        return "", str(exc) or type(exc).__name__
 
 
 def constraint_fields(body: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from phi_api.engine import Engine, Finished, Generation, PromptLogprobs, SamplingParams, TextDelta
+from phi_api.engine import Engine, Finished, Generation, ModelInfo, PromptLogprobs, SamplingParams, TextDelta
 from phi_api.errors import (
     APIError,
     ClientClosedRequestError,
@@ -100,9 +101,13 @@ def _chat_plan(engine: Engine, settings: Settings, request: ChatRequest) -> Plan
 
 
 def tool_format(engine: Engine) -> ToolFormat:
-    """How the engine's model writes tool calls: its TOOL_PARSER, or what its folder says."""
-    name = engine.config.tool_parser
-    return FORMATS[detect(engine.info.added_tokens, engine.info.chat_template) if name == "auto" else name]
+    """How the engine's model writes tool calls: its TOOL_PARSER, or what its folder says (found once a model)."""
+    return _tool_format(engine.config.tool_parser, engine.info)
+
+
+@functools.lru_cache(maxsize=64)
+def _tool_format(parser: str, info: ModelInfo) -> ToolFormat:
+    return FORMATS[detect(info.added_tokens, info.chat_template) if parser == "auto" else parser]
 
 
 def _guidance(request: GenerationRequest) -> tuple[str, str] | None:

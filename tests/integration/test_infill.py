@@ -7,7 +7,6 @@ without those tokens (the default one) refuses."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import openai
 import pytest
@@ -16,34 +15,15 @@ from ollama import Client
 from openai import OpenAI
 
 from tests.support.server import Server
+from tests.support.tiny_phi3 import with_renamed_tokens
 
 FIM_NAMES = {3: "<|fim_prefix|>", 4: "<|fim_suffix|>", 5: "<|fim_middle|>"}
 PREFIX, SUFFIX = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
 
 
-def rename_tokens(path, names: dict[int, str], special: bool = True) -> None:
-    """Give the tokenizer's added tokens ``names`` by id (its vocabulary too, so that both agree); not ``special``:
-    decoded as text, as reasoning models' thinking markers are."""
-    tokenizer = json.loads(path.read_text(encoding="utf-8"))
-    for token in tokenizer["added_tokens"]:
-        if token["id"] in names:
-            old, token["content"], token["special"] = token["content"], names[token["id"]], special
-            tokenizer["model"]["vocab"][names[token["id"]]] = tokenizer["model"]["vocab"].pop(old)
-    path.write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
-
-
 @pytest.fixture(scope="module")
 def coder(tiny_phi3, tmp_path_factory, logs_dir):
-    folder = tmp_path_factory.mktemp("tiny-coder") / "model"
-    shutil.copytree(tiny_phi3, folder)
-    rename_tokens(folder / "tokenizer.json", FIM_NAMES)
-    config = folder / "tokenizer_config.json"
-    if config.is_file():  # its own list of added tokens must agree with tokenizer.json's
-        settings = json.loads(config.read_text(encoding="utf-8"))
-        for token_id, name in FIM_NAMES.items():
-            if str(token_id) in settings.get("added_tokens_decoder", {}):
-                settings["added_tokens_decoder"][str(token_id)]["content"] = name
-        config.write_text(json.dumps(settings), encoding="utf-8")
+    folder = with_renamed_tokens(tiny_phi3, tmp_path_factory.mktemp("tiny-coder") / "model", FIM_NAMES)
     # PREFIX_CACHE=exact: a prompt sent again answers bit for bit as the first time (docs/identical-answers.md)
     with Server(logs_dir, MODEL_PATH=str(folder), MODEL_ID="tiny-coder", WEB_CONCURRENCY=1,
                 PREFIX_CACHE="exact") as running:

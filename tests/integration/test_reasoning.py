@@ -8,8 +8,6 @@ the weights' own (greedy) words, all thinking until the end token comes."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import anthropic
@@ -17,8 +15,8 @@ import pytest
 from ollama import Client
 from openai import OpenAI
 
-from tests.integration.test_infill import rename_tokens
 from tests.support.server import Server
+from tests.support.tiny_phi3 import with_renamed_tokens
 
 THINK_NAMES = {6: "<think>", 7: "</think>"}
 GRAMMAR = 'start: "I should greet back." <[7]> "Hello there."'
@@ -31,16 +29,8 @@ QWEN3 = Path(__file__).resolve().parents[1] / "data" / "templates" / "qwen3.jinj
 
 def thinker_folder(tiny_phi3, root: Path, template: str) -> Path:
     """The tiny Phi-3 as a reasoning model: thinking markers in its tokenizer, and ``template`` as its template."""
-    folder = root / "model"
-    shutil.copytree(tiny_phi3, folder)
-    rename_tokens(folder / "tokenizer.json", THINK_NAMES, special=False)  # as Qwen3's and DeepSeek-R1's are
-    config = folder / "tokenizer_config.json"
-    if config.is_file():
-        settings = json.loads(config.read_text(encoding="utf-8"))
-        for token_id, name in THINK_NAMES.items():
-            if str(token_id) in settings.get("added_tokens_decoder", {}):
-                settings["added_tokens_decoder"][str(token_id)]["content"] = name
-        config.write_text(json.dumps(settings), encoding="utf-8")
+    # not special: decoded as text, as Qwen3's and DeepSeek-R1's markers are
+    folder = with_renamed_tokens(tiny_phi3, root / "model", THINK_NAMES, special=False)
     (folder / "chat_template.jinja").write_text(template, encoding="utf-8")
     return folder
 

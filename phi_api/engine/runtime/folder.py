@@ -28,6 +28,19 @@ FIM_FAMILIES = (
 THINK_MARKERS = (("<think>", "</think>"),)
 
 
+def think_markers(added: dict[str, int]) -> tuple[str, str] | None:
+    """The thinking markers (start, end) among a tokenizer's ``added`` tokens, when it has a pair of
+    :data:`THINK_MARKERS`: a reasoning model; None for others."""
+    return next((pair for pair in THINK_MARKERS if all(marker in added for marker in pair)), None)
+
+
+def fim_tokens(added: dict[str, int]) -> tuple[int, int, int] | None:
+    """The ids of the fill-in-the-middle tokens (prefix, suffix, middle) among a tokenizer's ``added`` tokens, of
+    the first family it has whole (:data:`FIM_FAMILIES`); None without."""
+    family = next((family for family in FIM_FAMILIES if all(name in added for name in family)), None)
+    return (added[family[0]], added[family[1]], added[family[2]]) if family else None
+
+
 @dataclass(frozen=True)
 class ModelFolder:
     """A model folder and its parsed ``genai_config.json``."""
@@ -73,27 +86,6 @@ class ModelFolder:
             return {token["content"]: int(token["id"]) for token in tokenizer.get("added_tokens", [])}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return {}
-
-    def think_markers(self) -> tuple[str, str] | None:
-        """The tokenizer's thinking markers (start, end), when it has a pair of :data:`THINK_MARKERS`: a reasoning
-        model; None for others."""
-        added = self.added_tokens()
-        return next((pair for pair in THINK_MARKERS if all(marker in added for marker in pair)), None)
-
-    def think_token_ids(self) -> tuple[int, int] | None:
-        """The token ids of :meth:`think_markers` (start, end)."""
-        markers, added = self.think_markers(), self.added_tokens()
-        return (added[markers[0]], added[markers[1]]) if markers else None
-
-    def fim_tokens(self) -> tuple[int, int, int] | None:
-        """The ids of the tokenizer's fill-in-the-middle tokens (prefix, suffix, middle), of the first family it
-        has whole (:data:`FIM_FAMILIES`); None without."""
-        added = self.added_tokens()
-        for family in FIM_FAMILIES:
-            if all(name in added for name in family):
-                prefix, suffix, middle = (added[name] for name in family)
-                return prefix, suffix, middle
-        return None
 
     def template_tokens(self) -> dict[str, str]:
         """``bos_token`` and ``eos_token`` as a chat template reads them (from ``tokenizer_config.json``)."""

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 import phi_api.engine.runtime.oga as oga  # the submodules, not the package (which imports this module)
-from phi_api.engine.runtime.folder import CONFIG_FILE, ModelFolder
+from phi_api.engine.runtime.folder import CONFIG_FILE, ModelFolder, fim_tokens, think_markers
 from phi_api.engine.runtime.template import reads
 from phi_api.engine.runtime.template import render as render_template
 from phi_api.engine.threads.native import new_lock
@@ -56,6 +56,7 @@ class ModelInfo:
     think_markers: tuple[str, str] | None = None  # a reasoning model's thinking markers, start and end
     think_token_ids: tuple[int, int] | None = None  # their token ids
     added_tokens: frozenset[str] = frozenset()  # the tokenizer's added tokens (which tool call markers it has)
+    template_tokens: tuple[tuple[str, str], ...] = ()  # bos_token and eos_token, as a chat template reads them
 
     @classmethod
     def read(cls, folder: str) -> ModelInfo:
@@ -64,6 +65,8 @@ class ModelInfo:
         root, model = read.root, read.model
         eos = model.get("eos_token_id", [])
         template = read.chat_template()
+        added = read.added_tokens()  # tokenizer.json is read once: it can be megabytes
+        markers = think_markers(added)
         decoder_file = read.decoder_file
         return cls(
             path=str(root),
@@ -79,10 +82,11 @@ class ModelInfo:
             fingerprint=_fingerprint(root, read.config),
             decoder_file=decoder_file,
             rope_switch=_rope_switch(root / decoder_file),
-            fim_tokens=read.fim_tokens(),
-            think_markers=read.think_markers(),
-            think_token_ids=read.think_token_ids(),
-            added_tokens=frozenset(read.added_tokens()),
+            fim_tokens=fim_tokens(added),
+            think_markers=markers,
+            think_token_ids=(added[markers[0]], added[markers[1]]) if markers else None,
+            added_tokens=frozenset(added),
+            template_tokens=tuple(sorted(read.template_tokens().items())),
         )
 
 
@@ -216,7 +220,7 @@ class LanguageModel:
         with ``variables`` (what the template reads besides the conversation), rendered by phi-api itself."""
         if variables:
             return render_template(self.info.chat_template, messages, tools, add_generation_prompt, variables,
-                                   ModelFolder(Path(self.info.path), {}).template_tokens())
+                                   dict(self.info.template_tokens))
         template = None if self.info.has_chat_template else PHI3_CHAT_TEMPLATE
         tools_json = json.dumps(tools) if tools else None
         with self._tokenizer_lock:

@@ -9,6 +9,7 @@ Templates come from model folders, and the variables from clients: they run in J
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -24,20 +25,29 @@ def render(template: str, messages: list[dict[str, Any]], tools: list[dict[str, 
     """``template`` rendered for the conversation, with ``variables`` and the tokenizer's ``tokens``
     (``bos_token``, ``eos_token``); :class:`ChatTemplateError` when the template fails or refuses."""
     from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message: str) -> None:
-        raise ChatTemplateError(message)
+    try:
+        return _compiled(template).render(
+            **variables, **tokens, messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
+    except TemplateError as exc:
+        raise ChatTemplateError(f"the chat template failed: {exc}") from None
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(template: str) -> Any:
+    """``template`` compiled in the sandbox, once per template (a model's, for every request that needs it);
+    :class:`jinja2.TemplateError` when it does not parse."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=["jinja2.ext.loopcontrols"])
     environment.filters["tojson"] = _tojson
-    environment.globals.update(raise_exception=raise_exception, strftime_now=time.strftime)
-    try:
-        return environment.from_string(template).render(
-            **variables, **tokens, messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
-    except TemplateError as exc:
-        raise ChatTemplateError(f"the chat template failed: {exc}") from None
+    environment.globals.update(raise_exception=_raise_exception, strftime_now=time.strftime)
+    return environment.from_string(template)
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(message)
 
 
 def reads(template: str) -> frozenset[str]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from phi_api.engine.runtime.folder import FIM_FAMILIES, ModelFolder
+from phi_api.engine.runtime.folder import FIM_FAMILIES, ModelFolder, fim_tokens
 
 
 def folder_with(tmp_path, added: list[str]):
@@ -20,11 +20,13 @@ def folder_with(tmp_path, added: list[str]):
 def test_each_family_s_fill_in_the_middle_tokens_are_found_in_prefix_suffix_middle_order(tmp_path, family):
     shuffled = ["<|im_start|>", family[2], family[0], "<|im_end|>", family[1]]
     ids = {name: 1000 + index for index, name in enumerate(shuffled)}
-    assert folder_with(tmp_path, shuffled).fim_tokens() == (ids[family[0]], ids[family[1]], ids[family[2]])
+    found = fim_tokens(folder_with(tmp_path, shuffled).added_tokens())
+    assert found == (ids[family[0]], ids[family[1]], ids[family[2]])
 
 
 def test_a_tokenizer_without_a_whole_family_has_none(tmp_path):
-    assert folder_with(tmp_path, ["<|fim_prefix|>", "<|fim_suffix|>", "<fim_middle>"]).fim_tokens() is None
-    assert folder_with(tmp_path, []).fim_tokens() is None
+    mixed = folder_with(tmp_path, ["<|fim_prefix|>", "<|fim_suffix|>", "<fim_middle>"])
+    assert fim_tokens(mixed.added_tokens()) is None
+    assert fim_tokens(folder_with(tmp_path, []).added_tokens()) is None
     (tmp_path / "tokenizer.json").write_text("not json")
-    assert ModelFolder.read(tmp_path).fim_tokens() is None
+    assert fim_tokens(ModelFolder.read(tmp_path).added_tokens()) is None
