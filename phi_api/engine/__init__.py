@@ -258,5 +258,7 @@ def log_generation(choice: Choice, finished: Finished, model: str = "") -> None:
         finished.reason, finished.prompt_tokens, finished.cached_tokens, finished.completion_tokens, ttft,
         f"{rate:.1f}" if rate else "-", finished.batch_rows, extra=extra,
     )
-    if finished.error:
+    if finished.reason == "grammar":  # the request's own grammar: a warning, without the grammar it quotes
+        log.warning("%s", (finished.error or "").splitlines()[0] if finished.error else "", extra=extra)
+    elif finished.error:
         log.error("generation failed in the engine:\n%s", finished.error, extra=extra)

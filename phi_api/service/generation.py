@@ -28,6 +28,7 @@ from phi_api.errors import (
     ContextLengthExceededError,
     GenerationTimeoutError,
     InternalError,
+    InvalidRequestError,
     RateLimitError,
     ServiceUnavailableError,
 )
@@ -227,6 +228,9 @@ def failure(finished: Finished) -> APIError:
         return ContextLengthExceededError("This request needs more key/value memory than this server holds now "
                                           "(MEMORY_LIMIT_MB, KV_CACHE_MB): lower max_tokens or the prompt.",
                                           param="max_tokens")
+    if finished.reason == "grammar":  # e.g. a character whose bytes the model's byte-level vocabulary lacks
+        return InvalidRequestError("The requested output format cannot be written with this model's tokens: it "
+                                   "needs text the model's vocabulary cannot spell.")
     return InternalError()
 
 

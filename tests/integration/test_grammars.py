@@ -78,3 +78,15 @@ def test_a_grammar_that_cannot_be_used_is_a_400_and_the_server_goes_on(client, e
         assert raised.value.body["param"] == param, raised.value.body
     answer = chat(client, 1, guided_choice=["still", "serving"]).choices[0]
     assert answer.message.content in ("still", "serving")
+
+
+@pytest.mark.parametrize("choice", ["A\U000567c2", "A\x04"])  # bytes the default model's vocabulary has no token for
+def test_a_grammar_the_vocabulary_cannot_spell_is_a_400_streamed_or_not(client, choice):
+    with pytest.raises(openai.BadRequestError) as raised:
+        chat(client, 1, guided_choice=[choice])
+    assert "vocabulary" in raised.value.message
+    with pytest.raises(openai.APIError) as raised:
+        for _ in client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=8, stream=True,
+                                                extra_body={"guided_choice": [choice]}):
+            pass
+    assert "vocabulary" in raised.value.message

@@ -38,4 +38,6 @@ def test_a_timeout_is_a_timeout_error_a_request_that_no_longer_fits_a_400_and_an
     assert isinstance(failure(Finished("timeout", 1, 0, None, 0.0)), GenerationTimeoutError)
     capacity = failure(Finished("capacity", 1, 0, None, 0.0))
     assert isinstance(capacity, ContextLengthExceededError) and capacity.status == 400
+    grammar = failure(Finished("grammar", 1, 0, None, 0.0, "the grammar cannot continue: <the grammar>"))
+    assert grammar.status == 400 and "vocabulary" in grammar.message and "<the grammar>" not in grammar.message
     assert isinstance(failure(Finished("error", 1, 0, None, 0.0, "trace")), InternalError)

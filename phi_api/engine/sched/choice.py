@@ -42,7 +42,8 @@ class Finished:
 
     ``reason`` is ``stop`` (end of sequence or a stop string), ``length``
     (``max_tokens``), ``cancelled``, ``timeout``, ``capacity`` (it could not fit the key/value budget as it
-    stood when its turn came) or ``error``.
+    stood when its turn came), ``grammar`` (its grammar has no way on with the model's tokens: it needs text the
+    vocabulary cannot spell) or ``error``.
     """
 
     reason: str

@@ -67,19 +67,21 @@ class Outputs:
             row.generated += 1
             if row.first_token_at is None:
                 row.first_token_at = time.monotonic()
+            # before the end of sequence: a grammar at a dead end offers only that (llguidance's error mask)
+            failed = row.sampler.guide_failure
+            if failed:
+                self.finish(row, "grammar", f"the grammar cannot continue: {failed}")
+                return False
             if token in self.eos_token_ids:
                 self.finish(row, "stop")
                 return False
             pieces, stopped = row.text.add(token, record)
-            failed = row.sampler.guide_failure
         except Exception as error:  # one sequence's text or grammar failing ends that sequence only
             self.finish(row, "error", trace(error))
             return False
         self.emit(row, pieces)
         if stopped:
             self.finish(row, "stop", flush=False)
-        elif failed:
-            self.finish(row, "error", f"the grammar cannot continue: {failed}")
         elif row.generated >= row.choice.params.max_tokens or row.length + 1 > self.kv.pool.tokens:
             self.finish(row, "length")
         else:
