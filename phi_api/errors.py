@@ -267,6 +267,13 @@ class ServiceUnavailableError(APIError):
     code = "unavailable"
 
 
+class DatabaseUnavailableError(ServiceUnavailableError):
+    """The database that holds keys' usage, stored responses, files and batches cannot be reached now (503)."""
+
+    code = "database_unavailable"
+    headers: ClassVar[dict[str, str]] = {"Retry-After": "1"}
+
+
 class ModelLoadingError(APIError):
     """A model could not be loaded: at start-up, logged as one JSON line, then the server exits; at run time,
     the load's answer (500)."""

@@ -57,6 +57,14 @@ def _stripped(name: str, raw: Any) -> str:
     return str(raw).strip()
 
 
+def _database_url(name: str, raw: Any) -> str:
+    """A PostgreSQL URL (``postgresql://user:password@host:port/database``), or "" (SQLite in DATA_DIR)."""
+    value = str(raw).strip()
+    if value and not value.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
+        raise ConfigError(f"{name} must be a postgresql:// URL (or empty for SQLite in DATA_DIR)")
+    return value
+
+
 def _boolean(name: str, raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw
@@ -190,6 +198,13 @@ class Settings:
                             "the Batch API's files and batches; empty: data/ in phi-api's cache folder")
     BATCH_DIR: str = setting("", _stripped,
                              "Folder of the Batch API's files and batches; empty: batches/ in DATA_DIR")
+    DATABASE_URL: str = setting("", _database_url,
+                                "A postgresql:// URL: keys' usage and limits, stored responses, files and batches live "
+                                "there, shared by every replica; empty: SQLite files in DATA_DIR (one machine)")
+    BATCH_LEASE_SECONDS: float = setting(60.0, _number(1.0, 86_400.0),
+                                         "How long a claimed batch line stays its worker's without word from it (the "
+                                         "worker renews it while the line runs); then another worker or replica "
+                                         "takes it")
     BATCH_CONCURRENCY: int = setting(2, _integer(0, 1024),
                                      "Batch lines each worker runs at once, at the lowest priority and outside "
                                      "MAX_CONCURRENT_REQUESTS; 0: batches wait")

@@ -8,6 +8,7 @@ lowest priority and outside ``MAX_CONCURRENT_REQUESTS`` (:func:`phi_api.web.http
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 from flask import Blueprint, Flask, Response, jsonify, request, send_file
@@ -93,10 +94,10 @@ def retrieve_file(file_id: str) -> Response:
 @bp.get("/v1/files/<file_id>/content")
 @operation("A file's content", statuses=(404,))
 def file_content(file_id: str) -> Response:
-    path = get_batches().content(file_id, current_tenant().scope)
-    if path is None:
+    data = get_batches().content(file_id, current_tenant().scope)
+    if data is None:
         raise NotFoundError(f"No such File object: {file_id}", param="id")
-    return send_file(path, mimetype="application/octet-stream", download_name=_file(file_id)["filename"])
+    return send_file(io.BytesIO(data), mimetype="application/octet-stream", download_name=_file(file_id)["filename"])
 
 
 @bp.delete("/v1/files/<file_id>")

@@ -5,7 +5,8 @@ answer's rendering), at the lowest priority and outside ``MAX_CONCURRENT_REQUEST
 So a live request never gets 429 because of batch work, and the engine admits and prefills every live request
 before any batch line (:mod:`engine.scheduler`); a batch line holds at most one place of ``BATCH_CONCURRENCY``
 per worker. The lines are claimed in the store (:mod:`phi_api.storage.batches`), so each runs once however many
-workers there are; lines of a worker that died are queued again by the others.
+workers and replicas there are; a claim is a lease, renewed while the line runs: the lines of a worker that died
+are queued again by its neighbours on the same machine at once, by any replica once the lease runs out.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +24,7 @@ import gevent
 from gevent.pool import Pool
 
 from phi_api.storage.batches import BatchStore, Line
+from phi_api.storage.database import DatabaseError
 
 log = logging.getLogger(__name__)
 
@@ -30,19 +33,24 @@ BATCH_OWNER = "phi_api.batch_owner"  # ... with the name of the key that created
 SERVICE_UNAVAILABLE = 503
 POLL_SECONDS = 0.5  # how soon a new batch's first line is taken
 RECOVER_SECONDS = 10.0  # how often lines of dead workers are looked for
+RETRY_SECONDS = 5.0  # how soon a database that could not be reached is tried again
 Dispatch = Callable[[Line], tuple[int, Any, str, str]]  # a line -> (status, body, request id, Retry-After)
 RATE_LIMITED = 429
 
 
 def owner_id(pid: int | None = None) -> str:
-    """This process as the owner of claimed lines: its pid and start time (a pid alone may be reused)."""
+    """This process as the owner of claimed lines: its machine, pid and start time (a pid alone may be reused)."""
     pid = pid or os.getpid()
-    return f"{pid}:{_start_time(pid)}"
+    return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
 
 
 def alive(owner: str) -> bool:
-    """Whether the process that claimed lines as ``owner`` still runs."""
-    pid, _, started = owner.partition(":")
+    """Whether the process that claimed lines as ``owner`` still runs; a process of another machine is taken to
+    (its lines come back when their lease runs out)."""
+    host, _, process = owner.partition(":")
+    if host != socket.gethostname():
+        return True
+    pid, _, started = process.partition(":")
     return pid.isdigit() and _start_time(int(pid)) == started
 
 
@@ -71,8 +79,9 @@ class BatchRunner:
                     self.store.expire(time.time())
                     recovered_at = time.monotonic()
                 line = self.store.claim(self.owner) if self.pool.free_count() else None
-            except Exception:  # the store's disk or database: logged, and tried again
-                log.exception("the batch runner could not look at its queue")
+            except DatabaseError as error:  # down or busy: logged, and tried again a little later
+                log.warning("the batch runner could not look at its queue: %s", type(error).__name__)
+                gevent.sleep(RETRY_SECONDS)
                 line = None
             if line is None:
                 gevent.sleep(POLL_SECONDS)
@@ -83,18 +92,33 @@ class BatchRunner:
         """Run one line and record its answer (an answer that cannot be had is recorded as an error); a line the
         server could not take now (503: shutting down, or its model not ready; 429: its key's limits used up for
         now) goes back to the queue, until then."""
+        renewer = gevent.spawn(self._renew, line)
         try:
             status, body, request_id, retry_after = self.dispatch(line)
         except Exception as error:  # a bug of ours: the line fails, the runner goes on
             log.exception("batch %s line %d failed", line.batch_id, line.line)
             self.store.finish(line, None, None, None, {"code": "server_error", "message": type(error).__name__})
             return
+        finally:
+            renewer.kill()
         if status in (SERVICE_UNAVAILABLE, RATE_LIMITED):
             self.store.release(line)
             wait = float(retry_after) if retry_after.isdigit() else POLL_SECONDS
             gevent.sleep(min(max(wait, POLL_SECONDS), 60.0))  # not at once again: its key's window, or a moment
             return
-        self.store.finish(line, status, body, request_id)
+        if not self.store.finish(line, status, body, request_id):
+            log.warning("batch %s line %d: its lease ran out while it ran; another worker's answer counts",
+                        line.batch_id, line.line)
+
+    def _renew(self, line: Line) -> None:
+        """Renew the line's lease a few times per lease, while it runs (a database that is down: tried again)."""
+        while True:
+            gevent.sleep(self.store.lease / 3)
+            try:
+                if not self.store.renew(line):
+                    return
+            except DatabaseError:  # for now: the next renewal may reach it before the lease ends
+                log.warning("batch %s line %d: its lease could not be renewed", line.batch_id, line.line)
 
 
 def parse_body(data: bytes) -> Any:

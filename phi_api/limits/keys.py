@@ -7,10 +7,10 @@ Keys come from ``API_KEYS`` (comma-separated: named ``key-1``, ``key-2``, ..., n
                "tokens_per_day": 1000000, "admin": false}]}
 
 A key's name, never the key, appears in logs, ``/metrics`` and the usage route. Limits count in fixed windows
-(the current minute, the current UTC day), in one SQLite file in the server's state folder, so that every worker
-sees the same counts: a request is refused (429, with ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers)
-when its key has used up a limit; its tokens (prompt and completion) count when it ends. Every answer to a key
-with limits carries the same headers.
+(the current minute, the current UTC day), in the server's database (an SQLite file in the data folder, or
+PostgreSQL shared by replicas), so that every worker of every replica sees the same counts: a request is refused
+(429, with ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers) when its key has used up a limit; its tokens
+(prompt and completion) count when it ends. Every answer to a key with limits carries the same headers.
 """
 
 from __future__ import annotations
@@ -18,21 +18,25 @@ from __future__ import annotations
 import hmac
 import json
 import math
-import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+
 from phi_api.errors import KeysFileError
-from phi_api.storage.sqlite import Database, off_the_hub
+from phi_api.storage.database import Database, create_tables, off_the_hub
 
 LIMITS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day")
-_TABLES = ("CREATE TABLE IF NOT EXISTS windows (name TEXT, kind TEXT, start REAL, requests INTEGER, tokens INTEGER, "
-           "PRIMARY KEY (name, kind, start));"
-           "CREATE TABLE IF NOT EXISTS totals (name TEXT PRIMARY KEY, requests INTEGER, prompt_tokens INTEGER, "
-           "cached_tokens INTEGER, completion_tokens INTEGER);")
 DAY = 86_400
+_TABLES = sa.MetaData()
+_WINDOWS = sa.Table("windows", _TABLES, sa.Column("name", sa.String(255), primary_key=True),
+                    sa.Column("kind", sa.String(16), primary_key=True), sa.Column("start", sa.Float, primary_key=True),
+                    sa.Column("requests", sa.BigInteger), sa.Column("tokens", sa.BigInteger))
+_TOTALS = sa.Table("totals", _TABLES, sa.Column("name", sa.String(255), primary_key=True),
+                   *(sa.Column(column, sa.BigInteger)
+                     for column in ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")))
 
 
 @dataclass(frozen=True)
@@ -101,26 +105,29 @@ class Decision:
 
 
 class Usage:
-    """Each key's counts, in an SQLite file every worker shares."""
+    """Each key's counts, in a database every worker (and every replica) shares."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.database = Database(path, _TABLES)
+    def __init__(self, url: str) -> None:
+        self.database = Database(url, "usage", (create_tables(_TABLES),))
 
     @off_the_hub
     def admit(self, key: Key, now: float | None = None) -> Decision:
         """Count a request of ``key`` if its limits allow it now."""
         now = time.time() if now is None else now
         minute, day = math.floor(now / 60) * 60, math.floor(now / DAY) * DAY
-        with self.database.transaction() as db:
-            requests, minute_tokens = self._window(db, key.name, minute)
-            _, day_tokens = self._window(db, key.name, day, "day")
+        with self.database.begin() as db:
+            # the key's row, locked: its admissions take turns in every replica (SQLite's write lock does as much)
+            db.execute(self.database.upsert(_TOTALS).values(name=key.name, requests=0, prompt_tokens=0,
+                                                            cached_tokens=0, completion_tokens=0)
+                       .on_conflict_do_nothing(index_elements=["name"]))
+            db.execute(sa.select(_TOTALS.c.name).where(_TOTALS.c.name == key.name).with_for_update())
+            requests, minute_tokens = _window(db, key.name, minute)
+            _, day_tokens = _window(db, key.name, day, "day")
             reason = _over(key, requests, minute_tokens, day_tokens)
             if not reason:
-                db.execute("INSERT INTO windows VALUES (?, 'minute', ?, 1, 0) ON CONFLICT(name, kind, start) DO "
-                           "UPDATE SET requests = requests + 1", (key.name, minute))
-                db.execute("INSERT INTO totals VALUES (?, 1, 0, 0, 0) ON CONFLICT(name) DO UPDATE SET "
-                           "requests = requests + 1", (key.name,))
+                self._add(db, key.name, "minute", minute, requests=1, tokens=0)
+                db.execute(_TOTALS.update().where(_TOTALS.c.name == key.name)
+                           .values(requests=_TOTALS.c.requests + 1))
                 requests += 1
         return Decision(not reason, _headers(key, requests, minute_tokens, day_tokens, now, reason), reason)
 
@@ -128,35 +135,42 @@ class Usage:
     def record(self, key: Key, prompt: int, cached: int, completion: int, now: float | None = None) -> None:
         """Count a finished generation's tokens."""
         now = time.time() if now is None else now
-        tokens = prompt + completion
-        with self.database.transaction() as db:
+        with self.database.begin() as db:
             for kind, start in (("minute", math.floor(now / 60) * 60), ("day", math.floor(now / DAY) * DAY)):
-                db.execute("INSERT INTO windows VALUES (?, ?, ?, 0, ?) ON CONFLICT(name, kind, start) DO UPDATE SET "
-                           "tokens = tokens + excluded.tokens", (key.name, kind, start, tokens))
-            db.execute("INSERT INTO totals VALUES (?, 0, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET prompt_tokens = "
-                       "prompt_tokens + excluded.prompt_tokens, cached_tokens = cached_tokens + "
-                       "excluded.cached_tokens, completion_tokens = completion_tokens + excluded.completion_tokens",
-                       (key.name, prompt, cached, completion))
-            db.execute("DELETE FROM windows WHERE start < ?", (now - 2 * DAY,))
+                self._add(db, key.name, kind, start, requests=0, tokens=prompt + completion)
+            added = {"prompt_tokens": prompt, "cached_tokens": cached, "completion_tokens": completion}
+            statement = self.database.upsert(_TOTALS).values(name=key.name, requests=0, **added)
+            db.execute(statement.on_conflict_do_update(index_elements=["name"], set_={
+                column: _TOTALS.c[column] + statement.excluded[column] for column in added}))
+            db.execute(_WINDOWS.delete().where(_WINDOWS.c.start < now - 2 * DAY))
+
+    def _add(self, db: sa.Connection, name: str, kind: str, start: float, *, requests: int, tokens: int) -> None:
+        statement = self.database.upsert(_WINDOWS).values(name=name, kind=kind, start=start, requests=requests,
+                                                          tokens=tokens)
+        db.execute(statement.on_conflict_do_update(index_elements=["name", "kind", "start"], set_={
+            "requests": _WINDOWS.c.requests + statement.excluded.requests,
+            "tokens": _WINDOWS.c.tokens + statement.excluded.tokens}))
 
     @off_the_hub
     def windows(self, name: str, now: float) -> dict[str, int]:
         """What ``name`` used this minute and this UTC day."""
-        db = self.database.connection()
-        requests, minute_tokens = self._window(db, name, math.floor(now / 60) * 60)
-        _, day_tokens = self._window(db, name, math.floor(now / DAY) * DAY, "day")
+        with self.database.read() as db:
+            requests, minute_tokens = _window(db, name, math.floor(now / 60) * 60)
+            _, day_tokens = _window(db, name, math.floor(now / DAY) * DAY, "day")
         return {"requests_this_minute": requests, "tokens_this_minute": minute_tokens, "tokens_today": day_tokens}
 
     @off_the_hub
     def totals(self) -> dict[str, dict[str, int]]:
-        rows = self.database.connection().execute("SELECT * FROM totals").fetchall()
+        with self.database.read() as db:
+            rows = db.execute(sa.select(_TOTALS)).all()
         return {name: {"requests": requests, "prompt_tokens": prompt, "cached_tokens": cached,
                        "completion_tokens": completion} for name, requests, prompt, cached, completion in rows}
 
-    def _window(self, db: sqlite3.Connection, name: str, start: float, kind: str = "minute") -> tuple[int, int]:
-        row = db.execute("SELECT requests, tokens FROM windows WHERE name = ? AND kind = ? AND start = ?",
-                         (name, kind, start)).fetchone()
-        return (row[0], row[1]) if row else (0, 0)
+
+def _window(db: sa.Connection, name: str, start: float, kind: str = "minute") -> tuple[int, int]:
+    row = db.execute(sa.select(_WINDOWS.c.requests, _WINDOWS.c.tokens).where(
+        _WINDOWS.c.name == name, _WINDOWS.c.kind == kind, _WINDOWS.c.start == start)).first()
+    return (row[0], row[1]) if row else (0, 0)
 
 
 def _over(key: Key, requests: int, minute_tokens: int, day_tokens: int) -> str:

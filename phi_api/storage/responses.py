@@ -1,72 +1,79 @@
 """Stored responses of OpenAI's Responses API: what a follow-up's ``previous_response_id`` names, on any worker.
 
-One SQLite file in the server's data folder (shared by every worker, kept across restarts and upgrades): each
-stored response's object, the key (by name) that made it, and the conversation it ends (its predecessors'
-messages, its own input and its output, as chat messages), so that a follow-up is answered from the conversation
-whichever worker takes it. A key sees and continues only its own responses. Bounded per key, so that one key never
-evicts another's: at most ``RESPONSES_STORE_MAX`` responses a key (its oldest go first), none older than
-``RESPONSES_STORE_SECONDS``.
+In the server's database (an SQLite file in the data folder, or PostgreSQL shared by replicas; kept across restarts
+and upgrades): each stored response's object, the key (by name) that made it, and the conversation it ends (its
+predecessors' messages, its own input and its output, as chat messages), so that a follow-up is answered from the
+conversation whichever worker or replica takes it. A key sees and continues only its own responses. Bounded per
+key, so that one key never evicts another's: at most ``RESPONSES_STORE_MAX`` responses a key (its oldest go first),
+none older than ``RESPONSES_STORE_SECONDS``.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
-from phi_api.storage.sqlite import Database, off_the_hub
+import sqlalchemy as sa
 
-_TABLES = ("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, created REAL, response TEXT, messages TEXT, "
-           "owner TEXT NOT NULL DEFAULT '');")
-_ADDED = (("responses", "owner", "TEXT NOT NULL DEFAULT ''"),)
-_MINE = "(? IS NULL OR owner = ?)"  # a scope: one owner's rows, or everyone's (None)
+from phi_api.storage.database import Database, create_tables, off_the_hub, owner_column
+
+_TABLES = sa.MetaData()
+_RESPONSES = sa.Table("responses", _TABLES, sa.Column("id", sa.String(255), primary_key=True),
+                      sa.Column("created", sa.Float), sa.Column("response", sa.Text), sa.Column("messages", sa.Text),
+                      owner_column())
+
+
+def mine(table: sa.Table, scope: str | None) -> Any:
+    """The rows ``scope`` sees: one owner's, or everyone's (None)."""
+    return sa.true() if scope is None else table.c.owner == scope
 
 
 class ResponseStore:
-    """Responses by id, with the conversations they end and their owners, in ``path`` (an SQLite file).
+    """Responses by id, with the conversations they end and their owners, in the database at ``url``.
 
     Reading methods take a ``scope``: the owner whose responses are visible, or None for every owner's.
     """
 
-    def __init__(self, path: Path, max_items: int, max_age: float) -> None:
-        self.path = path
+    def __init__(self, url: str, max_items: int, max_age: float) -> None:
         self.max_items = max_items
         self.max_age = max_age
-        self.database = Database(path, _TABLES, timeout=10, added=_ADDED)
+        self.database = Database(url, "responses", (create_tables(_TABLES),), timeout=10)
 
     @off_the_hub
     def put(self, response: dict[str, Any], messages: list[dict[str, Any]], owner: str = "") -> None:
         """Keep ``response`` (its ``id``) of ``owner`` and the conversation it ends; the owner's oldest beyond the
         bound, and everyone's past the age, go."""
-        with self.database.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO responses (id, created, response, messages, owner) "
-                       "VALUES (?, ?, ?, ?, ?)",
-                       (response["id"], time.time(), json.dumps(response), json.dumps(messages), owner))
-            db.execute("DELETE FROM responses WHERE created < ?", (time.time() - self.max_age,))
-            db.execute("DELETE FROM responses WHERE owner = ? AND id NOT IN (SELECT id FROM responses WHERE "
-                       "owner = ? ORDER BY created DESC LIMIT ?)", (owner, owner, self.max_items))
+        row = {"created": time.time(), "response": json.dumps(response), "messages": json.dumps(messages),
+               "owner": owner}
+        with self.database.begin() as db:
+            statement = self.database.upsert(_RESPONSES).values(id=response["id"], **row)
+            db.execute(statement.on_conflict_do_update(index_elements=["id"], set_=row))
+            db.execute(_RESPONSES.delete().where(_RESPONSES.c.created < time.time() - self.max_age))
+            kept = (sa.select(_RESPONSES.c.id).where(_RESPONSES.c.owner == owner)
+                    .order_by(_RESPONSES.c.created.desc()).limit(self.max_items))
+            db.execute(_RESPONSES.delete().where(_RESPONSES.c.owner == owner, _RESPONSES.c.id.not_in(kept)))
 
     def response(self, response_id: str, scope: str | None = None) -> dict[str, Any] | None:
         """The stored response object, or None (also for another owner's)."""
-        row = self._row(response_id, "response", scope)
+        row = self._row(response_id, _RESPONSES.c.response, scope)
         return json.loads(row) if row is not None else None
 
     def messages(self, response_id: str, scope: str | None = None) -> list[dict[str, Any]] | None:
         """The conversation the response ends, as chat messages, or None (also for another owner's)."""
-        row = self._row(response_id, "messages", scope)
+        row = self._row(response_id, _RESPONSES.c.messages, scope)
         return json.loads(row) if row is not None else None
 
     @off_the_hub
     def delete(self, response_id: str, scope: str | None = None) -> bool:
         """Forget a response; whether it was there (for ``scope``)."""
-        with self.database.transaction() as db:
-            return db.execute(f"DELETE FROM responses WHERE id = ? AND {_MINE}",
-                              (response_id, scope, scope)).rowcount > 0
+        with self.database.begin() as db:
+            return db.execute(_RESPONSES.delete().where(_RESPONSES.c.id == response_id,
+                                                        mine(_RESPONSES, scope))).rowcount > 0
 
     @off_the_hub
-    def _row(self, response_id: str, column: str, scope: str | None) -> str | None:
-        found = self.database.connection().execute(
-            f"SELECT {column} FROM responses WHERE id = ? AND created >= ? AND {_MINE}",  # column: one of two of ours
-            (response_id, time.time() - self.max_age, scope, scope)).fetchone()
-        return found[0] if found else None
+    def _row(self, response_id: str, column: sa.Column, scope: str | None) -> str | None:
+        with self.database.read() as db:
+            return db.scalar(sa.select(column).where(_RESPONSES.c.id == response_id,
+                                                     _RESPONSES.c.created >= time.time() - self.max_age,
+                                                     mine(_RESPONSES, scope)))

@@ -12,7 +12,7 @@ from typing import Any
 
 from phi_api.settings import Settings
 
-SECRET = ("API_KEYS",)  # shown as set or not, never as its value
+SECRET = ("API_KEYS", "DATABASE_URL")  # shown as set or not, never as its value
 
 
 HEADER = """# Settings

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gunicorn.http import errors as http
+from sqlalchemy import exc as database
 from werkzeug.exceptions import HTTPException
 
 from phi_api.errors import (
@@ -20,6 +21,7 @@ from phi_api.errors import (
     CapacityError,
     ChatTemplateError,
     ContextLengthExceededError,
+    DatabaseUnavailableError,
     GuidanceError,
     HeadersTooLargeError,
     HTTPStatusError,
@@ -65,7 +67,7 @@ def _gunicorn(status: int) -> Callable[[Any], APIError]:
 
 
 # exception class -> its member of the tree (the first match wins)
-FOREIGN: tuple[tuple[type[BaseException], Callable[[Any], APIError]], ...] = (
+FOREIGN: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], Callable[[Any], APIError]], ...] = (
     (HTTPException, _werkzeug),
     (http.InvalidResponseHeader, _gunicorn(500)),  # the app's fault, not the client's
     (http.InvalidResponseHeaderName, _gunicorn(500)),
@@ -86,6 +88,9 @@ FOREIGN: tuple[tuple[type[BaseException], Callable[[Any], APIError]], ...] = (
     (GuidanceError, lambda exc: InvalidParameterError(f"The output format cannot be enforced: {exc}",
                                                       param="response_format")),
     (BatchError, lambda exc: InvalidRequestError(str(exc), param=exc.param)),
+    # The database is down, restarting or busy past its timeout: the routes that need it wait for it to be back.
+    ((database.OperationalError, database.InterfaceError, database.TimeoutError),
+     lambda exc: DatabaseUnavailableError("The server's database cannot be reached now; please retry.")),
 )
 
 

@@ -27,6 +27,7 @@ from phi_api.models.specs import ModelSpec, declared
 from phi_api.models.state import state_dir
 from phi_api.settings import Settings
 from phi_api.storage.batches import BatchStore
+from phi_api.storage.database import sqlite_url
 from phi_api.storage.responses import ResponseStore
 from phi_api.telemetry.metrics import Metrics
 from phi_api.telemetry.tracing import Tracing
@@ -59,7 +60,8 @@ def init_app(app: Flask, settings: Settings, load: Callable[[ModelSpec, SharedBu
     worker's budget it is given; the declared models are loaded now.
 
     The slots' lock file and the model registry live in the server's state folder (one run's, shared by its
-    processes); the keys' usage, the stored responses and the batches in the data folder (kept across restarts).
+    processes); the keys' usage, the stored responses and the batches in the database (kept across restarts):
+    ``DATABASE_URL``'s, or SQLite files in the data folder.
     The declared models must fit the memory budget with room for one request (else
     :class:`phi_api.errors.InsufficientMemoryError`: start-up stops); what this process then takes is measured.
     """
@@ -67,10 +69,11 @@ def init_app(app: Flask, settings: Settings, load: Callable[[ModelSpec, SharedBu
     resources = Resources(
         settings=settings, validator=RequestValidator(),
         limiter=ConcurrencyLimiter(settings.MAX_CONCURRENT_REQUESTS, os.path.join(folder, "slots.lock")),
-        keys=Keys(read_keys(settings.API_KEYS_FILE, settings.api_keys), Usage(settings.data_dir / "keys.sqlite3")),
-        responses=ResponseStore(settings.data_dir / "responses.sqlite3", settings.RESPONSES_STORE_MAX,
+        keys=Keys(read_keys(settings.API_KEYS_FILE, settings.api_keys), Usage(database_url(settings, "keys"))),
+        responses=ResponseStore(database_url(settings, "responses"), settings.RESPONSES_STORE_MAX,
                                 settings.RESPONSES_STORE_SECONDS),
-        batches=BatchStore(settings.batch_dir), metrics=Metrics(), tracing=Tracing(),
+        batches=BatchStore(database_url(settings, "batches"), settings.batch_dir, settings.BATCH_LEASE_SECONDS),
+        metrics=Metrics(), tracing=Tracing(),
         memory=ServerMemory(settings.memory_limit_bytes, settings.workers,
                             shared=SharedBudget(0, settings.KV_IDLE_SECONDS)),
         caps=KeyCaps(folder), line=WaitingLine(settings.MAX_QUEUED_REQUESTS, settings.QUEUE_TIMEOUT))
@@ -88,6 +91,14 @@ def init_app(app: Flask, settings: Settings, load: Callable[[ModelSpec, SharedBu
     models.check_memory("the declared models")
     resources.memory.refresh(models.weights())  # the workers' first share, until each measures its own memory
     return resources
+
+
+def database_url(settings: Settings, store: str) -> str:
+    """Where ``store`` (keys, responses, batches) keeps its data: ``DATABASE_URL``, or its SQLite file of old."""
+    if settings.DATABASE_URL:
+        return settings.DATABASE_URL
+    folder = settings.batch_dir if store == "batches" else settings.data_dir
+    return sqlite_url(folder / f"{store}.sqlite3")
 
 
 def get_resources(app: Flask | None = None) -> Resources:

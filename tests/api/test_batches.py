@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import threading
 import time
 
@@ -173,22 +174,43 @@ def test_a_line_claimed_by_a_worker_that_died_runs_again(app):
     client = app.test_client()
     create(client, jsonl(line("a")))
     store = get_batches(app)
-    taken = store.claim("1:dead")
+    dead = f"{socket.gethostname()}:1:dead"
+    taken = store.claim(dead)
     assert store.claim(owner_id()) is None
     assert store.recover(alive) == 1
     again = store.claim(owner_id())
     assert again is not None and (again.batch_id, again.line) == (taken.batch_id, taken.line)
-    assert alive(owner_id()) and not alive("1:dead")
+    assert alive(owner_id()) and not alive(dead)
+    assert alive("another-machine:1:dead")  # another replica's workers: left to the lease
+
+
+def test_a_claim_is_a_lease_and_only_the_claim_holding_the_line_records_its_answer(app):
+    client = app.test_client()
+    create(client, jsonl(line("a")))
+    store = get_batches(app)
+    store.lease = 0.2
+    first = store.claim("host-a:1:x")
+    assert store.claim("host-b:2:y") is None  # held
+    assert store.renew(first)
+    deadline = time.monotonic() + 10
+    while (second := store.claim("host-b:2:y")) is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the lease runs out (a condition, polled)
+    assert second is not None and (second.batch_id, second.line) == (first.batch_id, first.line)
+    assert not store.renew(first) and not store.finish(first, 200, {"late": True}, "req-1")
+    assert store.finish(second, 200, {"ok": True}, "req-2")
+    done = store.batch(first.batch_id)
+    assert done["status"] == "completed" and done["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+    assert [item["response"]["body"] for item in content(client, done["output_file_id"])] == [{"ok": True}]
 
 
 def test_two_workers_claiming_at_once_take_each_line_once(app, tmp_path):
     create(app.test_client(), jsonl(*(line(f"l{index}") for index in range(40))))
-    folder = get_batches(app).folder
+    url = get_batches(app).database.url
     claimed: list[list[tuple[str, int]]] = [[], []]
     start = threading.Barrier(2)
 
     def worker(number: int) -> None:
-        store = BatchStore(folder)  # its own connection, as another worker's
+        store = BatchStore(url)  # its own connection, as another worker's
         start.wait()
         while (taken := store.claim(f"{number}:x")) is not None:
             claimed[number].append((taken.batch_id, taken.line))

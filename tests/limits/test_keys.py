@@ -10,6 +10,7 @@ import pytest
 
 from phi_api.errors import ConfigError
 from phi_api.limits.keys import Key, Usage, read_keys
+from phi_api.storage.database import sqlite_url
 
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -61,7 +62,7 @@ def test_usage_by_key_name_for_admin_keys_only(limited):
 
 
 def test_tokens_per_minute_and_per_day_count_what_requests_used(tmp_path):
-    usage = Usage(tmp_path / "keys.sqlite3")
+    usage = Usage(sqlite_url(tmp_path / "keys.sqlite3"))
     key = Key("k", "secret-key", tokens_per_minute=100, tokens_per_day=150)
     now = 999_999_980.0  # 20 s into a minute (999,999,960 is a multiple of 60), early in a UTC day
     assert usage.admit(key, now).allowed
@@ -78,7 +79,7 @@ def test_tokens_per_minute_and_per_day_count_what_requests_used(tmp_path):
 
 def test_two_workers_share_the_counts(tmp_path):
     key = Key("k", "secret-key", requests_per_minute=3)
-    workers = [Usage(tmp_path / "keys.sqlite3") for _ in range(2)]  # a connection each
+    workers = [Usage(sqlite_url(tmp_path / "keys.sqlite3")) for _ in range(2)]  # a connection each
     decisions = [workers[index % 2].admit(key, 1_000_000_000.0).allowed for index in range(5)]
     assert decisions == [True, True, True, False, False]
 

@@ -8,6 +8,7 @@ import time
 import gevent
 
 from phi_api.storage.batches import BatchStore
+from phi_api.storage.database import sqlite_url
 from phi_api.storage.responses import ResponseStore
 
 
@@ -16,7 +17,7 @@ def response(number: int) -> dict:
 
 
 def test_a_key_s_responses_are_bounded_by_its_own_count_not_by_others(tmp_path):
-    store = ResponseStore(tmp_path / "responses.sqlite3", max_items=2, max_age=3600)
+    store = ResponseStore(sqlite_url(tmp_path / "responses.sqlite3"), max_items=2, max_age=3600)
     store.put(response(0), [], "team-b")
     for number in range(1, 5):
         store.put(response(number), [], "team-a")
@@ -34,7 +35,7 @@ def test_a_folder_of_an_earlier_release_is_upgraded_and_its_files_belong_to_no_k
                       "INSERT INTO files VALUES ('file-old', 'a.jsonl', 'batch', 3, 1);")
     old.commit()
     old.close()
-    store = BatchStore(tmp_path)
+    store = BatchStore(sqlite_url(tmp_path / "batches.sqlite3"), tmp_path)
     assert store.file("file-old", "")["filename"] == "a.jsonl" and store.file("file-old", "team-a") is None
     added = store.add_file("b.jsonl", "batch", b"{}\n", "team-a")
     assert [item["id"] for item in store.files(None, 10, None, "asc", "team-a")[0]] == [added["id"]]
@@ -42,7 +43,7 @@ def test_a_folder_of_an_earlier_release_is_upgraded_and_its_files_belong_to_no_k
 
 
 def test_a_busy_database_stalls_its_caller_not_the_hub(tmp_path):
-    store = ResponseStore(tmp_path / "responses.sqlite3", max_items=10, max_age=3600)
+    store = ResponseStore(sqlite_url(tmp_path / "responses.sqlite3"), max_items=10, max_age=3600)
     store.put(response(0), [])  # the tables exist
     holder = sqlite3.connect(tmp_path / "responses.sqlite3", isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
@@ -58,7 +59,7 @@ def test_a_busy_database_stalls_its_caller_not_the_hub(tmp_path):
 
 
 def test_concurrent_first_calls_of_a_process_take_turns_on_its_connection(tmp_path):
-    store = ResponseStore(tmp_path / "responses.sqlite3", max_items=100, max_age=3600)
+    store = ResponseStore(sqlite_url(tmp_path / "responses.sqlite3"), max_items=100, max_age=3600)
     calls = [gevent.spawn(store.put, response(number), []) for number in range(20)]
     gevent.joinall(calls, timeout=30, raise_error=True)
     assert all(store.response(f"resp_{number}") is not None for number in range(20))

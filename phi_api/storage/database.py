@@ -1,0 +1,189 @@
+"""The stores' database: an SQLite file in the data folder (one machine), or PostgreSQL (``DATABASE_URL``) shared by
+every worker of every replica; reached through SQLAlchemy Core, off the gevent hub, its schema made and migrated by
+the server itself.
+
+A call waits for locks and the network inside the driver. Made on the hub, it would stall every stream of the
+worker; so each store method runs on a pooled OS thread (:func:`off_hub`) while its greenlet waits. On SQLite a
+process's calls take turns (a lock: one writer at a time anyway), each write transaction taking the write lock
+first (``BEGIN IMMEDIATE``); on PostgreSQL they run side by side, on a small pool of connections checked before use,
+so a database that was restarted is reconnected to by itself.
+
+Each store names its schema's steps (:class:`Migration`): the first makes its tables and adds what an earlier
+release's tables lack; the later ones change them. Which steps a database has had is kept in ``schema_versions``;
+the missing ones run once, at a process's first use, under a lock (two replicas starting together migrate once).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ParamSpec, Protocol, TypeVar
+
+import sqlalchemy as sa
+from gevent import monkey
+from sqlalchemy.dialects import postgresql, sqlite
+
+from phi_api.engine.threads.native import new_rlock, off_hub
+
+P = ParamSpec("P")
+T = TypeVar("T")
+Migration = Callable[[sa.Connection], None]
+DatabaseError = sa.exc.SQLAlchemyError  # what any call of a store may raise from the database
+_thread_id = monkey.get_original("_thread", "get_ident")  # the OS thread's, even where gevent patched threading
+
+_VERSIONS = sa.Table("schema_versions", sa.MetaData(), sa.Column("store", sa.String(64), primary_key=True),
+                     sa.Column("version", sa.Integer, nullable=False))
+
+
+def sqlite_url(path: Path) -> str:
+    """The URL of the SQLite file at ``path``."""
+    return f"sqlite:///{Path(path).expanduser().resolve()}"
+
+
+def driver_url(url: str) -> str:
+    """``url`` with the driver SQLAlchemy is to use: psycopg 3 for PostgreSQL."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+class Database:
+    """The database at ``url`` as the store ``name`` uses it: its schema brought to the last of ``steps``."""
+
+    def __init__(self, url: str, name: str, steps: tuple[Migration, ...], *, timeout: float = 30.0) -> None:
+        self.url = driver_url(url)
+        self.name = name
+        self._steps = steps
+        self._timeout = timeout
+        self._pid: int | None = None
+        self._engine: sa.Engine | None = None
+        self._lock = new_rlock()  # SQLite: one call at a time in a process
+        self._holder: int | None = None  # the OS thread running a call now
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.url.startswith("sqlite")
+
+    def call(self, work: Callable[[], T]) -> T:
+        """``work()`` on a pooled thread (directly when already inside a call of this database)."""
+        if self._holder == _thread_id():
+            return work()
+        return off_hub(self._held, work)
+
+    def _held(self, work: Callable[[], T]) -> T:
+        if not self.is_sqlite:
+            return self._as_holder(work)
+        with self._lock:
+            return self._as_holder(work)
+
+    def _as_holder(self, work: Callable[[], T]) -> T:
+        outer, self._holder = self._holder, _thread_id()
+        try:
+            return work()
+        finally:
+            self._holder = outer
+
+    @contextmanager
+    def begin(self) -> Iterator[sa.Connection]:
+        """A write transaction, committed at the end (rolled back on an exception)."""
+        with self.engine().begin() as connection:
+            yield connection
+
+    @contextmanager
+    def read(self) -> Iterator[sa.Connection]:
+        """A connection for reading (SQLite: a plain ``BEGIN``, which takes no write lock)."""
+        with self.engine().connect().execution_options(read_only=True) as connection:
+            yield connection
+
+    def upsert(self, table: sa.Table) -> Any:
+        """``INSERT`` into ``table`` with this dialect's ``ON CONFLICT`` clauses."""
+        return (sqlite.insert(table) if self.is_sqlite else postgresql.insert(table))
+
+    def engine(self) -> sa.Engine:
+        """This process's engine (connections must not cross a fork), its schema migrated at first use."""
+        if self._pid != os.getpid() or self._engine is None:
+            if self._engine is not None:
+                self._engine.dispose(close=False)  # the parent's connections stay the parent's
+            engine = self._new_engine()
+            self._migrate(engine)  # (a database that is down: tried again at the next call)
+            self._pid, self._engine = os.getpid(), engine
+        return self._engine
+
+    def _new_engine(self) -> sa.Engine:
+        if not self.is_sqlite:
+            return sa.create_engine(self.url, pool_pre_ping=True, pool_size=4, max_overflow=4, hide_parameters=True,
+                                    pool_timeout=self._timeout, connect_args={"connect_timeout": 5})
+        Path(self.url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(self.url, hide_parameters=True,
+                                  connect_args={"timeout": self._timeout, "check_same_thread": False})
+        sa.event.listen(engine, "connect", _sqlite_connected)
+        sa.event.listen(engine, "begin", _sqlite_begin)
+        return engine
+
+    def _migrate(self, engine: sa.Engine) -> None:
+        with engine.begin() as connection:
+            if not self.is_sqlite:  # one replica at a time; the others wait, then find it done
+                connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"),
+                                   {"key": zlib.crc32(b"phi-api schema")})
+            _VERSIONS.create(connection, checkfirst=True)
+            done = connection.scalar(sa.select(_VERSIONS.c.version).where(_VERSIONS.c.store == self.name)) or 0
+            for step in self._steps[done:]:
+                step(connection)
+            if done < len(self._steps):
+                statement = self.upsert(_VERSIONS).values(store=self.name, version=len(self._steps))
+                connection.execute(statement.on_conflict_do_update(index_elements=["store"],
+                                                                   set_={"version": len(self._steps)}))
+
+
+def _sqlite_connected(dbapi_connection: Any, record: Any) -> None:
+    dbapi_connection.isolation_level = None  # transactions are begun by _sqlite_begin, not by the driver
+    dbapi_connection.execute("PRAGMA journal_mode=WAL")
+
+
+def _sqlite_begin(connection: sa.Connection) -> None:
+    read_only = connection.get_execution_options().get("read_only", False)
+    connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+def owner_column() -> sa.Column:
+    """The key (by name) a row belongs to; rows of a release before keys had owners belong to no key ("")."""
+    return sa.Column("owner", sa.String(255), nullable=False, server_default="")
+
+
+def create_tables(metadata: sa.MetaData) -> Migration:
+    """The first step of every store: its tables made, and the columns an earlier release's tables lack added."""
+
+    def step(connection: sa.Connection) -> None:
+        metadata.create_all(connection, checkfirst=True)
+        inspector = sa.inspect(connection)
+        for table in metadata.sorted_tables:
+            present = {column["name"] for column in inspector.get_columns(table.name)}
+            for column in table.columns:
+                if column.name not in present:
+                    kind = column.type.compile(dialect=connection.dialect)
+                    given = getattr(column.server_default, "arg", None)
+                    default = f" NOT NULL DEFAULT '{given}'" if isinstance(given, str) else ""
+                    connection.execute(sa.text(f'ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}{default}'))
+
+    return step
+
+
+class HasDatabase(Protocol):
+    @property
+    def database(self) -> Database: ...
+
+
+def off_the_hub(method: Callable[P, T]) -> Callable[P, T]:
+    """A store's method, run through its :attr:`database`'s :meth:`Database.call`."""
+
+    @functools.wraps(method)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        store: HasDatabase = args[0]  # type: ignore[assignment]
+        return store.database.call(functools.partial(method, *args, **kwargs))
+
+    return run
