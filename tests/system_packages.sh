@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The Debian packages the test suite needs (`make test` runs this before anything else): Chromium for the
-# playground's browser tests, nginx for the deployment tests, curl for the README's examples. As root they are
+# playground's browser tests, nginx for the deployment tests, curl for the README's examples, PostgreSQL's server
+# for the tests of replicas sharing a database (its programs live in /usr/lib/postgresql/VERSION/bin). As root they are
 # installed when missing; otherwise this stops at once, naming the one command to run.
 set -euo pipefail
 
 # command:package pairs (PHI_API_SYSTEM_PACKAGES replaces them, for this script's own tests)
-needed="${PHI_API_SYSTEM_PACKAGES:-chromium:chromium nginx:nginx curl:curl}"
+needed="${PHI_API_SYSTEM_PACKAGES:-chromium:chromium nginx:nginx curl:curl initdb:postgresql}"
 
 missing_packages() {
   local pair command
   for pair in $needed; do
     command="${pair%%:*}"
-    if ! command -v "$command" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$command" ]; then
+    if ! command -v "$command" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$command" ] \
+        && ! compgen -G "/usr/lib/postgresql/*/bin/$command" >/dev/null; then
       printf '%s\n' "${pair#*:}"
     fi
   done

@@ -16,15 +16,17 @@ DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 KUBERNETES_VERSION = "1.30"
 
 
-def manifests() -> list[dict]:
-    return list(yaml.safe_load_all((DEPLOY / "kubernetes" / "phi-api.yaml").read_text()))
+def manifests(name: str = "phi-api.yaml") -> list[dict]:
+    return list(yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()))
 
 
 def test_the_manifests_are_valid_kubernetes_objects():
     documents = manifests()
     assert [document["kind"] for document in documents] == ["Deployment", "Service", "Ingress",
                                                             "HorizontalPodAutoscaler"]
-    for document in documents:
+    database = manifests("postgres.yaml")
+    assert [document["kind"] for document in database] == ["Secret", "StatefulSet", "Service"]
+    for document in documents + database:
         kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
 
 
@@ -45,11 +47,17 @@ def test_the_deployment_probes_health_drains_and_reads_the_model_read_only():
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"]["path"] == "/health"
     assert container["lifecycle"]["preStop"]
-    environment = {item["name"]: item["value"] for item in container["env"]}
+    environment = {item["name"]: item.get("value") for item in container["env"]}
     graceful = int(environment["GUNICORN_CMD_ARGS"].split("--graceful-timeout ")[1])
     assert spec["terminationGracePeriodSeconds"] > graceful + 5  # streams finish before the kill
     assert {"name": "models", "mountPath": "/models", "readOnly": True} in container["volumeMounts"]
     assert container["resources"]["requests"]["memory"]
+    # the replicas share their state in the database of postgres.yaml, its URL from the Secret made there
+    secret = next(item for item in container["env"] if item["name"] == "DATABASE_URL")["valueFrom"]["secretKeyRef"]
+    made = manifests("postgres.yaml")
+    assert secret["name"] == made[0]["metadata"]["name"] and secret["key"] in made[0]["stringData"]
+    host = made[0]["stringData"][secret["key"]].split("@")[1].split(":")[0]
+    assert host == made[2]["metadata"]["name"]  # the URL names the database's Service
     metric = manifests()[3]["spec"]["metrics"][0]["pods"]["metric"]["name"]
     assert metric == "phi_api_requests_in_flight"  # a series phi-api's /metrics serves
 

@@ -39,6 +39,8 @@ BENCHES = {
                 "stored responses and run a batch"),
     "replicas": ("phi_api.tools.bench.replicas", "two replicas behind nginx (the shipped site) against one, and "
                  "cache affinity"),
+    "database": ("phi_api.tools.bench.database", "what PostgreSQL (DATABASE_URL) adds to a request with a key, "
+                 "against SQLite"),
     "cpu": ("phi_api.tools.bench.cpu", "where the CPU goes while concurrent streams run (Linux)"),
     "kv": ("phi_api.tools.bench.kv", "int8 keys and values against float32: accuracy and memory"),
     "quality": ("phi_api.tools.bench.quality", "a build's perplexity and top-1 agreement against the float32 build "

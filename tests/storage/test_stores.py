@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import threading
 import time
 
 import gevent
 
+from phi_api.limits.keys import Key, Usage
 from phi_api.storage.batches import BatchStore
 from phi_api.storage.database import sqlite_url
 from phi_api.storage.responses import ResponseStore
@@ -63,3 +66,47 @@ def test_concurrent_first_calls_of_a_process_take_turns_on_its_connection(tmp_pa
     calls = [gevent.spawn(store.put, response(number), []) for number in range(20)]
     gevent.joinall(calls, timeout=30, raise_error=True)
     assert all(store.response(f"resp_{number}") is not None for number in range(20))
+
+
+def test_two_workers_claiming_at_once_take_each_line_once_on_either_engine(database_url):
+    store = BatchStore(database_url)
+    data = b"".join(json.dumps({"custom_id": f"l{index}", "method": "POST", "url": "/v1/completions",
+                                "body": {"prompt": "x"}}).encode() + b"\n" for index in range(30))
+    made = store.create_batch(store.add_file("in.jsonl", "batch", data)["id"], "/v1/completions", "24h", None)
+    claimed: list[list[int]] = [[], []]
+    start = threading.Barrier(2)
+
+    def worker(number: int) -> None:
+        mine = BatchStore(database_url)  # its own connections, as another worker's or replica's
+        start.wait()
+        while (taken := mine.claim(f"host-{number}:1:x")) is not None:
+            claimed[number].append(taken.line)
+            mine.finish(taken, 200, {}, None)
+
+    threads = [threading.Thread(target=worker, args=(number,)) for number in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(claimed[0] + claimed[1]) == list(range(1, 31))
+    done = store.batch(made["id"])
+    assert done["status"] == "completed" and done["request_counts"] == {"total": 30, "completed": 30, "failed": 0}
+
+
+def test_a_key_s_limit_holds_for_workers_admitting_at_once_on_either_engine(database_url):
+    key = Key("k", "secret-key", requests_per_minute=10)
+    start = threading.Barrier(4)
+    allowed: list[bool] = []
+
+    def worker() -> None:
+        usage = Usage(database_url)  # its own connections
+        start.wait()
+        allowed.extend(usage.admit(key, 1_000_000_000.0).allowed for _ in range(5))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(allowed) == [False] * 10 + [True] * 10
+    assert Usage(database_url).totals()["k"]["requests"] == 10
