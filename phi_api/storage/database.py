@@ -63,7 +63,7 @@ class Database:
         self._pid: int | None = None
         self._engine: sa.Engine | None = None
         self._lock = new_rlock()  # SQLite: one call at a time in a process
-        self._holder: int | None = None  # the OS thread running a call now
+        self._holders: set[int] = set()  # the OS threads running a call now (PostgreSQL: several at once)
 
     @property
     def is_sqlite(self) -> bool:
@@ -71,7 +71,7 @@ class Database:
 
     def call(self, work: Callable[[], T]) -> T:
         """``work()`` on a pooled thread (directly when already inside a call of this database)."""
-        if self._holder == _thread_id():
+        if _thread_id() in self._holders:
             return work()
         return off_hub(self._held, work)
 
@@ -82,11 +82,12 @@ class Database:
             return self._as_holder(work)
 
     def _as_holder(self, work: Callable[[], T]) -> T:
-        outer, self._holder = self._holder, _thread_id()
+        me = _thread_id()
+        self._holders.add(me)
         try:
             return work()
         finally:
-            self._holder = outer
+            self._holders.discard(me)
 
     @contextmanager
     def begin(self) -> Iterator[sa.Connection]:

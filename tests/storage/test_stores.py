@@ -38,8 +38,11 @@ def test_a_folder_of_an_earlier_release_is_upgraded_and_its_files_belong_to_no_k
                       "INSERT INTO files VALUES ('file-old', 'a.jsonl', 'batch', 3, 1);")
     old.commit()
     old.close()
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "file-old.jsonl").write_bytes(b"{}\n")  # where that release kept a file's contents
     store = BatchStore(sqlite_url(tmp_path / "batches.sqlite3"), tmp_path)
     assert store.file("file-old", "")["filename"] == "a.jsonl" and store.file("file-old", "team-a") is None
+    assert store.content("file-old", "") == b"{}\n"  # taken into the database
     added = store.add_file("b.jsonl", "batch", b"{}\n", "team-a")
     assert [item["id"] for item in store.files(None, 10, None, "asc", "team-a")[0]] == [added["id"]]
     assert len(store.files(None, 10, None, "asc", None)[0]) == 2
