@@ -108,3 +108,15 @@ def test_the_image_installs_every_package_pinned_runs_as_a_user_with_a_home_and_
     assert 'VOLUME ["/var/cache/phi-api"]' in dockerfile
     assert "HF_HOME=/var/cache/phi-api/" in dockerfile  # a pull at start-up lands on the volume
     assert "pip install --quiet --no-deps -r requirements.lock" in (root / "Makefile").read_text()  # make too
+
+
+def test_the_package_depends_on_every_runtime_requirement():
+    import re
+    import tomllib
+
+    declared = set()
+    for requirement in tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]["dependencies"]:
+        name, extras = re.match(r"([A-Za-z0-9_.-]+)(?:\[([^\]]*)\])?", requirement).groups()
+        name = name.lower().replace("_", "-")
+        declared |= {name, *(f"{name}-{extra.strip()}" for extra in (extras or "").split(",") if extra.strip())}
+    assert set(pins(DEPLOY.parent / "requirements.txt")) - declared == set()  # pip install . gets them all
