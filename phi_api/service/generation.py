@@ -94,6 +94,8 @@ def _chat_plan(engine: Engine, settings: Settings, request: ChatRequest) -> Plan
     thinking = reasoning.reasoning_of(engine, request, prompt)
     # A forced call is the whole answer, so its grammar wins (as with OpenAI, where response_format shapes content).
     guidance = plan.grammar() if plan and plan.forced else _guidance(request)
+    if plan and plan.forced:  # the call is the answer: thinking its template opened is closed first
+        prompt, thinking = reasoning.closed_for_an_answer(engine, prompt, thinking)
     params = request.sampling.to_params(prompt_tokens=len(prompt), prompt_param=request.prompt_param,
                                         model=engine.info, settings=settings, logprobs=request.logprobs,
                                         guidance=guidance,

@@ -8,6 +8,7 @@ back until it cannot be; the markers themselves are told to nobody, nor are the 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -127,6 +128,17 @@ def reasoning_of(engine: Engine, request: ChatRequest, prompt: np.ndarray) -> Re
                                         "its chat template has no enable_thinking.", param=request.reasoning_param)
     opened = engine.decode(prompt[-8:]).rstrip().endswith(markers[0])  # the template opened the thinking itself
     return Reasoning(markers[0], markers[1], inside=opened)
+
+
+def closed_for_an_answer(engine: Engine, prompt: np.ndarray,
+                         found: Reasoning | None) -> tuple[np.ndarray, Reasoning | None]:
+    """``prompt`` with the thinking its template opened closed (the end marker after it), when it opened one: a
+    forced call's grammar then writes the answer, not thinking (a request's own grammar shapes the whole output,
+    thinking included, as llama.cpp's does: it may spell the end marker itself)."""
+    if found is None or not found.inside:
+        return prompt, found
+    closing = engine.encode(f"{found.end}\n\n").astype(prompt.dtype)
+    return np.concatenate([prompt, closing]), dataclasses.replace(found, inside=False)
 
 
 def thinking_budget(model: ModelInfo, request: ChatRequest, found: Reasoning | None) -> ThinkingBudget | None:

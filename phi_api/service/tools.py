@@ -123,7 +123,7 @@ class ToolPlan:
     def finds_calls_anywhere(self) -> bool:
         """Whether a call may start anywhere in the answer (a format with an opening marker) rather than only at
         its start."""
-        return bool(self.format.open) and self.format.name != "llama3_json"
+        return bool(self.format.open)
 
     def could_start(self, text: str) -> bool:
         """Whether an answer beginning with ``text`` may turn out to be a call (auto mode, streaming)."""

@@ -1,28 +1,43 @@
-"""The small-model families of 2026 served as they are: tiny random-weight Qwen3, Llama 3 and Mistral models (built
-with ONNX Runtime GenAI's model builder, the family's special tokens in their tokenizers and Qwen3's real template)
-load and answer, and phi-api reads each family's markup by itself (no TOOL_PARSER given): Qwen3's ``<tool_call>``
-and ``<think>``, Llama 3's ``<|python_tag|>`` calls with ``parameters``, Mistral's ``[TOOL_CALLS]``. A grammar
-makes each write its family's markup (the weights are noise), through the openai SDK."""
+"""The small-model families of 2026 served as they are: tiny random-weight Qwen3, Llama 3, Mistral, Phi-4-mini and
+DeepSeek-R1-Distill-Qwen models (built with ONNX Runtime GenAI's model builder, the family's special tokens in
+their tokenizers, and Qwen3's, Phi-4-mini's and DeepSeek-R1-Distill's real templates), through the official
+clients (openai, anthropic, ollama), with no TOOL_PARSER given: phi-api reads each family's markup by itself:
+Qwen3's ``<tool_call>`` and ``<think>``, Llama 3's ``<|python_tag|>`` calls with ``parameters`` and Mistral's
+``[TOOL_CALLS]`` (both special tokens, as in their tokenizers: the answer's text keeps them), Phi-4-mini's
+``<|tool_call|>[...]``, DeepSeek-R1-Distill's thinking opened by its template. The weights are noise: a grammar
+makes each write its family's markup where the test needs known words; forced calls carry their own grammar."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import anthropic
 import pytest
+from ollama import Client
 from openai import OpenAI
 
 from tests.support.server import Server
 from tests.support.tiny_families import FAMILIES, build_tiny
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
-CALLS = {
-    "qwen3": '<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"Paris\\"}}\\n</tool_call>',
-    "llama": '<|python_tag|>{\\"name\\": \\"get_weather\\", \\"parameters\\": {\\"city\\": \\"Paris\\"}}',
-    "mistral": '[TOOL_CALLS][{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"Paris\\"}}]',
+CALL = '{\\"name\\": \\"get_weather\\", \\"ARGS\\": {\\"city\\": \\"Paris\\"}}'
+CALLS = {  # each family's call, as its model writes one (Lark string escapes)
+    "qwen3": "<tool_call>\\n" + CALL.replace("ARGS", "arguments") + "\\n</tool_call>",
+    "llama": "<|python_tag|>" + CALL.replace("ARGS", "parameters"),
+    "mistral": "[TOOL_CALLS][" + CALL.replace("ARGS", "arguments") + "]",
+    "phi4-mini": "<|tool_call|>[" + CALL.replace("ARGS", "arguments") + "]<|/tool_call|>",
+    # no call format of its own that phi-api reads: the generic one, after the thinking its template opened
+    "deepseek-r1-distill": "Easy.\\n</think>\\n\\n" + CALL.replace("ARGS", "arguments"),
 }
+THINKERS = {  # what a thinking family writes (its template may have opened the thinking), and what is read of it
+    "qwen3": "<think>\nSunny, probably.\n</think>\n\nSunny.",
+    "deepseek-r1-distill": "Sunny, probably.\n</think>\n\nSunny.",
+}
+PREFIX = {"deepseek-r1-distill": ""}  # words before the call (not where the answer must start with it)
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -31,32 +46,114 @@ def family(request, model_path, tmp_path_factory, logs_dir):
     work = tmp_path_factory.mktemp(f"tiny-{name}")
     folder = build_tiny(FAMILIES[name], Path(model_path), work / "model", work)
     with Server(logs_dir, MODEL_PATH=str(folder), MODEL_ID=f"tiny-{name}", WEB_CONCURRENCY=1) as running:
-        yield name, OpenAI(base_url=running.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        yield name, running
+
+
+def openai_client(server: Server) -> OpenAI:
+    return OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def grammar_of(text: str) -> dict:
+    return {"structured_outputs": {"grammar": f'start: "{text}"'}}
 
 
 def test_the_family_loads_and_answers(family):
-    name, client = family
-    answer = client.chat.completions.create(model=f"tiny-{name}", messages=MESSAGES, max_tokens=8, temperature=0)
+    name, server = family
+    answer = openai_client(server).chat.completions.create(model=f"tiny-{name}", messages=MESSAGES, max_tokens=8,
+                                                           temperature=0)
     assert answer.usage.completion_tokens >= 1 and answer.choices[0].finish_reason in ("stop", "length")
 
 
-def test_the_family_s_own_call_markup_is_read_without_being_told(family):
-    name, client = family
-    message = client.chat.completions.create(
-        model=f"tiny-{name}", messages=MESSAGES, tools=[WEATHER], max_tokens=96,
-        extra_body={"structured_outputs": {"grammar": f'start: "{CALLS[name]}"'}}).choices[0].message
-    assert [(call.function.name, json.loads(call.function.arguments)) for call in message.tool_calls] == [
-        ("get_weather", {"city": "Paris"})]
-    assert not message.content
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_the_family_s_own_call_markup_is_read_without_being_told(family, stream):
+    # after a few words where the family's marker opens a call (also a marker its tokenizer holds special)
+    name, server = family
+    before = PREFIX.get(name, "Checking. ")
+    answer = openai_client(server).chat.completions.create(
+        model=f"tiny-{name}", messages=MESSAGES, tools=[WEATHER], max_tokens=112, stream=stream,
+        extra_body=grammar_of(before + CALLS[name]))
+    if stream:
+        content, names, arguments = "", "", ""
+        for chunk in answer:
+            delta = chunk.choices[0].delta if chunk.choices else None
+            content += (delta.content or "") if delta else ""
+            for call in (delta.tool_calls or []) if delta else []:
+                names += call.function.name or ""
+                arguments += call.function.arguments or ""
+        calls = [(names, json.loads(arguments))]
+    else:
+        message = answer.choices[0].message
+        content = message.content or ""
+        calls = [(call.function.name, json.loads(call.function.arguments)) for call in message.tool_calls]
+    assert calls == [("get_weather", {"city": "Paris"})]
+    assert content.strip() == before.strip()
 
 
-def test_only_a_family_with_thinking_markers_has_its_thinking_told_apart(family):
-    name, client = family
-    written = "<think>\nSunny, probably.\n</think>\n\nSunny."
-    message = client.chat.completions.create(
-        model=f"tiny-{name}", messages=MESSAGES, max_tokens=64,
-        extra_body={"structured_outputs": {"grammar": f"start: {json.dumps(written)}"}}).choices[0].message
-    if name == "qwen3":  # <think> and </think> are its tokenizer's own
-        assert (message.reasoning_content, message.content) == ("Sunny, probably.", "Sunny.")
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_a_forced_call_comes_out_in_the_family_s_shape_and_validates(family, choice):
+    name, server = family
+    message = openai_client(server).chat.completions.create(
+        model=f"tiny-{name}", messages=MESSAGES, tools=[WEATHER], tool_choice=choice, max_tokens=64,
+        temperature=0).choices[0].message
+    (call,) = message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and list(arguments) == ["city"] and len(arguments["city"]) <= 12
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}], ids=["any", "named"])
+def test_the_anthropic_client_gets_tool_use_blocks(family, choice):
+    name, server = family
+    claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=120)
+    tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
+    message = claude.messages.create(model=f"tiny-{name}", max_tokens=64, messages=MESSAGES, tools=[tool],
+                                     tool_choice=choice, extra_body={"temperature": 0})
+    (use,) = [block for block in message.content if block.type == "tool_use"]
+    assert message.stop_reason == "tool_use" and use.name == "get_weather" and list(use.input) == ["city"]
+
+
+@pytest.mark.parametrize("extra,pattern", [
+    ({"structured_outputs": {"regex": "[0-9]{3}-[0-9]{2}"}}, r"[0-9]{3}-[0-9]{2}"),
+    ({"structured_outputs": {"choice": ["sunny", "rainy"]}}, r"sunny|rainy"),
+], ids=["regex", "choice"])
+def test_regex_and_choice_answers_match(family, extra, pattern):
+    name, server = family
+    answer = openai_client(server).chat.completions.create(model=f"tiny-{name}", messages=MESSAGES, max_tokens=24,
+                                                           temperature=1.0, seed=3, extra_body=extra).choices[0]
+    if name == "deepseek-r1-distill":  # its template opened the thinking: the grammar shapes the whole answer,
+        assert re.fullmatch(pattern, answer.message.reasoning_content or "")  # which stays inside it
+    else:
+        assert re.fullmatch(pattern, answer.message.content) and answer.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_only_a_family_with_thinking_markers_has_its_thinking_told_apart(family, stream):
+    name, server = family
+    written = THINKERS.get(name, THINKERS["qwen3"])
+    answer = openai_client(server).chat.completions.create(
+        model=f"tiny-{name}", messages=MESSAGES, max_tokens=64, stream=stream,
+        extra_body={"structured_outputs": {"grammar": f"start: {json.dumps(written)}"}})
+    if stream:
+        reasoning, content = "", ""
+        for chunk in answer:
+            delta = chunk.choices[0].delta if chunk.choices else None
+            reasoning += (getattr(delta, "reasoning_content", None) or "") if delta else ""
+            content += (delta.content or "") if delta else ""
+    else:
+        message = answer.choices[0].message
+        reasoning, content = getattr(message, "reasoning_content", None) or "", message.content
+    if name in THINKERS:  # <think> and </think> are its tokenizer's own
+        assert (reasoning, content) == ("Sunny, probably.", "Sunny.")
     else:  # the same words from a model without those tokens are its answer, whole
-        assert message.content == written and getattr(message, "reasoning_content", None) is None
+        assert content == written and reasoning == ""
+
+
+def test_the_ollama_client_gets_thinking_only_from_a_thinking_family(family):
+    name, server = family
+    think = {"deepseek-r1-distill": True, "qwen3": False}.get(name)  # Qwen3's template turns its thinking off
+    reply = Client(host=server.url).chat(model=f"tiny-{name}", messages=MESSAGES, think=think,
+                                         options={"num_predict": 12, "temperature": 0})
+    if think:  # the template opened the thinking: the weights' words start inside it
+        assert reply.message.thinking and not reply.message.content
+    else:
+        assert reply.message.content and not reply.message.thinking

@@ -47,3 +47,22 @@ def test_a_marker_prefix_inside_the_thinking_is_released_once_it_cannot_be_the_m
     thought, answer, told = split(THINK, ["<think>a </t", "able> b</think>c"])
     assert (thought, answer) == ("a </table> b", "c")
     assert told[0] == (True, "a")  # "</t" and the blank before it waited
+
+
+def test_a_forced_call_s_prompt_closes_the_thinking_its_template_opened():
+    import numpy as np
+
+    from phi_api.service.reasoning import closed_for_an_answer
+
+    class Encoder:
+        def encode(self, text: str) -> np.ndarray:
+            return np.array([ord(character) for character in text], dtype=np.int64)
+
+    prompt = np.array([1, 2, 3], dtype=np.int32)
+    opened = Reasoning("<think>", "</think>", inside=True)
+    closed, found = closed_for_an_answer(Encoder(), prompt, opened)  # type: ignore[arg-type]
+    assert "".join(map(chr, closed[3:])) == "</think>\n\n" and closed.dtype == prompt.dtype
+    assert found == Reasoning("<think>", "</think>", inside=False)
+    for unchanged in (None, Reasoning("<think>", "</think>", inside=False)):  # nothing opened: nothing to close
+        same, kept = closed_for_an_answer(Encoder(), prompt, unchanged)  # type: ignore[arg-type]
+        assert same is prompt and kept is unchanged

@@ -23,8 +23,8 @@ class Family:
     config: str  # transformers' config class
     model: str  # transformers' causal-LM class
     special: tuple[str, ...]  # added to the tokenizer (special ones; the second ends a turn)
-    # the call and thinking markers, added as tokens decoded as text, as Qwen's are: phi-api reads markers in the
-    # text, so one that is a special token (Llama 3's <|python_tag|>, Mistral's [TOOL_CALLS]) is not seen
+    # the call and thinking markers that are not special tokens (Qwen's); Llama 3's <|python_tag|> and Mistral's
+    # [TOOL_CALLS] are special in their tokenizers, and so here
     text_tokens: tuple[str, ...] = ()
     template: str = ""  # a file of tests/data/templates
     extra: dict[str, Any] = field(default_factory=dict)
@@ -34,8 +34,16 @@ FAMILIES = {family.name: family for family in (
     Family("qwen3", "Qwen3Config", "Qwen3ForCausalLM", ("<|im_start|>", "<|im_end|>"),
            ("<think>", "</think>", "<tool_call>", "</tool_call>"), "qwen3.jinja", {"head_dim": 16}),
     Family("llama", "LlamaConfig", "LlamaForCausalLM", ("<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>",
-                                                        "<|end_header_id|>"), ("<|python_tag|>",)),
-    Family("mistral", "MistralConfig", "MistralForCausalLM", ("[INST]", "[/INST]"), ("[TOOL_CALLS]",)),
+                                                        "<|end_header_id|>", "<|python_tag|>")),
+    Family("mistral", "MistralConfig", "MistralForCausalLM", ("[INST]", "[/INST]", "[TOOL_CALLS]")),
+    Family("phi4-mini", "Phi3Config", "Phi3ForCausalLM", ("<|user|>", "<|end|>", "<|assistant|>", "<|system|>",
+                                                          "<|tool|>", "<|/tool|>", "<|tool_call|>", "<|/tool_call|>"),
+           template="phi4-mini.jinja", extra={"original_max_position_embeddings": 2048}),  # no LongRoPE here
+    # its template ends the prompt with <think>: only </think> appears in the answer
+    Family("deepseek-r1-distill", "Qwen2Config", "Qwen2ForCausalLM",
+           ("<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
+            "<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>"),
+           ("<think>", "</think>"), "deepseek-r1-distill-qwen.jinja"),
 )}
 
 

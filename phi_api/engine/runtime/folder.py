@@ -26,12 +26,21 @@ FIM_FAMILIES = (
 )
 # Thinking markers, start and end (Qwen3, DeepSeek-R1-Distill, Phi-4-mini-reasoning)
 THINK_MARKERS = (("<think>", "</think>"),)
+# Tool call markers a family's tokenizer may hold as special tokens (Llama 3's <|python_tag|>, Mistral's
+# [TOOL_CALLS] and [ARGS], Phi-4-mini's <|tool_call|>): the answer's text keeps them, so calls are read from it
+CALL_MARKERS = ("<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "<|tool_call|>", "<|/tool_call|>", "<tool_call>",
+                "</tool_call>")
 
 
 def think_markers(added: dict[str, int]) -> tuple[str, str] | None:
     """The thinking markers (start, end) among a tokenizer's ``added`` tokens, when it has a pair of
     :data:`THINK_MARKERS`: a reasoning model; None for others."""
     return next((pair for pair in THINK_MARKERS if all(marker in added for marker in pair)), None)
+
+
+def call_marker_tokens(added: dict[str, int]) -> tuple[tuple[int, str], ...]:
+    """The ids and texts of the tool call markers (:data:`CALL_MARKERS`) among a tokenizer's ``added`` tokens."""
+    return tuple((added[marker], marker) for marker in CALL_MARKERS if marker in added)
 
 
 def fim_tokens(added: dict[str, int]) -> tuple[int, int, int] | None:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 import phi_api.engine.runtime.oga as oga  # the submodules, not the package (which imports this module)
-from phi_api.engine.runtime.folder import CONFIG_FILE, ModelFolder, fim_tokens, think_markers
+from phi_api.engine.runtime.folder import CONFIG_FILE, ModelFolder, call_marker_tokens, fim_tokens, think_markers
 from phi_api.engine.runtime.template import reads
 from phi_api.engine.runtime.template import render as render_template
 from phi_api.engine.threads.native import new_lock
@@ -56,6 +56,7 @@ class ModelInfo:
     think_markers: tuple[str, str] | None = None  # a reasoning model's thinking markers, start and end
     think_token_ids: tuple[int, int] | None = None  # their token ids
     added_tokens: frozenset[str] = frozenset()  # the tokenizer's added tokens (which tool call markers it has)
+    call_markers: tuple[tuple[int, str], ...] = ()  # ids and texts of those markers: decoded as text, special or not
     template_tokens: tuple[tuple[str, str], ...] = ()  # bos_token and eos_token, as a chat template reads them
 
     @classmethod
@@ -86,6 +87,7 @@ class ModelInfo:
             think_markers=markers,
             think_token_ids=(added[markers[0]], added[markers[1]]) if markers else None,
             added_tokens=frozenset(added),
+            call_markers=call_marker_tokens(added),
             template_tokens=tuple(sorted(read.template_tokens().items())),
         )
 
@@ -243,7 +245,8 @@ class LanguageModel:
     def create_stream(self) -> LockedStream:
         """An incremental decoder for one generation."""
         with self._stream_lock:
-            return LockedStream(self._stream_tokenizer.create_stream(), self._stream_lock)
+            return LockedStream(self._stream_tokenizer.create_stream(), self._stream_lock,
+                                {token: text.encode() for token, text in self.info.call_markers})
 
 
 def _writable(folder: Path) -> Path:
@@ -267,16 +270,19 @@ def _writable(folder: Path) -> Path:
 
 
 class LockedStream:
-    """A tokenizer stream whose calls take turns with the shared tokenizer's."""
+    """A tokenizer stream whose calls take turns with the shared tokenizer's; the tokens of ``spoken`` are decoded
+    as their text, also where the tokenizer holds them special (which its stream skips)."""
 
-    def __init__(self, stream: oga.TokenizerStream, lock: Any) -> None:
+    def __init__(self, stream: oga.TokenizerStream, lock: Any, spoken: dict[int, bytes] | None = None) -> None:
         self._stream = stream
         self._lock = lock
+        self._spoken = spoken or {}
 
     def decode(self, token: int) -> bytes:
         """The UTF-8 bytes this token completes (often none)."""
         with self._lock:
-            return self._stream.decode(token)
+            text = self._stream.decode(token)  # (called for every token: the stream keeps its state)
+        return self._spoken.get(token, text)
 
     def close(self) -> None:
         """Free the stream."""
