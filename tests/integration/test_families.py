@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import anthropic
+import openai
 import pytest
 from ollama import Client
 from openai import OpenAI
@@ -157,3 +158,27 @@ def test_the_ollama_client_gets_thinking_only_from_a_thinking_family(family):
         assert reply.message.thinking and not reply.message.content
     else:
         assert reply.message.content and not reply.message.thinking
+
+
+def test_a_list_of_prompts_answers_each_prompt_as_alone(family):
+    name, server = family
+    client = openai_client(server)
+    prompts = ["The sky is", "Two and two make"]
+    listed = client.completions.create(model=f"tiny-{name}", prompt=prompts, max_tokens=6, temperature=0)
+    alone = [client.completions.create(model=f"tiny-{name}", prompt=prompt, max_tokens=6, temperature=0)
+             for prompt in prompts]
+    assert [choice.text for choice in sorted(listed.choices, key=lambda choice: choice.index)] == [
+        answer.choices[0].text for answer in alone]
+
+
+def test_fill_in_the_middle_where_the_tokenizer_has_its_tokens(family):
+    name, server = family
+    client = openai_client(server)
+    request = {"model": f"tiny-{name}", "prompt": "def add(a, b):\n    ", "suffix": "\n    return c\n",
+               "max_tokens": 12, "extra_body": {"structured_outputs": {"regex": "c = a \\+ b"}}}
+    if name == "qwen3":  # the FIM tokens of Qwen's tokenizers
+        assert client.completions.create(**request).choices[0].text == "c = a + b"
+    else:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(**request)
+        assert refused.value.body["param"] == "suffix"

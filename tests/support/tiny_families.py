@@ -32,7 +32,8 @@ class Family:
 
 FAMILIES = {family.name: family for family in (
     Family("qwen3", "Qwen3Config", "Qwen3ForCausalLM", ("<|im_start|>", "<|im_end|>"),
-           ("<think>", "</think>", "<tool_call>", "</tool_call>"), "qwen3.jinja", {"head_dim": 16}),
+           ("<think>", "</think>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_suffix|>",
+            "<|fim_middle|>"), "qwen3.jinja", {"head_dim": 16}),  # (Qwen's tokenizers hold the FIM tokens too)
     Family("llama", "LlamaConfig", "LlamaForCausalLM", ("<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>",
                                                         "<|end_header_id|>", "<|python_tag|>")),
     Family("mistral", "MistralConfig", "MistralForCausalLM", ("[INST]", "[/INST]", "[TOOL_CALLS]")),
