@@ -83,6 +83,9 @@ class BatchRunner:
                 log.warning("the batch runner could not look at its queue: %s", type(error).__name__)
                 gevent.sleep(RETRY_SECONDS)
                 line = None
+            except Exception:  # a bug of ours: logged; the runner must outlive it, or no batch would run here again
+                log.exception("the batch runner could not look at its queue")
+                line = None
             if line is None:
                 gevent.sleep(POLL_SECONDS)
                 continue

@@ -236,7 +236,9 @@ def render_errors(target: Flask | Blueprint, render: Callable[[APIError], dict[s
     @target.errorhandler(Exception)
     def _unexpected(exc: Exception) -> Response:
         error = from_foreign(exc)
-        if error.status >= 500:
+        if error.status == 503:  # the database out of reach (web.foreign): an outage, one line per request
+            log.warning("unavailable: %s", type(exc).__name__)
+        elif error.status >= 500:
             log.exception("Unhandled error while serving the request")
         else:
             log.info("refused: %s: %s", type(exc).__name__, exc)  # the cause, for the log only
