@@ -30,8 +30,7 @@ import sqlalchemy as sa
 
 from phi_api.errors import BatchError
 from phi_api.storage.batch_input import parse_lines
-from phi_api.storage.database import Database, Migration, create_tables, off_the_hub, owner_column
-from phi_api.storage.responses import mine
+from phi_api.storage.database import Database, Migration, create_tables, mine, off_the_hub, owner_column
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 WINDOWS = {"24h": 86_400}  # completion_window: OpenAI accepts only 24h

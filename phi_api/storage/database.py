@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sqlite3
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -143,7 +144,11 @@ class Database:
 
 def _sqlite_connected(dbapi_connection: Any, record: Any) -> None:
     dbapi_connection.isolation_level = None  # transactions are begun by _sqlite_begin, not by the driver
-    dbapi_connection.execute("PRAGMA journal_mode=WAL")
+    if dbapi_connection.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        try:  # switching takes the file's lock at once, with no busy wait: workers starting together collide
+            dbapi_connection.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError:  # another connection is switching it now: WAL is the file's, once set
+            pass
 
 
 def _sqlite_begin(connection: sa.Connection) -> None:
@@ -154,6 +159,11 @@ def _sqlite_begin(connection: sa.Connection) -> None:
 def owner_column() -> sa.Column:
     """The key (by name) a row belongs to; rows of a release before keys had owners belong to no key ("")."""
     return sa.Column("owner", sa.String(255), nullable=False, server_default="")
+
+
+def mine(table: sa.Table, scope: str | None) -> Any:
+    """The rows of ``table`` that ``scope`` sees: one owner's, or everyone's (None)."""
+    return sa.true() if scope is None else table.c.owner == scope
 
 
 def create_tables(metadata: sa.MetaData) -> Migration:

@@ -16,17 +16,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from phi_api.storage.database import Database, create_tables, off_the_hub, owner_column
+from phi_api.storage.database import Database, create_tables, mine, off_the_hub, owner_column
 
 _TABLES = sa.MetaData()
 _RESPONSES = sa.Table("responses", _TABLES, sa.Column("id", sa.String(255), primary_key=True),
                       sa.Column("created", sa.Float), sa.Column("response", sa.Text), sa.Column("messages", sa.Text),
                       owner_column())
-
-
-def mine(table: sa.Table, scope: str | None) -> Any:
-    """The rows ``scope`` sees: one owner's, or everyone's (None)."""
-    return sa.true() if scope is None else table.c.owner == scope
 
 
 class ResponseStore:

@@ -155,6 +155,7 @@ class LanguageModel:
         self._tokenizer_lock = new_lock()
         self._stream_tokenizer = oga.Tokenizer(self.model)
         self._stream_lock = new_lock()
+        self._spoken = {token: text.encode() for token, text in self.info.call_markers}  # decoded as their text
         self.decoder_file = prepacked_model(root, self.info.decoder_file, cache_dir / "prepacked")
         self.spec = Decoder(self.decoder_file, DecoderSpec.read(root, self.info.rope_switch), threads=1).spec
         if self._int8_wanted(kv_dtype, root):
@@ -245,8 +246,7 @@ class LanguageModel:
     def create_stream(self) -> LockedStream:
         """An incremental decoder for one generation."""
         with self._stream_lock:
-            return LockedStream(self._stream_tokenizer.create_stream(), self._stream_lock,
-                                {token: text.encode() for token, text in self.info.call_markers})
+            return LockedStream(self._stream_tokenizer.create_stream(), self._stream_lock, self._spoken)
 
 
 def _writable(folder: Path) -> Path:
