@@ -124,13 +124,13 @@ def infill_prompt(engine: Engine, prefix: str, infill: Infill) -> np.ndarray:
 
     ids = [*text(infill.extra, "input_extra"), fim_prefix, *text(prefix, "prompt"), fim_suffix,
            *text(infill.suffix, "suffix"), fim_middle, *text(infill.tail, "prompt")]
-    return np.array(ids, dtype=np.int32)
+    return with_prefix(engine, np.array(ids, dtype=np.int32))
 
 
 def completion_prompt(engine: Engine, prompt: Any) -> tuple[np.ndarray, str]:
     """Token ids and text of one completion prompt (a string or token ids)."""
     if isinstance(prompt, str):
-        ids = text_tokens(engine, prompt, "prompt")
+        ids = with_prefix(engine, text_tokens(engine, prompt, "prompt"))
         text = prompt
     else:
         check_token_ids(engine, prompt, "prompt")
@@ -139,6 +139,16 @@ def completion_prompt(engine: Engine, prompt: Any) -> tuple[np.ndarray, str]:
     if len(ids) == 0:
         raise InvalidParameterError("prompt must not be empty.", param="prompt")
     return ids, text
+
+
+def with_prefix(engine: Engine, ids: np.ndarray) -> np.ndarray:
+    """A raw text's ``ids`` as the model's own tokenizer gives them: after the tokens it puts first (Gemma's
+    ``<bos>``, which ONNX Runtime GenAI's tokenizer leaves out and without which such a model babbles), unless the
+    text spelled them itself. Chat prompts have them from their template."""
+    prefix = engine.info.prompt_prefix
+    if not prefix or tuple(ids[:len(prefix)].tolist()) == prefix:
+        return ids
+    return np.concatenate([np.array(prefix, dtype=ids.dtype), ids])
 
 
 def check_token_ids(engine: Engine, tokens: list[int], param: str) -> None:

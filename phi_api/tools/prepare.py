@@ -97,14 +97,22 @@ def prepare_default_model(output: Path | None = None, progress: Progress | None 
                           reference: bool = False) -> Path:
     """Convert the default model (or its float32 ``reference`` build) into ``output`` (or the cache) and return the
     folder (at once when it is ready)."""
-    say = progress or _stderr
     recipe = REFERENCE_RECIPE if reference else DEFAULT_RECIPE
     target = Path(output).expanduser().resolve() if output else default_model_dir(reference=reference)
+    return prepare_gguf_model(_find_gguf(), target, recipe, f"{GGUF_PACKAGE}/{GGUF_FILE}", progress)
+
+
+def prepare_gguf_model(gguf: Path, target: Path, recipe: dict[str, Any], source: str,
+                       progress: Progress | None = None) -> Path:
+    """Convert the GGUF file ``gguf`` (a Llama-shaped model or a Gemma 3) with ``recipe`` into ``target`` and
+    return it (at once when it is ready); ``source`` is what its ready marker says it came from."""
+    say = progress or _stderr
     marker = {"recipe_version": RECIPE_VERSION, "builder": recipe}
     if is_ready(target, marker):
         say(f"Model already prepared in {target}")
         return target
-    gguf = _find_gguf()
+    if not gguf.is_file():
+        raise PreparationError(f"{gguf} is not a file")
 
     def build(staging: Path, onnx_dir: Path) -> dict:
         hf_dir = staging / "hf"
@@ -112,11 +120,17 @@ def prepare_default_model(output: Path | None = None, progress: Progress | None 
         _timed(say, builder_step("2/3", recipe),
                lambda: run_builder(hf_dir, onnx_dir, staging / "builder-cache", staging / "builder.log", recipe))
         _timed(say, "3/3 Checking the converted model files", lambda: _check_output(onnx_dir))
-        return {**marker, "source": f"{GGUF_PACKAGE}/{gguf.name}"}
+        return {**marker, "source": source}
 
     build_into(target, build)
     say(f"Model prepared in {target}")
     return target
+
+
+def gguf_model_dir(gguf: Path, recipe: dict[str, Any], root: Path | None = None) -> Path:
+    """Where ``prepare-model --gguf`` puts a GGUF file's conversion by default: the cache, named after the file
+    and the recipe."""
+    return (root or cache_root()) / "models" / f"{gguf.stem.lower()}-{recipe_tag(recipe)}"
 
 
 def builder_step(step: str, recipe: dict[str, Any]) -> str:
@@ -147,18 +161,20 @@ def build_into(target: Path, build: Callable[[Path, Path], dict]) -> None:
 def export_hf_folder(gguf: Path, out_dir: Path) -> None:
     """Write a plain Hugging Face folder (float32 weights, tokenizer, chat template) from a GGUF file."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except (ValueError, KeyError, OSError) as exc:  # an architecture or a file transformers cannot read
+        raise PreparationError(f"transformers cannot read {gguf.name}: {exc}") from exc
     config = loaded.config
     # The GGUF loader marks the model as quantized and save_pretrained refuses it;
     # the weights are already dequantized, so a fresh model with the same config
     # and state dict is an exact, saveable copy.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    assert isinstance(config, LlamaConfig), f"SmolLM2's GGUF loaded as {type(config).__name__}"
-    plain = LlamaForCausalLM(config)
+    plain = type(loaded)(config)
     plain.load_state_dict(loaded.state_dict())
     plain.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -170,7 +186,7 @@ def run_builder(hf_dir: Path, out_dir: Path, cache_dir: Path, log_file: Path,
     folder's), logging to ``log_file``."""
     recipe = recipe or PHI35_RECIPE
     command = [
-        sys.executable, "-m", "onnxruntime_genai.models.builder",
+        sys.executable, "-m", "phi_api.tools.builder_shim",  # the builder, reading transformers 5's configs
         "-m", str(hf_dir), "-i", str(hf_dir), "-o", str(out_dir),
         "-p", str(recipe["precision"]), "-e", str(recipe["execution_provider"]), "-c", str(cache_dir),
     ]

@@ -1,4 +1,5 @@
-"""``python -m phi_api prepare-model``: the default model, its float32 reference, or a random-weight shape model."""
+"""``python -m phi_api prepare-model``: the default model, its float32 reference, a random-weight shape model, or a
+GGUF file of the user's."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import sys
 from pathlib import Path
 
 from phi_api.errors import PreparationError
-from phi_api.tools.prepare import prepare_default_model
+from phi_api.tools.prepare import (
+    DEFAULT_RECIPE,
+    REFERENCE_RECIPE,
+    gguf_model_dir,
+    prepare_default_model,
+    prepare_gguf_model,
+)
 from phi_api.tools.random_models import SHAPES, prepare_shape_model
 
 
@@ -18,13 +25,21 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                              "answers are noise; ~8 GB of memory and a few minutes)")
     parser.add_argument("--reference", action="store_true",
                         help="build the default model's float32 reference instead (what bench-quality compares "
-                             "the served model with)")
+                             "the served model with); with --gguf, a float32 build of that file")
+    parser.add_argument("--gguf", type=Path, metavar="FILE",
+                        help="convert this GGUF file instead (a Llama-shaped model or a Gemma 3), with the default "
+                             "model's recipe: 8-bit weights, the MLPs' down projections in float32")
 
 
 def main(args: argparse.Namespace) -> int:
     """Print the prepared folder as the last line; 1 with the reason when it cannot be prepared."""
     try:
-        if args.shape:
+        if args.gguf:
+            gguf = args.gguf.expanduser().resolve()
+            recipe = REFERENCE_RECIPE if args.reference else DEFAULT_RECIPE
+            target = args.output.expanduser().resolve() if args.output else gguf_model_dir(gguf, recipe)
+            folder = prepare_gguf_model(gguf, target, recipe, gguf.name)
+        elif args.shape:
             # The tokenizer is the default model's (plus Phi-3's special tokens): prepare that first.
             folder = prepare_shape_model(SHAPES[args.shape], prepare_default_model(), args.output)
         else:

@@ -68,3 +68,19 @@ def test_completion_prompts_as_text_or_ids_or_a_list_of_either(engine):
         completion_prompt(engine, "")
     with pytest.raises(InvalidParameterError, match="vocabulary"):
         check_token_ids(engine, [1, 10**6], "prompt")
+
+
+def test_a_raw_prompt_starts_with_what_the_tokenizer_puts_first_once():
+    made = fake_engine([1, 0], text_pieces(b"a"), prompt_prefix=(7,))
+    try:
+        text = completion_prompt(made, "ab")[0].tolist()
+        assert text == [7, *made.encode("ab").tolist()]
+        spelled = made.encode("\x06b").tolist()  # a text that spells the prefix itself keeps one
+        assert spelled[0] == 7 and completion_prompt(made, "\x06b")[0].tolist() == spelled
+        assert completion_prompt(made, [3, 4])[0].tolist() == [3, 4]  # token ids are taken as they are
+    finally:
+        made.stop()
+
+
+def test_a_raw_prompt_of_a_tokenizer_that_puts_nothing_first_is_its_text_alone(engine):
+    assert completion_prompt(engine, "ab")[0].tolist() == engine.encode("ab").tolist()

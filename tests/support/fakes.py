@@ -151,7 +151,8 @@ class FakeModel:
     def __init__(self, script: Script, pieces: dict[int, bytes], *, context_length: int = 512,
                  has_chat_template: bool = True, rope_switch: int | None = None,
                  fim_tokens: tuple[int, int, int] | None = None, think_markers: tuple[str, str] | None = None,
-                 chat_template: str = "", think_token_ids: tuple[int, int] | None = None) -> None:
+                 chat_template: str = "", think_token_ids: tuple[int, int] | None = None,
+                 prompt_prefix: tuple[int, ...] = ()) -> None:
         self.script = script
         self.pieces = pieces
         self.rope_switch = rope_switch  # LongRoPE's original length, as the graph would say
@@ -159,7 +160,7 @@ class FakeModel:
             path="/fake", model_type="fake", context_length=context_length, vocab_size=VOCAB,
             eos_token_ids=frozenset({EOS}), has_chat_template=has_chat_template, fingerprint="fp_fake",
             fim_tokens=fim_tokens, think_markers=think_markers, chat_template=chat_template,
-            think_token_ids=think_token_ids,
+            think_token_ids=think_token_ids, prompt_prefix=prompt_prefix,
         )
         self.spec = FakeDecoder(script, rope_switch).spec
         self.identity = "fake model"

@@ -43,7 +43,7 @@ class KVPool:
         self._token_bytes = spec.head_size * self.itemsize  # one token of one head
         # Each head's run of tokens starts on a page, so that a head's tail can be given back on its own.
         granule = math.lcm(TOKEN_GRANULE, PAGE // math.gcd(PAGE, self._token_bytes))
-        self.tokens = -(-max(1, tokens) // granule) * granule
+        self.tokens = -(-max(1, tokens, spec.window) // granule) * granule
         self._head_bytes = self.tokens * self._token_bytes
         self.row_span = spec.kv_heads * self._head_bytes  # one row of one buffer
         self._maps: list[mmap.mmap] = []

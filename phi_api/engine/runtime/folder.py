@@ -50,6 +50,26 @@ def fim_tokens(added: dict[str, int]) -> tuple[int, int, int] | None:
     return (added[family[0]], added[family[1]], added[family[2]]) if family else None
 
 
+def prompt_prefix(tokenizer: dict[str, Any]) -> tuple[int, ...]:
+    """The special tokens the tokenizer puts before a text of its own (its post-processor's template: Gemma's and
+    Llama's ``<bos>``), which ONNX Runtime GenAI's tokenizer leaves out; () for tokenizers that put none."""
+    top = tokenizer.get("post_processor")
+    nested = top.get("processors") if isinstance(top, dict) and top.get("type") == "Sequence" else None
+    for processor in nested if isinstance(nested, list) else [top]:
+        if not isinstance(processor, dict) or processor.get("type") != "TemplateProcessing":
+            continue
+        prefix: list[int] = []
+        try:
+            for piece in processor.get("single") or []:
+                if "SpecialToken" not in piece:
+                    break
+                prefix += [int(i) for i in processor["special_tokens"][piece["SpecialToken"]["id"]]["ids"]]
+        except (KeyError, TypeError, ValueError):
+            return ()
+        return tuple(prefix)
+    return ()
+
+
 @dataclass(frozen=True)
 class ModelFolder:
     """A model folder and its parsed ``genai_config.json``."""
@@ -88,12 +108,20 @@ class ModelFolder:
         names = (*REQUIRED_FILES, self.decoder_file, *extra)
         return [name for name in dict.fromkeys(names) if not (self.root / name).is_file()]
 
-    def added_tokens(self) -> dict[str, int]:
-        """The tokenizer's added tokens (special or not): text -> id ({} when they cannot be read)."""
+    def tokenizer(self) -> dict[str, Any]:
+        """``tokenizer.json``, parsed ({} when it cannot be read); it can be megabytes: read it once."""
         try:
             tokenizer = json.loads((self.root / "tokenizer.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return tokenizer if isinstance(tokenizer, dict) else {}
+
+    def added_tokens(self, tokenizer: dict[str, Any] | None = None) -> dict[str, int]:
+        """The tokenizer's added tokens (special or not): text -> id ({} when they cannot be read)."""
+        tokenizer = self.tokenizer() if tokenizer is None else tokenizer
+        try:
             return {token["content"]: int(token["id"]) for token in tokenizer.get("added_tokens", [])}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (KeyError, TypeError, ValueError, AttributeError):
             return {}
 
     def template_tokens(self) -> dict[str, str]:

@@ -13,7 +13,14 @@ from typing import Any
 import numpy as np
 
 import phi_api.engine.runtime.oga as oga  # the submodules, not the package (which imports this module)
-from phi_api.engine.runtime.folder import CONFIG_FILE, ModelFolder, call_marker_tokens, fim_tokens, think_markers
+from phi_api.engine.runtime.folder import (
+    CONFIG_FILE,
+    ModelFolder,
+    call_marker_tokens,
+    fim_tokens,
+    prompt_prefix,
+    think_markers,
+)
 from phi_api.engine.runtime.template import reads
 from phi_api.engine.runtime.template import render as render_template
 from phi_api.engine.threads.native import new_lock
@@ -58,6 +65,7 @@ class ModelInfo:
     added_tokens: frozenset[str] = frozenset()  # the tokenizer's added tokens (which tool call markers it has)
     call_markers: tuple[tuple[int, str], ...] = ()  # ids and texts of those markers: decoded as text, special or not
     template_tokens: tuple[tuple[str, str], ...] = ()  # bos_token and eos_token, as a chat template reads them
+    prompt_prefix: tuple[int, ...] = ()  # what the tokenizer puts before a text (<bos>): a raw prompt starts with it
 
     @classmethod
     def read(cls, folder: str) -> ModelInfo:
@@ -66,7 +74,8 @@ class ModelInfo:
         root, model = read.root, read.model
         eos = model.get("eos_token_id", [])
         template = read.chat_template()
-        added = read.added_tokens()  # tokenizer.json is read once: it can be megabytes
+        tokenizer = read.tokenizer()  # read once: it can be megabytes
+        added = read.added_tokens(tokenizer)
         markers = think_markers(added)
         decoder_file = read.decoder_file
         return cls(
@@ -89,6 +98,7 @@ class ModelInfo:
             added_tokens=frozenset(added),
             call_markers=call_marker_tokens(added),
             template_tokens=tuple(sorted(read.template_tokens().items())),
+            prompt_prefix=prompt_prefix(tokenizer),
         )
 
 

@@ -63,6 +63,9 @@ class DecoderSpec:
     ids_dtype: Any = np.int64
     mask_dtype: Any = np.int64
     rope_switch: int | None = None  # LongRoPE: a sequence longer than this uses the long factors
+    # Sliding-window layers (Gemma 3): ONNX Runtime's attention masks what lies past the window itself, but wants
+    # every key/value buffer to hold at least a window's tokens.
+    window: int = 0
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -88,6 +91,7 @@ class DecoderSpec:
             present_key=outputs.get("present_key_names", "present.%d.key"),
             present_value=outputs.get("present_value_names", "present.%d.value"),
             rope_switch=rope_switch,
+            window=int((decoder.get("sliding_window") or {}).get("window_size", 0)),
         )
 
 

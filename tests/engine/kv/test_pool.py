@@ -59,3 +59,14 @@ def test_copy_moves_a_prefix_between_rows(pool):
     pool.copy(0, 5, 30)
     assert (pool.values[1][5, :, :30] == pool.values[1][0, :, :30]).all()
     assert (pool.values[1][5, :, 30:50] == 0).all()
+
+
+def test_a_model_with_sliding_window_layers_gets_buffers_of_at_least_a_window():
+    windowed = DecoderSpec(layers=1, kv_heads=1, head_size=64, vocab_size=8, window=1000)
+    short, plain = KVPool(windowed, rows=1, tokens=16), KVPool(SPEC, rows=1, tokens=16)
+    try:
+        assert short.tokens >= 1000 and short.keys[0].shape[2] == short.tokens
+        assert plain.tokens < 1000
+    finally:
+        short.close()
+        plain.close()

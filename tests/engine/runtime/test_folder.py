@@ -52,3 +52,37 @@ def test_call_markers_special_or_not_are_decoded_as_their_text():
     locked = LockedStream(stream, new_lock(), {token: text.encode() for token, text in markers})  # type: ignore
     assert [locked.decode(token) for token in (1, 7, 8, 9)] == [b"x", b"<|python_tag|>", b"", b"[TOOL_CALLS]"]
     assert stream.seen == [1, 7, 8, 9]  # the stream saw every token: its state stays whole
+
+
+def _template(first: list[dict], tokens: dict) -> dict:
+    return {"type": "TemplateProcessing", "single": [*first, {"Sequence": {"id": "A", "type_id": 0}}],
+            "special_tokens": tokens}
+
+
+def test_the_tokens_a_tokenizer_puts_before_a_text_are_read_from_its_post_processor():
+    from phi_api.engine.runtime.folder import prompt_prefix
+
+    bos = {"<bos>": {"id": "<bos>", "ids": [2], "tokens": ["<bos>"]}}
+    gemma = _template([{"SpecialToken": {"id": "<bos>", "type_id": 0}}], bos)
+    assert prompt_prefix({"post_processor": gemma}) == (2,)
+    # Llama 3's: a Sequence of a byte-level step and the template
+    llama = {"type": "Sequence", "processors": [{"type": "ByteLevel"}, gemma]}
+    assert prompt_prefix({"post_processor": llama}) == (2,)
+    # SmolLM2's and Qwen's: the text alone
+    assert prompt_prefix({"post_processor": _template([], {})}) == ()
+    assert prompt_prefix({"post_processor": None}) == ()
+    assert prompt_prefix({}) == ()
+    broken = _template([{"SpecialToken": {"id": "<bos>", "type_id": 0}}], {})
+    assert prompt_prefix({"post_processor": broken}) == ()
+
+
+def test_the_sliding_window_is_read_from_genai_config(tmp_path):
+    from phi_api.engine.runtime.session import DecoderSpec
+
+    decoder = {"num_hidden_layers": 2, "num_key_value_heads": 1, "head_size": 8}
+    config = {"model": {"type": "gemma3_text", "vocab_size": 16, "context_length": 64, "decoder": decoder}}
+    (tmp_path / "genai_config.json").write_text(json.dumps(config))
+    assert DecoderSpec.read(tmp_path).window == 0
+    decoder["sliding_window"] = {"window_size": 512, "layers": [0]}
+    (tmp_path / "genai_config.json").write_text(json.dumps(config))
+    assert DecoderSpec.read(tmp_path).window == 512
