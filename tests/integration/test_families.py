@@ -1,11 +1,13 @@
-"""The small-model families of 2026 served as they are: tiny random-weight Qwen3, Llama 3, Mistral, Phi-4-mini and
-DeepSeek-R1-Distill-Qwen models (built with ONNX Runtime GenAI's model builder, the family's special tokens in
-their tokenizers, and Qwen3's, Phi-4-mini's and DeepSeek-R1-Distill's real templates), through the official
-clients (openai, anthropic, ollama), with no TOOL_PARSER given: phi-api reads each family's markup by itself:
-Qwen3's ``<tool_call>`` and ``<think>``, Llama 3's ``<|python_tag|>`` calls with ``parameters`` and Mistral's
-``[TOOL_CALLS]`` (both special tokens, as in their tokenizers: the answer's text keeps them), Phi-4-mini's
-``<|tool_call|>[...]``, DeepSeek-R1-Distill's thinking opened by its template. The weights are noise: a grammar
-makes each write its family's markup where the test needs known words; forced calls carry their own grammar."""
+"""The small-model families of 2026 served as they are: tiny random-weight Qwen3, Llama 3, Mistral, Phi-4-mini,
+DeepSeek-R1-Distill-Qwen and Gemma 3 models (built with ONNX Runtime GenAI's model builder, the family's special
+tokens in their tokenizers, and Qwen3's, Phi-4-mini's, DeepSeek-R1-Distill's and Gemma 3's real templates), through
+the official clients (openai, anthropic, ollama), with no TOOL_PARSER given but to Gemma 3, whose Python-style calls
+have no marker to tell them by: phi-api reads each family's markup by itself: Qwen3's ``<tool_call>`` and
+``<think>``, Llama 3's ``<|python_tag|>`` calls with ``parameters`` and Mistral's ``[TOOL_CALLS]`` (both special
+tokens, as in their tokenizers: the answer's text keeps them), Phi-4-mini's ``<|tool_call|>[...]``,
+DeepSeek-R1-Distill's thinking opened by its template. Gemma 3's sliding-window layers have a window shorter than the
+prompts. The weights are noise: a grammar makes each write its family's markup where the test needs known words;
+forced calls carry their own grammar."""
 
 from __future__ import annotations
 
@@ -33,12 +35,14 @@ CALLS = {  # each family's call, as its model writes one (Lark string escapes)
     "phi4-mini": "<|tool_call|>[" + CALL.replace("ARGS", "arguments") + "]<|/tool_call|>",
     # no call format of its own that phi-api reads: the generic one, after the thinking its template opened
     "deepseek-r1-distill": "Easy.\\n</think>\\n\\n" + CALL.replace("ARGS", "arguments"),
+    "gemma3": '[get_weather(city=\\"Paris\\")]',  # Python-style, as its tool template asks (TOOL_PARSER=pythonic)
 }
 THINKERS = {  # what a thinking family writes (its template may have opened the thinking), and what is read of it
     "qwen3": "<think>\nSunny, probably.\n</think>\n\nSunny.",
     "deepseek-r1-distill": "Sunny, probably.\n</think>\n\nSunny.",
 }
-PREFIX = {"deepseek-r1-distill": ""}  # words before the call (not where the answer must start with it)
+# words before the call (none where the answer must start with it)
+PREFIX = {"deepseek-r1-distill": "", "gemma3": ""}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -46,7 +50,8 @@ def family(request, model_path, tmp_path_factory, logs_dir):
     name = request.param
     work = tmp_path_factory.mktemp(f"tiny-{name}")
     folder = build_tiny(FAMILIES[name], Path(model_path), work / "model", work)
-    with Server(logs_dir, MODEL_PATH=str(folder), MODEL_ID=f"tiny-{name}", WEB_CONCURRENCY=1) as running:
+    with Server(logs_dir, MODEL_PATH=str(folder), MODEL_ID=f"tiny-{name}", WEB_CONCURRENCY=1,
+                **FAMILIES[name].settings) as running:
         yield name, running
 
 

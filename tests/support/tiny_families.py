@@ -1,7 +1,7 @@
-"""Tiny random-weight models of the 2026 small-model families (Qwen3, Llama 3, Mistral), built with ONNX Runtime
-GenAI's model builder in seconds, with the default model's tokenizer plus the family's special tokens and the
-family's real chat template (tests/data/templates). Their words are noise: tests drive them with grammars and check
-what phi-api makes of the family's markup and template."""
+"""Tiny random-weight models of the 2026 small-model families (Qwen3, Llama 3, Mistral, Phi-4-mini,
+DeepSeek-R1-Distill-Qwen, Gemma 3), built with ONNX Runtime GenAI's model builder in seconds, with the default
+model's tokenizer plus the family's special tokens and the family's real chat template (tests/data/templates). Their
+words are noise: tests drive them with grammars and check what phi-api makes of the family's markup and template."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ class Family:
     text_tokens: tuple[str, ...] = ()
     template: str = ""  # a file of tests/data/templates
     extra: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, str] = field(default_factory=dict)  # the server's, where the folder cannot say it
 
 
 FAMILIES = {family.name: family for family in (
@@ -45,6 +46,12 @@ FAMILIES = {family.name: family for family in (
            ("<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
             "<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>"),
            ("<think>", "</think>"), "deepseek-r1-distill-qwen.jinja"),
+    # sliding-window layers (a window of 16 tokens, shorter than the prompts) besides a global one; Python-style
+    # calls, as vLLM's Gemma 3 tool template asks for them, read with TOOL_PARSER=pythonic
+    Family("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM", ("<start_of_turn>", "<end_of_turn>"),
+           template="gemma3-pythonic.jinja", settings={"TOOL_PARSER": "pythonic"},
+           extra={"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
+                  "layer_types": ["sliding_attention", "full_attention"]}),
 )}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from phi_api.engine.runtime.template import reads
 from phi_api.engine.runtime.template import render as render_template
 from phi_api.engine.threads.native import new_lock
 from phi_api.errors import ChatTemplateError
+
+log = logging.getLogger(__name__)
 
 # The Phi-3.5 chat format of the specification, for model folders that ship no
 # template of their own (the official Phi-3.5 ONNX folders do ship this one).
@@ -163,6 +166,7 @@ class LanguageModel:
         # one each: a long prompt being encoded never stalls running generations.
         self._tokenizer = oga.Tokenizer(self.model)
         self._tokenizer_lock = new_lock()
+        self._own_renderer = False  # set once ONNX Runtime GenAI's template engine fails where the sandbox renders
         self._stream_tokenizer = oga.Tokenizer(self.model)
         self._stream_lock = new_lock()
         self._spoken = {token: text.encode() for token, text in self.info.call_markers}  # decoded as their text
@@ -231,8 +235,8 @@ class LanguageModel:
                     add_generation_prompt: bool = True, variables: dict[str, Any] | None = None) -> str:
         """The prompt for ``messages`` (and ``tools``): the folder's own chat template, else the Phi-3.5 one;
         with ``variables`` (what the template reads besides the conversation), rendered by phi-api itself."""
-        if variables:
-            return render_template(self.info.chat_template, messages, tools, add_generation_prompt, variables,
+        if variables or self._own_renderer:
+            return render_template(self.info.chat_template, messages, tools, add_generation_prompt, variables or {},
                                    dict(self.info.template_tokens))
         template = None if self.info.has_chat_template else PHI3_CHAT_TEMPLATE
         tools_json = json.dumps(tools) if tools else None
@@ -242,7 +246,15 @@ class LanguageModel:
                                                            tools_json=tools_json,
                                                            add_generation_prompt=add_generation_prompt)
             except oga.OgaError as exc:
-                raise ChatTemplateError(str(exc)) from exc
+                failure = ChatTemplateError(str(exc))
+        # ONNX Runtime GenAI's template engine reads a subset of Jinja (not Gemma 3's tool template's filters):
+        # when it fails where the sandbox renders, the sandbox renders this model's prompts from now on
+        rendered = render_template(self.info.chat_template, messages, tools, add_generation_prompt, {},
+                                   dict(self.info.template_tokens))
+        self._own_renderer = True
+        log.info("the model's chat template is rendered by phi-api's Jinja sandbox (ONNX Runtime GenAI's "
+                 "template engine failed on it: %s)", failure)
+        return rendered
 
     def guide(self, grammar: tuple[str, str]) -> Any:
         """A fresh grammar state for one sequence (compiling takes a while: call off the hub)."""
