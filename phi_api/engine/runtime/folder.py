@@ -38,9 +38,11 @@ def think_markers(added: dict[str, int]) -> tuple[str, str] | None:
     return next((pair for pair in THINK_MARKERS if all(marker in added for marker in pair)), None)
 
 
-def call_marker_tokens(added: dict[str, int]) -> tuple[tuple[int, str], ...]:
-    """The ids and texts of the tool call markers (:data:`CALL_MARKERS`) among a tokenizer's ``added`` tokens."""
-    return tuple((added[marker], marker) for marker in CALL_MARKERS if marker in added)
+def marker_tokens(added: dict[str, int]) -> tuple[tuple[int, str], ...]:
+    """The ids and texts of the tool call and thinking markers (:data:`CALL_MARKERS`, :data:`THINK_MARKERS`) among
+    a tokenizer's ``added`` tokens: read from the answer's text, so decoded as text even where they are special."""
+    markers = (*CALL_MARKERS, *(marker for pair in THINK_MARKERS for marker in pair))
+    return tuple((added[marker], marker) for marker in markers if marker in added)
 
 
 def fim_tokens(added: dict[str, int]) -> tuple[int, int, int] | None:

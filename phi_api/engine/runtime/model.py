@@ -17,8 +17,8 @@ import phi_api.engine.runtime.oga as oga  # the submodules, not the package (whi
 from phi_api.engine.runtime.folder import (
     CONFIG_FILE,
     ModelFolder,
-    call_marker_tokens,
     fim_tokens,
+    marker_tokens,
     prompt_prefix,
     think_markers,
 )
@@ -66,7 +66,7 @@ class ModelInfo:
     think_markers: tuple[str, str] | None = None  # a reasoning model's thinking markers, start and end
     think_token_ids: tuple[int, int] | None = None  # their token ids
     added_tokens: frozenset[str] = frozenset()  # the tokenizer's added tokens (which tool call markers it has)
-    call_markers: tuple[tuple[int, str], ...] = ()  # ids and texts of those markers: decoded as text, special or not
+    markers: tuple[tuple[int, str], ...] = ()  # ids and texts of call and thinking markers: decoded as text, always
     template_tokens: tuple[tuple[str, str], ...] = ()  # bos_token and eos_token, as a chat template reads them
     prompt_prefix: tuple[int, ...] = ()  # what the tokenizer puts before a text (<bos>): a raw prompt starts with it
 
@@ -99,7 +99,7 @@ class ModelInfo:
             think_markers=markers,
             think_token_ids=(added[markers[0]], added[markers[1]]) if markers else None,
             added_tokens=frozenset(added),
-            call_markers=call_marker_tokens(added),
+            markers=marker_tokens(added),
             template_tokens=tuple(sorted(read.template_tokens().items())),
             prompt_prefix=prompt_prefix(tokenizer),
         )
@@ -169,7 +169,7 @@ class LanguageModel:
         self._own_renderer = False  # set once ONNX Runtime GenAI's template engine fails where the sandbox renders
         self._stream_tokenizer = oga.Tokenizer(self.model)
         self._stream_lock = new_lock()
-        self._spoken = {token: text.encode() for token, text in self.info.call_markers}  # decoded as their text
+        self._spoken = {token: text.encode() for token, text in self.info.markers}  # decoded as their text
         self.decoder_file = prepacked_model(root, self.info.decoder_file, cache_dir / "prepacked")
         self.spec = Decoder(self.decoder_file, DecoderSpec.read(root, self.info.rope_switch), threads=1).spec
         if self._int8_wanted(kv_dtype, root):
@@ -304,7 +304,7 @@ class LockedStream:
         """The UTF-8 bytes this token completes (often none)."""
         with self._lock:
             text = self._stream.decode(token)  # (called for every token: the stream keeps its state)
-        return self._spoken.get(token, text)
+        return text or self._spoken.get(token, text)  # a special marker's text, which the stream skipped
 
     def close(self) -> None:
         """Free the stream."""

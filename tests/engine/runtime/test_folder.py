@@ -32,13 +32,13 @@ def test_a_tokenizer_without_a_whole_family_has_none(tmp_path):
     assert fim_tokens(ModelFolder.read(tmp_path).added_tokens()) is None
 
 
-def test_call_markers_special_or_not_are_decoded_as_their_text():
-    from phi_api.engine.runtime.folder import call_marker_tokens
+def test_call_and_thinking_markers_special_or_not_are_decoded_as_their_text():
+    from phi_api.engine.runtime.folder import marker_tokens
     from phi_api.engine.runtime.model import LockedStream
     from phi_api.engine.threads.native import new_lock
 
-    markers = call_marker_tokens({"<|python_tag|>": 7, "<|eot_id|>": 8, "[TOOL_CALLS]": 9})
-    assert markers == ((7, "<|python_tag|>"), (9, "[TOOL_CALLS]"))
+    markers = marker_tokens({"<|python_tag|>": 7, "<|eot_id|>": 8, "[TOOL_CALLS]": 9, "</think>": 10, "<think>": 4})
+    assert markers == ((7, "<|python_tag|>"), (9, "[TOOL_CALLS]"), (4, "<think>"), (10, "</think>"))
 
     class SkippingSpecial:  # ONNX Runtime GenAI's stream: a special token completes no text
         def __init__(self) -> None:
@@ -46,12 +46,13 @@ def test_call_markers_special_or_not_are_decoded_as_their_text():
 
         def decode(self, token: int) -> bytes:
             self.seen.append(token)
-            return b"" if token in (7, 8, 9) else b"x"
+            return {4: b"<think>", 7: b"", 8: b"", 9: b"", 10: b""}.get(token, b"x")  # here <think> is not special
 
     stream = SkippingSpecial()
     locked = LockedStream(stream, new_lock(), {token: text.encode() for token, text in markers})  # type: ignore
-    assert [locked.decode(token) for token in (1, 7, 8, 9)] == [b"x", b"<|python_tag|>", b"", b"[TOOL_CALLS]"]
-    assert stream.seen == [1, 7, 8, 9]  # the stream saw every token: its state stays whole
+    assert [locked.decode(token) for token in (1, 7, 8, 9, 4, 10)] == [
+        b"x", b"<|python_tag|>", b"", b"[TOOL_CALLS]", b"<think>", b"</think>"]
+    assert stream.seen == [1, 7, 8, 9, 4, 10]  # the stream saw every token: its state stays whole
 
 
 def _template(first: list[dict], tokens: dict) -> dict:
