@@ -1,6 +1,6 @@
 """The small-model families of 2026 served as they are: tiny random-weight Qwen3, Llama 3, Mistral, Phi-4-mini,
 DeepSeek-R1-Distill-Qwen and Gemma 3 models (built with ONNX Runtime GenAI's model builder, the family's special
-tokens in their tokenizers, and Qwen3's, Phi-4-mini's, DeepSeek-R1-Distill's and Gemma 3's real templates), through
+tokens in their tokenizers, and each family's real template, or vLLM's tool template for it), through
 the official clients (openai, anthropic, ollama), with no TOOL_PARSER given but to Gemma 3, whose Python-style calls
 have no marker to tell them by: phi-api reads each family's markup by itself: Qwen3's ``<tool_call>`` and
 ``<think>``, Llama 3's ``<|python_tag|>`` calls with ``parameters`` and Mistral's ``[TOOL_CALLS]`` (both special

@@ -36,8 +36,10 @@ FAMILIES = {family.name: family for family in (
            ("<think>", "</think>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_suffix|>",
             "<|fim_middle|>"), "qwen3.jinja", {"head_dim": 16}),  # (Qwen's tokenizers hold the FIM tokens too)
     Family("llama", "LlamaConfig", "LlamaForCausalLM", ("<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>",
-                                                        "<|end_header_id|>", "<|python_tag|>")),
-    Family("mistral", "MistralConfig", "MistralForCausalLM", ("[INST]", "[/INST]", "[TOOL_CALLS]")),
+                                                        "<|end_header_id|>", "<|python_tag|>"),
+           template="llama3.2-json.jinja"),
+    Family("mistral", "MistralConfig", "MistralForCausalLM", ("[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+                                                            "[/AVAILABLE_TOOLS]"), template="mistral-tools.jinja"),
     Family("phi4-mini", "Phi3Config", "Phi3ForCausalLM", ("<|user|>", "<|end|>", "<|assistant|>", "<|system|>",
                                                           "<|tool|>", "<|/tool|>", "<|tool_call|>", "<|/tool_call|>"),
            template="phi4-mini.jinja", extra={"original_max_position_embeddings": 2048}),  # no LongRoPE here
