@@ -47,6 +47,8 @@ BENCHES = {
                 "of the same source, and its decode speed"),
     "structured": ("phi_api.tools.bench.structured", "forced tool calls and json_schema answers: the share that "
                    "comes out whole and valid (greedy)"),
+    "kernels": ("phi_api.tools.bench.kernels", "ONNX Runtime's 4-bit matrix kernel at 1 to 16 rows: alone at "
+                "Phi-3.5-mini's weight shapes, and in a model's decode steps"),
     "load": ("phi_api.tools.bench.load", "bursts far beyond the concurrency limit, a soak (--minutes), or a mixed "
              "load (--mixed)"),
 }

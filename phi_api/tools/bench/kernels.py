@@ -1,0 +1,138 @@
+"""``phi-api bench kernels``: ONNX Runtime's 4-bit matrix kernel (MatMulNBits, MLAS) at 1 to 16 rows.
+
+Two measurements, medians of interleaved repetitions, on the machine's cores (intra-op threads = cores):
+
+- **alone**: one MatMulNBits node (4-bit, blocks of 128, accuracy level 4, no zero points: the recipe of
+  Phi-3.5-mini's CPU folder) at each of Phi-3.5-mini's weight shapes, random weights, ``M`` rows of input.
+  The weights of one node stay in the caches between calls, so one row is faster here than in the model.
+- **in the model** (``--model-path``): a decode step of ``M`` rows, each holding ``--context`` tokens, on a
+  model folder (the random-weight one of Phi-3.5-mini's shape: ``prepare-model --shape phi-3.5-mini``).
+
+What it is for (docs/kernels.md): from two rows on MLAS walks each tile of weights once per pair of rows, so a
+step's time grows with its rows; the ratios ``t(M) / t(1)`` show how far batched decode is from one pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from phi_api.tools.bench.common import say
+
+# Phi-3.5-mini's matrices, (name, K, N): K inputs, N outputs
+SHAPES = (("qkv", 3072, 9216), ("o", 3072, 3072), ("gate-up", 3072, 16384), ("down", 8192, 3072))
+LAYERS = 32
+BLOCK = 128
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", default="1,2,4,8,16", help="row counts (default 1,2,4,8,16)")
+    parser.add_argument("--reps", type=int, default=15, help="timed repetitions of each case (median)")
+    parser.add_argument("--model-path", help="also time decode steps of this model folder at each row count")
+    parser.add_argument("--context", type=int, default=512, help="tokens each row holds in the model's steps")
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+
+
+def node_model(k: int, n: int) -> bytes:
+    """A graph of one MatMulNBits node, ``[M, K] x [K, N]``, random 4-bit weights with one scale per block."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(k * 7 + n)
+    blocks = k // BLOCK
+    weight = rng.integers(0, 256, size=(n, blocks, BLOCK // 2), dtype=np.uint8)
+    scales = (rng.random((n, blocks), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+    node = helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft", K=k, N=n, bits=4,
+                            block_size=BLOCK, accuracy_level=4)
+    graph = helper.make_graph([node], "matmulnbits", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])],
+                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(scales, "s")])
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString()
+
+
+def time_alone(rows: list[int], reps: int, threads: int) -> dict[str, dict[int, float]]:
+    """Milliseconds per call of each shape's node at each row count."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    found: dict[str, dict[int, float]] = {}
+    for name, k, n in SHAPES:
+        session = ort.InferenceSession(node_model(k, n), options, providers=["CPUExecutionProvider"])
+        inputs = {m: np.random.default_rng(m).standard_normal((m, k), dtype=np.float32) for m in rows}
+        times: dict[int, list[float]] = {m: [] for m in rows}
+        for rep in range(reps + 2):
+            for m in rows:
+                started = time.perf_counter()
+                session.run(None, {"x": inputs[m]})
+                if rep >= 2:  # two warm-up rounds
+                    times[m].append(time.perf_counter() - started)
+        found[name] = {m: statistics.median(series) * 1000 for m, series in times.items()}
+        say(f"{name} {k}x{n}: " + ", ".join(f"{m} rows {found[name][m]:.2f} ms" for m in rows))
+    return found
+
+
+def time_steps(model_path: str, rows: list[int], reps: int, context: int, threads: int) -> dict[int, float]:
+    """Milliseconds per decode step of each row count, every row holding ``context`` tokens."""
+    from phi_api.engine.kv.pool import KVPool
+    from phi_api.engine.runtime.model import LanguageModel
+    from phi_api.settings import cache_root
+
+    model = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype="auto")
+    decoder = model.new_decoder(threads)
+    most = max(rows)
+    pool = KVPool(decoder.spec, most, context + 2)
+    ids = (np.arange(context + 1, dtype=np.int64)[None, :] * 31 + 7) % decoder.spec.vocab_size
+    times: dict[int, list[float]] = {m: [] for m in rows}
+    try:
+        for row in range(most):  # each row's context, in the engine's chunk size
+            for start in range(0, context, 64):
+                decoder.step(pool, row, ids[:, start:min(context, start + 64)], np.array([start]), True)
+        for rep in range(reps + 1):
+            for m in rows:
+                started = time.perf_counter()
+                decoder.step(pool, 0, np.repeat(ids[:, context:context + 1], m, axis=0), np.full(m, context), False)
+                if rep:
+                    times[m].append(time.perf_counter() - started)
+    finally:
+        decoder.unbind()
+        pool.close()
+    found = {m: statistics.median(series) * 1000 for m, series in times.items()}
+    say(f"{Path(model_path).name}: " + ", ".join(f"{m} rows {found[m]:.1f} ms" for m in rows))
+    return found
+
+
+def table(title: str, series: dict[str, dict[int, float]], rows: list[int]) -> str:
+    lines = [title, "| | " + " | ".join(f"{m} rows" for m in rows) + " | 8 rows / 1 | 8 rows / 2 |",
+             "|---|" + "---|" * (len(rows) + 2)]
+    for name, found in series.items():
+        lone = found[8] / found[1] if 8 in found and 1 in found else float("nan")
+        pair = found[8] / found[2] if 8 in found and 2 in found else float("nan")
+        lines.append(f"| {name} | " + " | ".join(f"{found[m]:.2f}" for m in rows) + f" | {lone:.2f}x | {pair:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    rows = sorted({int(part) for part in args.rows.split(",") if part.strip()})
+    threads = os.cpu_count() or 1
+    say(f"MatMulNBits alone, {threads} threads, {args.reps} repetitions")
+    alone = time_alone(rows, args.reps, threads)
+    alone["a layer x 32"] = {m: LAYERS * sum(alone[name][m] for name, _, _ in SHAPES) for m in rows}
+    report: dict[str, Any] = {"threads": threads, "rows": rows, "alone_ms": alone}
+    print(table("MatMulNBits alone, ms a call", alone, rows))
+    if args.model_path:
+        steps = time_steps(args.model_path, rows, args.reps, args.context, threads)
+        report["step_ms"] = steps
+        print(table(f"\nDecode steps of {Path(args.model_path).name}, {args.context} tokens a row, ms a step",
+                    {"step": steps}, rows))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
