@@ -328,6 +328,10 @@ class OgaError(RuntimeError):
     """An error reported by ONNX Runtime GenAI."""
 
 
+class KernelError(RuntimeError):
+    """phi-api's own 4-bit kernel cannot be built or run here, or not on these shapes (the message says why)."""
+
+
 class RetiredError(RuntimeError):
     """The engine's model was unloaded: it takes nothing new."""
 

@@ -15,10 +15,12 @@ step's time grows with its rows; the ratios ``t(M) / t(1)`` show how far batched
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,28 +40,48 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", help="also time decode steps of this model folder at each row count")
     parser.add_argument("--context", type=int, default=512, help="tokens each row holds in the model's steps")
     parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument("--streamed", action="store_true",
+                        help="also the 4-bit matrices of a whole step, 32 layers' weights streamed from memory "
+                             "(about 7 GB of memory)")
+    parser.add_argument("--ours", action="store_true",
+                        help="also phi-api's own kernel (AVX-512 VNNI; built with g++), side by side")
 
 
-def node_model(k: int, n: int) -> bytes:
-    """A graph of one MatMulNBits node, ``[M, K] x [K, N]``, random 4-bit weights with one scale per block."""
+def weights(k: int, n: int, copy: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Random 4-bit weights in MatMulNBits' layout (``[N, K / 128, 64]`` bytes) and one scale per block."""
+    rng = np.random.default_rng((k * 7 + n) * 64 + copy)
+    packed = rng.integers(0, 256, size=(n, k // BLOCK, BLOCK // 2), dtype=np.uint8)
+    return packed, (rng.random((n, k // BLOCK), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+
+
+def node_model(k: int, n: int, copies: int = 1) -> bytes:
+    """A graph of ``copies`` MatMulNBits nodes, each ``[M, K] x [K, N]`` with weights of its own (:func:`weights`),
+    all reading one input: run in sequence, their weights stream from memory as a model's layers do."""
     from onnx import TensorProto, helper, numpy_helper
 
-    rng = np.random.default_rng(k * 7 + n)
-    blocks = k // BLOCK
-    weight = rng.integers(0, 256, size=(n, blocks, BLOCK // 2), dtype=np.uint8)
-    scales = (rng.random((n, blocks), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
-    node = helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft", K=k, N=n, bits=4,
-                            block_size=BLOCK, accuracy_level=4)
-    graph = helper.make_graph([node], "matmulnbits", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])],
-                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(scales, "s")])
+    nodes, outputs, initializers = [], [], []
+    for copy in range(copies):
+        weight, scales = weights(k, n, copy)
+        nodes.append(helper.make_node("MatMulNBits", ["x", f"w{copy}", f"s{copy}"], [f"y{copy}"],
+                                      domain="com.microsoft", K=k, N=n, bits=4, block_size=BLOCK, accuracy_level=4))
+        outputs.append(helper.make_tensor_value_info(f"y{copy}", TensorProto.FLOAT, ["M", n]))
+        initializers += [numpy_helper.from_array(weight, f"w{copy}"), numpy_helper.from_array(scales, f"s{copy}")]
+    graph = helper.make_graph(nodes, "matmulnbits", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+                              outputs, initializers)
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString()
 
 
-def time_alone(rows: list[int], reps: int, threads: int) -> dict[str, dict[int, float]]:
-    """Milliseconds per call of each shape's node at each row count."""
+def run_node(session: Any, x: np.ndarray) -> np.ndarray:
+    return session.run(None, {"x": x})[0]
+
+
+def time_alone(rows: list[int], reps: int, threads: int, ours: Any = None) -> dict[str, dict[int, float]]:
+    """Milliseconds per call of each shape's node at each row count; with ``ours`` (the built kernel), its own
+    times too (``NAME ours``), side by side, and how far its outputs are from MLAS's."""
     import onnxruntime as ort
+
+    from phi_api.engine.kernels.reference import repack
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -68,15 +90,68 @@ def time_alone(rows: list[int], reps: int, threads: int) -> dict[str, dict[int, 
     for name, k, n in SHAPES:
         session = ort.InferenceSession(node_model(k, n), options, providers=["CPUExecutionProvider"])
         inputs = {m: np.random.default_rng(m).standard_normal((m, k), dtype=np.float32) for m in rows}
-        times: dict[int, list[float]] = {m: [] for m in rows}
+        calls: dict[str, Callable[[np.ndarray], np.ndarray]] = {"mlas": functools.partial(run_node, session)}
+        if ours is not None:
+            tiles, scales = repack(*weights(k, n))
+            calls["ours"] = functools.partial(ours.matmul, tiles, scales, n=n, threads=threads)
+            mlas, mine = calls["mlas"](inputs[max(rows)]), calls["ours"](inputs[max(rows)])
+            gap = np.abs(mlas - mine).max() / np.abs(mlas).max()
+            say(f"{name}: ours against MLAS, largest difference {gap:.1e} of the largest output")
+        times: dict[tuple[str, int], list[float]] = {(kind, m): [] for kind in calls for m in rows}
         for rep in range(reps + 2):
+            for kind, call in calls.items():
+                for m in rows:
+                    started = time.perf_counter()
+                    call(inputs[m])
+                    if rep >= 2:  # two warm-up rounds
+                        times[kind, m].append(time.perf_counter() - started)
+        for kind in calls:
+            label = name if kind == "mlas" else f"{name} ours"
+            found[label] = {m: statistics.median(times[kind, m]) * 1000 for m in rows}
+            say(f"{label} {k}x{n}: " + ", ".join(f"{m} rows {found[label][m]:.2f} ms" for m in rows))
+    return found
+
+
+def time_streamed(rows: list[int], reps: int, threads: int, ours: Any = None) -> dict[str, dict[int, float]]:
+    """Milliseconds for the 4-bit matrices of a whole step of Phi-3.5-mini's shape (each shape's node 32 times, with
+    weights of its own: 2.2 GB read from memory, as in the model) at each row count; with ``ours``, its own too."""
+    import onnxruntime as ort
+
+    from phi_api.engine.kernels.reference import repack
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    sessions = [(k, ort.InferenceSession(node_model(k, n, LAYERS), options, providers=["CPUExecutionProvider"]))
+                for _, k, n in SHAPES]
+    inputs = {(k, m): np.random.default_rng(m).standard_normal((m, k), dtype=np.float32)
+              for _, k, _ in SHAPES for m in rows}
+
+    def mlas(m: int) -> None:
+        for k, session in sessions:
+            session.run(None, {"x": inputs[k, m]})
+
+    calls: dict[str, Callable[[int], None]] = {"MLAS": mlas}
+    if ours is not None:
+        packed = [(k, n, [repack(*weights(k, n, copy)) for copy in range(LAYERS)]) for _, k, n in SHAPES]
+
+        def own(m: int) -> None:
+            for k, n, layers in packed:
+                for tiles, scales in layers:
+                    ours.matmul(tiles, scales, inputs[k, m], n, threads)
+
+        calls["ours"] = own
+    times: dict[tuple[str, int], list[float]] = {(kind, m): [] for kind in calls for m in rows}
+    for rep in range(reps + 1):
+        for kind, call in calls.items():
             for m in rows:
                 started = time.perf_counter()
-                session.run(None, {"x": inputs[m]})
-                if rep >= 2:  # two warm-up rounds
-                    times[m].append(time.perf_counter() - started)
-        found[name] = {m: statistics.median(series) * 1000 for m, series in times.items()}
-        say(f"{name} {k}x{n}: " + ", ".join(f"{m} rows {found[name][m]:.2f} ms" for m in rows))
+                call(m)
+                if rep:
+                    times[kind, m].append(time.perf_counter() - started)
+    found = {f"{kind}, streamed": {m: statistics.median(times[kind, m]) * 1000 for m in rows} for kind in calls}
+    for label, series in found.items():
+        say(f"{label}: " + ", ".join(f"{m} rows {series[m]:.1f} ms" for m in rows))
     return found
 
 
@@ -124,15 +199,38 @@ def main(args: argparse.Namespace) -> int:
     rows = sorted({int(part) for part in args.rows.split(",") if part.strip()})
     threads = os.cpu_count() or 1
     say(f"MatMulNBits alone, {threads} threads, {args.reps} repetitions")
-    alone = time_alone(rows, args.reps, threads)
+    ours = None
+    if args.ours:
+        from phi_api.engine.kernels.native import Q4Kernel
+        from phi_api.settings import cache_root
+
+        ours = Q4Kernel(cache_root() / "kernels")
+    alone = time_alone(rows, args.reps, threads, ours)
     alone["a layer x 32"] = {m: LAYERS * sum(alone[name][m] for name, _, _ in SHAPES) for m in rows}
+    if ours is not None:
+        alone["a layer x 32, ours"] = {m: LAYERS * sum(alone[f"{name} ours"][m] for name, _, _ in SHAPES)
+                                       for m in rows}
+        alone["ours / MLAS"] = {m: alone["a layer x 32, ours"][m] / alone["a layer x 32"][m] for m in rows}
     report: dict[str, Any] = {"threads": threads, "rows": rows, "alone_ms": alone}
     print(table("MatMulNBits alone, ms a call", alone, rows))
+    if args.streamed:
+        streamed = time_streamed(rows, args.reps, threads, ours)
+        if ours is not None:
+            streamed["ours / MLAS"] = {m: streamed["ours, streamed"][m] / streamed["MLAS, streamed"][m] for m in rows}
+        report["streamed_ms"] = streamed
+        print(table("\nThe 4-bit matrices of a step (32 layers, weights from memory), ms", streamed, rows))
     if args.model_path:
         steps = time_steps(args.model_path, rows, args.reps, args.context, threads)
         report["step_ms"] = steps
+        series = {"step": steps}
+        streamed = report.get("streamed_ms", {})
+        if "ours, streamed" in streamed:  # the step with its 4-bit matrices timed as ours instead of MLAS's
+            series["step, projected with ours"] = {
+                m: steps[m] - streamed["MLAS, streamed"][m] + streamed["ours, streamed"][m] for m in rows}
+            series["projected / step"] = {m: series["step, projected with ours"][m] / steps[m] for m in rows}
+            report["projected_step_ms"] = series["step, projected with ours"]
         print(table(f"\nDecode steps of {Path(args.model_path).name}, {args.context} tokens a row, ms a step",
-                    {"step": steps}, rows))
+                    series, rows))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0

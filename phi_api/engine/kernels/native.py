@@ -1,0 +1,73 @@
+"""The kernel's shared library: built from ``q4_vnni.cpp`` with g++ (once per source and compiler, in a cache
+folder) where the CPU has AVX-512 VNNI, and called through ctypes."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from phi_api.errors import KernelError
+
+SOURCE = Path(__file__).with_name("q4_vnni.cpp")
+FLAGS = ("-O3", "-std=c++17", "-march=x86-64-v4", "-mavx512vnni", "-shared", "-fPIC", "-fopenmp")
+NEEDED = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+
+
+def cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def unsupported() -> str | None:
+    """Why the kernel cannot run here (a missing CPU feature or compiler), or None."""
+    missing = [flag for flag in NEEDED if flag not in cpu_flags()]
+    if missing:
+        return f"this CPU lacks {', '.join(missing)}"
+    if shutil.which("g++") is None:
+        return "g++ is not installed"
+    return None
+
+
+class Q4Kernel:
+    """The built library."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        reason = unsupported()
+        if reason:
+            raise KernelError(f"phi-api's 4-bit kernel cannot run: {reason}")
+        digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+        library = cache_dir / f"q4_vnni-{digest}.so"
+        if not library.is_file():
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            partial = library.with_suffix(".partial")
+            built = subprocess.run(["g++", *FLAGS, "-o", str(partial), str(SOURCE)], capture_output=True, text=True,
+                                   check=False)
+            if built.returncode != 0:
+                raise KernelError(f"g++ could not build phi-api's 4-bit kernel: {built.stderr[-2000:]}")
+            partial.rename(library)
+        self._lib = ctypes.CDLL(str(library))
+        self._lib.q4_matmul.restype = ctypes.c_int
+        self.max_rows = int(self._lib.q4_max_rows())
+
+    def matmul(self, tiles: np.ndarray, scales: np.ndarray, x: np.ndarray, n: int, threads: int = 1) -> np.ndarray:
+        """``x [M, K]`` (float32) times repacked weights (:func:`.reference.repack`): ``[M, N]``."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        m, k = x.shape
+        y = np.empty((m, n), dtype=np.float32)
+        pointer = ctypes.c_void_p
+        status = self._lib.q4_matmul(pointer(tiles.ctypes.data), pointer(scales.ctypes.data), pointer(x.ctypes.data),
+                                     pointer(y.ctypes.data), m, k, n, threads)
+        if status != 0:
+            raise KernelError(f"the 4-bit kernel takes 1 to {self.max_rows} rows, K a multiple of 128 and N of 16 "
+                              f"(not {m} x {k} x {n})")
+        return y
