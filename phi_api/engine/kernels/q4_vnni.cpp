@@ -20,6 +20,9 @@ namespace {
 
 constexpr int kBlock = 128;
 constexpr int kMaxRows = 16;
+// How far ahead of the tile being multiplied its stream of weights is fetched: the hardware prefetchers alone let
+// the loads wait, and a step of 8 rows cost its memory time plus its compute time instead of the larger of the two.
+constexpr int kPrefetchBytes = 4096;
 
 // Rows of X quantized per block: int8 values, a float scale and the sum of the int8 values per (row, block).
 void quantize_rows(const float* x, int m, int k, int8_t* q, float* scales, int32_t* sums) {
@@ -61,6 +64,7 @@ void columns(const uint8_t* w, const float* w_scales, const int8_t* q, const flo
       for (int r = 0; r < m; ++r) acc[r] = _mm512_setzero_si512();
       const int8_t* qb = q + b * kBlock;
       for (int p = 0; p < kBlock / 8; ++p, tile += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(tile) + kPrefetchBytes, _MM_HINT_T0);
         const __m512i packed = _mm512_loadu_si512(tile);
         const __m512i first = _mm512_and_si512(packed, low);
         const __m512i second = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);

@@ -54,20 +54,16 @@ def weights(k: int, n: int, copy: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return packed, (rng.random((n, k // BLOCK), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
 
 
-def node_model(k: int, n: int, copies: int = 1) -> bytes:
-    """A graph of ``copies`` MatMulNBits nodes, each ``[M, K] x [K, N]`` with weights of its own (:func:`weights`),
-    all reading one input: run in sequence, their weights stream from memory as a model's layers do."""
+def node_model(k: int, n: int) -> bytes:
+    """A graph of one MatMulNBits node, ``[M, K] x [K, N]``, with :func:`weights`."""
     from onnx import TensorProto, helper, numpy_helper
 
-    nodes, outputs, initializers = [], [], []
-    for copy in range(copies):
-        weight, scales = weights(k, n, copy)
-        nodes.append(helper.make_node("MatMulNBits", ["x", f"w{copy}", f"s{copy}"], [f"y{copy}"],
-                                      domain="com.microsoft", K=k, N=n, bits=4, block_size=BLOCK, accuracy_level=4))
-        outputs.append(helper.make_tensor_value_info(f"y{copy}", TensorProto.FLOAT, ["M", n]))
-        initializers += [numpy_helper.from_array(weight, f"w{copy}"), numpy_helper.from_array(scales, f"s{copy}")]
-    graph = helper.make_graph(nodes, "matmulnbits", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
-                              outputs, initializers)
+    weight, scales = weights(k, n)
+    node = helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft", K=k, N=n, bits=4,
+                            block_size=BLOCK, accuracy_level=4)
+    graph = helper.make_graph([node], "matmulnbits", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])],
+                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(scales, "s")])
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString()
 
@@ -98,8 +94,8 @@ def time_alone(rows: list[int], reps: int, threads: int, ours: Any = None) -> di
             gap = np.abs(mlas - mine).max() / np.abs(mlas).max()
             say(f"{name}: ours against MLAS, largest difference {gap:.1e} of the largest output")
         times: dict[tuple[str, int], list[float]] = {(kind, m): [] for kind in calls for m in rows}
-        for rep in range(reps + 2):
-            for kind, call in calls.items():
+        for kind, call in calls.items():  # one kernel at a time: each one's idle threads spin a while after it
+            for rep in range(reps + 2):
                 for m in rows:
                     started = time.perf_counter()
                     call(inputs[m])
@@ -112,9 +108,38 @@ def time_alone(rows: list[int], reps: int, threads: int, ours: Any = None) -> di
     return found
 
 
+def step_model(folder: Path) -> Path:
+    """A graph of a step's 4-bit matrices in the model's order (each layer's qkv, o, gate-up and down, 32 layers,
+    each with weights of its own: 2.2 GB, saved beside it), reading ``x3072`` and ``x8192``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, outputs, initializers = [], [], []
+    for layer in range(LAYERS):
+        for name, k, n in SHAPES:
+            weight, scales = weights(k, n, layer)
+            tag = f"{name}{layer}"
+            nodes.append(helper.make_node("MatMulNBits", [f"x{k}", f"w_{tag}", f"s_{tag}"], [f"y_{tag}"],
+                                          domain="com.microsoft", K=k, N=n, bits=4, block_size=BLOCK,
+                                          accuracy_level=4))
+            outputs.append(helper.make_tensor_value_info(f"y_{tag}", TensorProto.FLOAT, ["M", n]))
+            initializers += [numpy_helper.from_array(weight, f"w_{tag}"), numpy_helper.from_array(scales, f"s_{tag}")]
+    widths = sorted({k for _, k, _ in SHAPES})
+    inputs = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, ["M", k]) for k in widths]
+    graph = helper.make_graph(nodes, "step", inputs, outputs, initializers)
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    target = folder / "step.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=10), str(target), save_as_external_data=True,
+              location="step.onnx.data")
+    return target
+
+
 def time_streamed(rows: list[int], reps: int, threads: int, ours: Any = None) -> dict[str, dict[int, float]]:
-    """Milliseconds for the 4-bit matrices of a whole step of Phi-3.5-mini's shape (each shape's node 32 times, with
-    weights of its own: 2.2 GB read from memory, as in the model) at each row count; with ``ours``, its own too."""
+    """Milliseconds for the 4-bit matrices of a whole step of Phi-3.5-mini's shape, in the model's order with
+    weights of their own (2.2 GB read from memory, as in the model; one session, one thread pool), at each row
+    count; with ``ours``, its own too, called in the same order."""
+    import tempfile
+
     import onnxruntime as ort
 
     from phi_api.engine.kernels.reference import repack
@@ -122,28 +147,28 @@ def time_streamed(rows: list[int], reps: int, threads: int, ours: Any = None) ->
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
-    sessions = [(k, ort.InferenceSession(node_model(k, n, LAYERS), options, providers=["CPUExecutionProvider"]))
-                for _, k, n in SHAPES]
-    inputs = {(k, m): np.random.default_rng(m).standard_normal((m, k), dtype=np.float32)
-              for _, k, _ in SHAPES for m in rows}
+    with tempfile.TemporaryDirectory(prefix="phi-api-kernels-") as folder:
+        session = ort.InferenceSession(str(step_model(Path(folder))), options, providers=["CPUExecutionProvider"])
+    widths = sorted({k for _, k, _ in SHAPES})
+    inputs = {m: {f"x{k}": np.random.default_rng(m + k).standard_normal((m, k), dtype=np.float32) for k in widths}
+              for m in rows}
 
     def mlas(m: int) -> None:
-        for k, session in sessions:
-            session.run(None, {"x": inputs[k, m]})
+        session.run(None, inputs[m])
 
     calls: dict[str, Callable[[int], None]] = {"MLAS": mlas}
     if ours is not None:
-        packed = [(k, n, [repack(*weights(k, n, copy)) for copy in range(LAYERS)]) for _, k, n in SHAPES]
+        layers = [[(k, n, *repack(*weights(k, n, layer))) for _, k, n in SHAPES] for layer in range(LAYERS)]
 
         def own(m: int) -> None:
-            for k, n, layers in packed:
-                for tiles, scales in layers:
-                    ours.matmul(tiles, scales, inputs[k, m], n, threads)
+            for layer in layers:
+                for k, n, tiles, scales in layer:
+                    ours.matmul(tiles, scales, inputs[m][f"x{k}"], n, threads)
 
         calls["ours"] = own
     times: dict[tuple[str, int], list[float]] = {(kind, m): [] for kind in calls for m in rows}
-    for rep in range(reps + 1):
-        for kind, call in calls.items():
+    for kind, call in calls.items():  # one kernel at a time (its idle threads spin a while after it)
+        for rep in range(reps + 1):
             for m in rows:
                 started = time.perf_counter()
                 call(m)
