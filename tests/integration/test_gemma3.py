@@ -22,6 +22,8 @@ SHORT = "Water boils at"
 NEAR_TIE = 0.05  # logits
 MODEL = "gemma-3-270m"
 
+pytestmark = pytest.mark.second_model  # two minutes of conversion: `make test PYTEST_ARGS="-m second_model"`
+
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
