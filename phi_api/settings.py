@@ -20,6 +20,8 @@ from phi_api.errors import ConfigError
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # how a model writes tool calls (phi_api.service.tool_formats.FORMATS, and auto: what its folder says)
 TOOL_PARSERS = ("auto", "generic", "hermes", "phi4_mini", "mistral", "llama3_json", "pythonic")
+# how a model's thinking is told apart (phi_api.service.reasoning.thinking_markers)
+REASONING_PARSERS = ("auto", "think", "none")
 
 
 def _integer(low: int, high: int | None = None) -> Callable[[str, Any], int]:
@@ -178,6 +180,11 @@ class Settings:
     TOOL_PARSER: str = setting("auto", _text(choices=TOOL_PARSERS),
                                "How the model writes tool calls: auto (what its folder says), generic, hermes, "
                                "phi4_mini, mistral, llama3_json or pythonic", engine="tool_parser", per_model=True)
+    REASONING_PARSER: str = setting("auto", _text(choices=REASONING_PARSERS),
+                                    "How the model's thinking is told apart from its answer: auto (by the thinking "
+                                    "markers its tokenizer holds), think (<think>...</think> in the text, also where "
+                                    "they are no tokens of its own), or none (the thinking stays in the answer)",
+                                    engine="reasoning_parser", per_model=True)
     SPECULATIVE_DRAFT_MAX: int = setting(8, _integer(0, 64),
                                          "Most prompt-lookup draft tokens one step verifies (adaptive below it); 0 "
                                          "turns speculative decoding off", engine="draft_max", per_model=True)

@@ -28,6 +28,7 @@ class EngineConfig:
     batch_invariant: bool = False  # BATCH_INVARIANT: a row's numbers do not depend on the other rows of its steps
     draft_max: int = 0  # SPECULATIVE_DRAFT_MAX: how far a sequence may draft (engine.speculation)
     tool_parser: str = "auto"  # TOOL_PARSER: how the model writes tool calls (read by the service, not the engine)
+    reasoning_parser: str = "auto"  # REASONING_PARSER: how its thinking is told apart (read by the service)
     prefix_disk_dir: str = ""  # PREFIX_CACHE_DIR: the disk tier's folder ("": none; engine.prefixdisk)
     prefix_disk_bytes: int = 0  # PREFIX_CACHE_DISK_MB: the most the folder holds
     idle_wait: float = 1.0  # seconds the engine thread sleeps without work before it looks again

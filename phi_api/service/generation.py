@@ -90,7 +90,7 @@ class Plan:
 def _chat_plan(engine: Engine, settings: Settings, request: ChatRequest) -> Plan:
     plan = request.tools and dataclasses.replace(request.tools, format=tool_format(engine))
     prompt = prompts.chat_prompt(engine, list(request.messages), plan,
-                                 variables=reasoning.template_variables(engine.info, request))
+                                 variables=reasoning.template_variables(engine, request))
     thinking = reasoning.reasoning_of(engine, request, prompt)
     # A forced call is the whole answer, so its grammar wins (as with OpenAI, where response_format shapes content).
     guidance = plan.grammar() if plan and plan.forced else _guidance(request)
@@ -99,7 +99,7 @@ def _chat_plan(engine: Engine, settings: Settings, request: ChatRequest) -> Plan
     params = request.sampling.to_params(prompt_tokens=len(prompt), prompt_param=request.prompt_param,
                                         model=engine.info, settings=settings, logprobs=request.logprobs,
                                         guidance=guidance,
-                                        thinking=reasoning.thinking_budget(engine.info, request, thinking))
+                                        thinking=reasoning.thinking_budget(engine, request, thinking))
     return Plan([prompt], params, tools=plan, reasoning=thinking)
 
 

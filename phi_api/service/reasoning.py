@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from phi_api.engine import ModelInfo, ThinkingBudget
+from phi_api.engine import ThinkingBudget
 from phi_api.errors import UnsupportedParameterError
 
 if TYPE_CHECKING:  # the request types import nothing of this module; only their annotations are needed here
     from phi_api.engine import Engine
     from phi_api.service.requests import ChatRequest
+
+
+TEXT_MARKERS = ("<think>", "</think>")  # REASONING_PARSER=think: read in the answer's text
 
 
 @dataclass(frozen=True)
@@ -100,30 +103,40 @@ def _held_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def template_variables(model: ModelInfo, request: ChatRequest) -> dict[str, Any]:
+def thinking_markers(engine: Engine) -> tuple[str, str] | None:
+    """The model's thinking markers, start and end, by its REASONING_PARSER: those its tokenizer holds (auto),
+    ``<think>`` and ``</think>`` read in the text whatever the tokenizer (think: Phi-4-mini-reasoning writes them
+    as plain text), or none; None for a model whose thinking is not told apart."""
+    parser = engine.config.reasoning_parser
+    if parser == "none":
+        return None
+    return TEXT_MARKERS if parser == "think" else engine.info.think_markers
+
+
+def template_variables(engine: Engine, request: ChatRequest) -> dict[str, Any]:
     """What the chat template reads besides the conversation: the request's ``chat_template_kwargs``, and
     ``enable_thinking`` false for a request that turns a reasoning model's thinking off, where its template has it
     (Qwen3's)."""
     variables = dict(request.template_variables)
-    if request.reasoning_effort == "none" and _can_stop_thinking(model):
+    if request.reasoning_effort == "none" and _can_stop_thinking(engine):
         variables.setdefault("enable_thinking", False)
     return variables
 
 
-def _can_stop_thinking(model: ModelInfo) -> bool:
-    return model.think_markers is not None and "enable_thinking" in model.chat_template
+def _can_stop_thinking(engine: Engine) -> bool:
+    return thinking_markers(engine) is not None and "enable_thinking" in engine.info.chat_template
 
 
 def reasoning_of(engine: Engine, request: ChatRequest, prompt: np.ndarray) -> Reasoning | None:
-    """How the answer's thinking is found, for a reasoning model (one whose tokenizer has thinking markers); 400
-    for a request about thinking that the model cannot honour."""
-    markers, effort = engine.info.think_markers, request.reasoning_effort
+    """How the answer's thinking is found, for a reasoning model (one whose tokenizer has thinking markers, or
+    REASONING_PARSER=think); 400 for a request about thinking that the model cannot honour."""
+    markers, effort = thinking_markers(engine), request.reasoning_effort
     if markers is None:
         if effort not in (None, "none"):
             raise UnsupportedParameterError(f"{request.reasoning_param} applies to reasoning models only, and this "
                                             "model does not reason.", param=request.reasoning_param)
         return None
-    if effort == "none" and not _can_stop_thinking(engine.info):
+    if effort == "none" and not _can_stop_thinking(engine):
         raise UnsupportedParameterError(f"This model's thinking cannot be turned off ({request.reasoning_param}): "
                                         "its chat template has no enable_thinking.", param=request.reasoning_param)
     opened = engine.decode(prompt[-8:]).rstrip().endswith(markers[0])  # the template opened the thinking itself
@@ -141,10 +154,14 @@ def closed_for_an_answer(engine: Engine, prompt: np.ndarray,
     return np.concatenate([prompt, closing]), dataclasses.replace(found, inside=False)
 
 
-def thinking_budget(model: ModelInfo, request: ChatRequest, found: Reasoning | None) -> ThinkingBudget | None:
+def thinking_budget(engine: Engine, request: ChatRequest, found: Reasoning | None) -> ThinkingBudget | None:
     """The request's thinking budget in engine terms (vLLM's ``thinking_token_budget``, Anthropic's
-    ``budget_tokens``); None without one, or for a model that does not think (it keeps any budget)."""
-    if request.thinking_budget is None or found is None or model.think_token_ids is None:
+    ``budget_tokens``); None without one, or for a model that does not think (it keeps any budget); 400 where the
+    thinking's markers are text rather than tokens (the budget ends the thinking with the end marker's token)."""
+    if request.thinking_budget is None or found is None:
         return None
-    start, end = model.think_token_ids
+    if engine.info.think_token_ids is None or (found.start, found.end) != engine.info.think_markers:
+        raise UnsupportedParameterError("A thinking budget needs thinking markers that are tokens of the model's "
+                                        "tokenizer; this model writes them as text.", param="thinking_token_budget")
+    start, end = engine.info.think_token_ids
     return ThinkingBudget(start, end, request.thinking_budget, inside=found.inside)

@@ -145,3 +145,21 @@ def test_a_thinking_budget_ends_the_thinking_with_its_end_marker(make_app):
 def test_a_model_that_does_not_think_keeps_any_thinking_budget(client):
     answer = chat(client, thinking_token_budget=0)
     assert answer.status_code == 200 and answer.get_json()["choices"][0]["message"]["content"] == "Hello, world!"
+
+
+def test_reasoning_parser_think_reads_the_markers_in_the_text_of_a_model_without_their_tokens(make_app):
+    engine = fake_engine(TOKENS, PIECES, reasoning_parser="think")  # the tokenizer holds no thinking markers
+    client = make_app(engine=engine).test_client()
+    message = chat(client).get_json()["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("The user says hi.", "Hi there")
+    # the budget ends the thinking with the end marker's token, which this model does not have
+    refused = chat(client, thinking_token_budget=4)
+    assert refused.status_code == 400 and refused.get_json()["error"]["param"] == "thinking_token_budget"
+    assert "text" in refused.get_json()["error"]["message"]
+
+
+def test_reasoning_parser_none_leaves_a_thinker_s_thinking_in_its_answer(make_app):
+    engine = fake_engine(TOKENS, PIECES, think_markers=("<think>", "</think>"), reasoning_parser="none")
+    message = chat(make_app(engine=engine).test_client()).get_json()["choices"][0]["message"]
+    assert message["content"] == "<think>\nThe user says hi.\n</think>\n\nHi there"
+    assert "reasoning_content" not in message

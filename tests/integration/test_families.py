@@ -1,13 +1,14 @@
-"""The small-model families of 2026 served as they are: tiny random-weight Qwen3, Llama 3, Mistral, Phi-4-mini,
-DeepSeek-R1-Distill-Qwen and Gemma 3 models (built with ONNX Runtime GenAI's model builder, the family's special
-tokens in their tokenizers, and each family's real template, or vLLM's tool template for it), through
-the official clients (openai, anthropic, ollama), with no TOOL_PARSER given but to Gemma 3, whose Python-style calls
-have no marker to tell them by: phi-api reads each family's markup by itself: Qwen3's ``<tool_call>`` and
-``<think>``, Llama 3's ``<|python_tag|>`` calls with ``parameters`` and Mistral's ``[TOOL_CALLS]`` (both special
-tokens, as in their tokenizers: the answer's text keeps them), Phi-4-mini's ``<|tool_call|>[...]``,
-DeepSeek-R1-Distill's thinking opened by its template. Gemma 3's sliding-window layers have a window shorter than the
-prompts. The weights are noise: a grammar makes each write its family's markup where the test needs known words;
-forced calls carry their own grammar."""
+"""The small-model families of 2026 served as they are: tiny random-weight Qwen3, Llama 3, Mistral, Phi-4-mini (and
+-reasoning), DeepSeek-R1-Distill-Qwen and Gemma 3 models (built with ONNX Runtime GenAI's model builder, the
+family's special tokens in their tokenizers, and each family's real template, or vLLM's tool template for it),
+through the official clients (openai, anthropic, ollama), with no setting given but Gemma 3's TOOL_PARSER (its
+Python-style calls have no marker to tell them by) and Phi-4-mini-reasoning's REASONING_PARSER (its <think> is
+text): phi-api reads each family's markup by itself: Qwen3's ``<tool_call>`` and ``<think>``, Llama 3's
+``<|python_tag|>`` calls with ``parameters`` and Mistral's ``[TOOL_CALLS]`` (both special tokens, as in their
+tokenizers: the answer's text keeps them), Phi-4-mini's ``<|tool_call|>[...]``, DeepSeek-R1-Distill's thinking
+opened by its template. Gemma 3's sliding-window layers have a window shorter than the prompts. The weights are
+noise: a grammar makes each write its family's markup where the test needs known words; forced calls carry their own
+grammar."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ CALLS = {  # each family's call, as its model writes one (Lark string escapes)
     "llama": "<|python_tag|>" + CALL.replace("ARGS", "parameters"),
     "mistral": "[TOOL_CALLS][" + CALL.replace("ARGS", "arguments") + "]",
     "phi4-mini": "<|tool_call|>[" + CALL.replace("ARGS", "arguments") + "]<|/tool_call|>",
+    "phi4-mini-reasoning": "<|tool_call|>[" + CALL.replace("ARGS", "arguments") + "]<|/tool_call|>",
     # no call format of its own that phi-api reads: the generic one, after the thinking its template opened
     "deepseek-r1-distill": "Easy.\\n</think>\\n\\n" + CALL.replace("ARGS", "arguments"),
     "gemma3": '[get_weather(city=\\"Paris\\")]',  # Python-style, as its tool template asks (TOOL_PARSER=pythonic)
@@ -40,6 +42,7 @@ CALLS = {  # each family's call, as its model writes one (Lark string escapes)
 THINKERS = {  # what a thinking family writes (its template may have opened the thinking), and what is read of it
     "qwen3": "<think>\nSunny, probably.\n</think>\n\nSunny.",
     "deepseek-r1-distill": "Sunny, probably.\n</think>\n\nSunny.",
+    "phi4-mini-reasoning": "<think>\nSunny, probably.\n</think>\n\nSunny.",  # markers as text, not tokens
 }
 # words before the call (none where the answer must start with it)
 PREFIX = {"deepseek-r1-distill": "", "gemma3": ""}
@@ -148,7 +151,7 @@ def test_only_a_family_with_thinking_markers_has_its_thinking_told_apart(family,
     else:
         message = answer.choices[0].message
         reasoning, content = getattr(message, "reasoning_content", None) or "", message.content
-    if name in THINKERS:  # <think> and </think> are its tokenizer's own
+    if name in THINKERS:  # <think> and </think> are its tokenizer's own, or read as text (REASONING_PARSER=think)
         assert (reasoning, content) == ("Sunny, probably.", "Sunny.")
     else:  # the same words from a model without those tokens are its answer, whole
         assert content == written and reasoning == ""

@@ -1,4 +1,4 @@
-"""Tiny random-weight models of the 2026 small-model families (Qwen3, Llama 3, Mistral, Phi-4-mini,
+"""Tiny random-weight models of the 2026 small-model families (Qwen3, Llama 3, Mistral, Phi-4-mini and -reasoning,
 DeepSeek-R1-Distill-Qwen, Gemma 3), built with ONNX Runtime GenAI's model builder in seconds, with the default
 model's tokenizer plus the family's special tokens and the family's real chat template (tests/data/templates). Their
 words are noise: tests drive them with grammars and check what phi-api makes of the family's markup and template."""
@@ -43,6 +43,11 @@ FAMILIES = {family.name: family for family in (
     Family("phi4-mini", "Phi3Config", "Phi3ForCausalLM", ("<|user|>", "<|end|>", "<|assistant|>", "<|system|>",
                                                           "<|tool|>", "<|/tool|>", "<|tool_call|>", "<|/tool_call|>"),
            template="phi4-mini.jinja", extra={"original_max_position_embeddings": 2048}),  # no LongRoPE here
+    # its thinking markers are no tokens of the tiny tokenizer: read as text (REASONING_PARSER=think)
+    Family("phi4-mini-reasoning", "Phi3Config", "Phi3ForCausalLM",
+           ("<|user|>", "<|end|>", "<|assistant|>", "<|system|>", "<|tool|>", "<|/tool|>", "<|tool_call|>",
+            "<|/tool_call|>"), template="phi4-mini-reasoning.jinja", settings={"REASONING_PARSER": "think"},
+           extra={"original_max_position_embeddings": 2048}),
     # its template ends the prompt with <think>: only </think> appears in the answer
     Family("deepseek-r1-distill", "Qwen2Config", "Qwen2ForCausalLM",
            ("<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
