@@ -75,13 +75,13 @@ def test_three_models_on_two_workers_stay_inside_the_memory_limit(model_path, lo
 
         try:
             with ThreadPoolExecutor(6) as pool:
-                statuses = list(pool.map(ask, range(60)))  # 60 x ~400 tokens: three times both shares
+                statuses = list(pool.map(ask, range(36)))  # 36 x ~400 tokens: twice both shares
         finally:
             stop.set()
             sampler.join()
         assert set(server.worker_pids()) == workers  # no worker died
         assert all(status == 200 or 400 <= status < 500 for status in statuses), statuses
-        assert statuses.count(200) >= 50
+        assert statuses.count(200) >= 30
         assert metric(server, "phi_api_kv_cache_evictions_total") > 0  # the kept prefixes did fill the shares
         assert metric(server, "phi_api_kv_cache_kept_bytes") <= metric(server, "phi_api_kv_cache_share_bytes")
         assert metric(server, "phi_api_memory_limit_bytes") == pytest.approx(limit_mb * 2**20, rel=0.01)
