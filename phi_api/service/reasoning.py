@@ -15,14 +15,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from phi_api.engine import ThinkingBudget
+from phi_api.engine.runtime.folder import THINK_MARKERS
 from phi_api.errors import UnsupportedParameterError
 
 if TYPE_CHECKING:  # the request types import nothing of this module; only their annotations are needed here
     from phi_api.engine import Engine
     from phi_api.service.requests import ChatRequest
-
-
-TEXT_MARKERS = ("<think>", "</think>")  # REASONING_PARSER=think: read in the answer's text
 
 
 @dataclass(frozen=True)
@@ -110,7 +108,7 @@ def thinking_markers(engine: Engine) -> tuple[str, str] | None:
     parser = engine.config.reasoning_parser
     if parser == "none":
         return None
-    return TEXT_MARKERS if parser == "think" else engine.info.think_markers
+    return THINK_MARKERS[0] if parser == "think" else engine.info.think_markers
 
 
 def template_variables(engine: Engine, request: ChatRequest) -> dict[str, Any]:

@@ -75,8 +75,12 @@ def recipe_tag(recipe: dict[str, Any]) -> str:
 def default_model_dir(root: Path | None = None, reference: bool = False) -> Path:
     """The folder the default model (or its float32 ``reference`` build) is prepared into unless told otherwise
     (under ``root``, else the cache)."""
-    recipe = REFERENCE_RECIPE if reference else DEFAULT_RECIPE
-    return (root or cache_root()) / "models" / f"{DEFAULT_MODEL_ID}-{recipe_tag(recipe)}"
+    return model_dir(DEFAULT_MODEL_ID, REFERENCE_RECIPE if reference else DEFAULT_RECIPE, root)
+
+
+def model_dir(name: str, recipe: dict[str, Any], root: Path | None = None) -> Path:
+    """The cache's folder of ``name`` built with ``recipe`` (under ``root``, else the cache)."""
+    return (root or cache_root()) / "models" / f"{name}-{recipe_tag(recipe)}"
 
 
 def is_ready(folder: Path, expected: dict | None = None) -> bool:
@@ -130,7 +134,7 @@ def prepare_gguf_model(gguf: Path, target: Path, recipe: dict[str, Any], source:
 def gguf_model_dir(gguf: Path, recipe: dict[str, Any], root: Path | None = None) -> Path:
     """Where ``prepare-model --gguf`` puts a GGUF file's conversion by default: the cache, named after the file
     and the recipe."""
-    return (root or cache_root()) / "models" / f"{gguf.stem.lower()}-{recipe_tag(recipe)}"
+    return model_dir(gguf.stem.lower(), recipe, root)
 
 
 def builder_step(step: str, recipe: dict[str, Any]) -> str:

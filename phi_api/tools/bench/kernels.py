@@ -68,6 +68,19 @@ def node_model(k: int, n: int) -> bytes:
     return helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString()
 
 
+def phase_medians(call: Callable[[Any], Any], arguments: dict[int, Any], reps: int, warmups: int) -> dict[int, float]:
+    """Milliseconds of ``call(arguments[m])`` for each row count ``m``: medians of ``reps`` rounds after ``warmups``.
+    One kernel's phase at a time: a kernel's idle threads spin a while after it and slow another one down."""
+    times: dict[int, list[float]] = {m: [] for m in arguments}
+    for rep in range(warmups + reps):
+        for m, argument in arguments.items():
+            started = time.perf_counter()
+            call(argument)
+            if rep >= warmups:
+                times[m].append(time.perf_counter() - started)
+    return {m: statistics.median(series) * 1000 for m, series in times.items()}
+
+
 def run_node(session: Any, x: np.ndarray) -> np.ndarray:
     return session.run(None, {"x": x})[0]
 
@@ -93,17 +106,9 @@ def time_alone(rows: list[int], reps: int, threads: int, ours: Any = None) -> di
             mlas, mine = calls["mlas"](inputs[max(rows)]), calls["ours"](inputs[max(rows)])
             gap = np.abs(mlas - mine).max() / np.abs(mlas).max()
             say(f"{name}: ours against MLAS, largest difference {gap:.1e} of the largest output")
-        times: dict[tuple[str, int], list[float]] = {(kind, m): [] for kind in calls for m in rows}
-        for kind, call in calls.items():  # one kernel at a time: each one's idle threads spin a while after it
-            for rep in range(reps + 2):
-                for m in rows:
-                    started = time.perf_counter()
-                    call(inputs[m])
-                    if rep >= 2:  # two warm-up rounds
-                        times[kind, m].append(time.perf_counter() - started)
-        for kind in calls:
+        for kind, call in calls.items():
             label = name if kind == "mlas" else f"{name} ours"
-            found[label] = {m: statistics.median(times[kind, m]) * 1000 for m in rows}
+            found[label] = phase_medians(call, inputs, reps, warmups=2)
             say(f"{label} {k}x{n}: " + ", ".join(f"{m} rows {found[label][m]:.2f} ms" for m in rows))
     return found
 
@@ -166,15 +171,8 @@ def time_streamed(rows: list[int], reps: int, threads: int, ours: Any = None) ->
                     ours.matmul(tiles, scales, inputs[m][f"x{k}"], n, threads)
 
         calls["ours"] = own
-    times: dict[tuple[str, int], list[float]] = {(kind, m): [] for kind in calls for m in rows}
-    for kind, call in calls.items():  # one kernel at a time (its idle threads spin a while after it)
-        for rep in range(reps + 1):
-            for m in rows:
-                started = time.perf_counter()
-                call(m)
-                if rep:
-                    times[kind, m].append(time.perf_counter() - started)
-    found = {f"{kind}, streamed": {m: statistics.median(times[kind, m]) * 1000 for m in rows} for kind in calls}
+    found = {f"{kind}, streamed": phase_medians(call, {m: m for m in rows}, reps, warmups=1)
+             for kind, call in calls.items()}
     for label, series in found.items():
         say(f"{label}: " + ", ".join(f"{m} rows {series[m]:.1f} ms" for m in rows))
     return found
