@@ -191,6 +191,10 @@ class Settings:
     KV_CACHE_DTYPE: str = setting("auto", _text(choices=("auto", "float32", "int8")),
                                   "Keys and values in memory: float32, int8 (a quarter of the memory), or auto (int8 "
                                   "where float32 would take 256 KB a token or more)", per_model=True)
+    INT4_KERNEL: str = setting("auto", _text(choices=("auto", "phi-api", "mlas")),
+                               "The kernel of 4-bit weights: phi-api's own (AVX-512 VNNI, one pass over the weights "
+                               "for all rows of a step), mlas (ONNX Runtime's), or auto (phi-api's where the CPU "
+                               "and its built library allow, else mlas)", per_model=True)
     PLAYGROUND: bool = setting(True, _boolean, "Serve the chat playground at /; false: / is a 404")
     MODELS_FILE: str = setting("", _stripped,
                                "A JSON file declaring several models (ids, folders, options); else MODEL_PATH")

@@ -26,13 +26,19 @@ def user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     tests' servers and engines make, such as prepacked models) is a temporary
     folder: the tests build models of their own in temporary folders, and
     every run left their prepacked copies in the user's cache (66 MB each
-    for the tiny Phi-3).
+    for the tiny Phi-3). What `make install` built there (phi-api's 4-bit
+    kernel) is copied in.
     """
+    import shutil
+
     from phi_api.settings import cache_root
 
     real = cache_root()
+    temporary = tmp_path_factory.mktemp("cache")
+    if (real / "runtime" / "kernels").is_dir():
+        shutil.copytree(real / "runtime" / "kernels", temporary / "runtime" / "kernels")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PHI_API_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        patch.setenv("PHI_API_CACHE_DIR", str(temporary))
         yield real
 
 

@@ -19,7 +19,7 @@ def load_engine(settings: Settings, spec: ModelSpec, memory: SharedBudget | None
     from phi_api.engine.runtime import oga
     from phi_api.engine.runtime.model import LanguageModel
     from phi_api.engine.runtime.session import ORT_ERRORS
-    from phi_api.errors import GuidanceError, PrepackError
+    from phi_api.errors import GuidanceError, KernelError, PrepackError
     from phi_api.settings import cache_root
 
     path = spec.path
@@ -30,8 +30,9 @@ def load_engine(settings: Settings, spec: ModelSpec, memory: SharedBudget | None
         raise ModelLoadingError(path, "genai_config.json not found (not an ONNX Runtime GenAI model folder)",
                                 spec.id)
     try:
-        model = LanguageModel(path, cache_dir=cache_root() / "runtime", kv_dtype=settings.KV_CACHE_DTYPE)
-    except (oga.OgaError, PrepackError, GuidanceError) as exc:
+        model = LanguageModel(path, cache_dir=cache_root() / "runtime", kv_dtype=settings.KV_CACHE_DTYPE,
+                              int4_kernel=settings.INT4_KERNEL)
+    except (oga.OgaError, PrepackError, GuidanceError, KernelError) as exc:
         raise ModelLoadingError(path, str(exc), spec.id) from exc
     except ORT_ERRORS + (DecodeError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadingError(path, f"unreadable model ({type(exc).__name__}: {exc})", spec.id) from exc

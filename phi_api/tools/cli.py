@@ -20,6 +20,8 @@ COMMANDS = {
              "Hugging Face Hub), check it, and print its folder"),
     "prepare-model": ("phi_api.tools.prepare_command", "convert the default model (SmolLM2-135M-Instruct), or build a "
                       "random-weight benchmark model of a production shape, and print its folder as the last line"),
+    "build-kernel": ("phi_api.tools.build_kernel", "build phi-api's own 4-bit kernel for ONNX Runtime (make install "
+                     "runs it); where it cannot run, say why: ONNX Runtime's kernel serves instead"),
     "settings": ("phi_api.tools.settings_command", "every setting: its default, its value here, what it means"),
     "check": ("phi_api.tools.check", "check the configuration and the model folders without starting: misspelt "
               "settings, bad values, missing folders; print the workers, threads and memory it gives"),

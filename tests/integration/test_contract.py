@@ -61,7 +61,7 @@ def test_fuzzed_requests(fuzz_server):
     for operation in operations:
 
         @hypothesis.given(case=operation.as_strategy())
-        @hypothesis.settings(max_examples=60, deadline=None, derandomize=True, database=None,
+        @hypothesis.settings(max_examples=30, deadline=None, derandomize=True, database=None,
                              suppress_health_check=list(hypothesis.HealthCheck))
         def fuzz(case):
             bound(case.path, case.body)
@@ -77,7 +77,7 @@ def test_fuzzed_as_the_command_line_fuzzes(fuzz_server):
     environment = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.support.fuzz_hooks", "PHI_API_FUZZ_MODEL": MODEL_ID}
     command = [str(Path(sys.executable).with_name("st")), "run", fuzz_server.url + "/openapi.json",
                "--checks", "not_a_server_error", "--mode", "all", "--phases", "examples,coverage,fuzzing",
-               "--max-examples", "25", "--generation-deterministic", "--no-color"]
+               "--max-examples", "12", "--generation-deterministic", "--no-color"]
     # One worker (the default): hypothesis describes strategies with ast.parse, and CPython 3.11's AST constructor
     # is not thread-safe (gh-106905: "SystemError: AST constructor recursion depth mismatch" with two workers).
     ran = subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=1200)

@@ -23,7 +23,7 @@ from ollama import Client
 from openai import OpenAI
 
 from tests.support.server import Server
-from tests.support.tiny_families import FAMILIES, build_tiny
+from tests.support.tiny_families import FAMILIES, build_tinies
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}
@@ -48,12 +48,16 @@ THINKERS = {  # what a thinking family writes (its template may have opened the 
 PREFIX = {"deepseek-r1-distill": "", "gemma3": ""}
 
 
+@pytest.fixture(scope="module")
+def folders(model_path, tmp_path_factory) -> dict[str, Path]:
+    """Every family's tiny model, built together (two builders at a time)."""
+    return build_tinies(list(FAMILIES.values()), Path(model_path), tmp_path_factory.mktemp("tiny-families"))
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family(request, model_path, tmp_path_factory, logs_dir):
+def family(request, folders, logs_dir):
     name = request.param
-    work = tmp_path_factory.mktemp(f"tiny-{name}")
-    folder = build_tiny(FAMILIES[name], Path(model_path), work / "model", work)
-    with Server(logs_dir, MODEL_PATH=str(folder), MODEL_ID=f"tiny-{name}", WEB_CONCURRENCY=1,
+    with Server(logs_dir, MODEL_PATH=str(folders[name]), MODEL_ID=f"tiny-{name}", WEB_CONCURRENCY=1,
                 **FAMILIES[name].settings) as running:
         yield name, running
 

@@ -28,14 +28,21 @@ def test_the_quickstart_holds_three_commands():
 
 
 @pytest.fixture
-def quickstart_server(tmp_path):
-    """``make serve`` as the README writes it, in the checkout; the server's port and folders are the test's."""
+def quickstart_server(tmp_path, user_cache):
+    """``make serve`` as the README writes it, in the checkout; the server's port and folders are the test's, its
+    cache one of the test's own that holds the models `make test` prepared in the user's cache (and the kernel the
+    run's cache holds): the host's files it makes stay out of the user's cache."""
     port = free_port()
+    cache = tmp_path / "cache"
+    (cache / "runtime").mkdir(parents=True)
+    if (user_cache / "models").is_dir():
+        (cache / "models").symlink_to(user_cache / "models")
+    kernels = Path(os.environ["PHI_API_CACHE_DIR"]) / "runtime" / "kernels"
+    if kernels.is_dir():
+        (cache / "runtime" / "kernels").symlink_to(kernels)
     environ = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "SERVER_PORT": str(port),
                "SERVER_HOST": "127.0.0.1", "DATA_DIR": str(tmp_path / "data"),
-               "PREFIX_CACHE_DIR": str(tmp_path / "prefixes")}
-    if "PHI_API_CACHE_DIR" in os.environ:  # where make test prepared the default model
-        environ["PHI_API_CACHE_DIR"] = os.environ["PHI_API_CACHE_DIR"]
+               "PREFIX_CACHE_DIR": str(tmp_path / "prefixes"), "PHI_API_CACHE_DIR": str(cache)}
     log_path = tmp_path / "make-serve.log"
     with log_path.open("w") as log:
         make = subprocess.Popen(QUICKSTART[0], cwd=CHECKOUT, env=environ, stdout=log, stderr=subprocess.STDOUT,

@@ -62,18 +62,26 @@ FAMILIES = {family.name: family for family in (
 )}
 
 
-def build_tiny(family: Family, tokenizer_source: Path, out_dir: Path, work_dir: Path) -> Path:
-    """Build the family's tiny model into ``out_dir`` (reusing it if present) and return it."""
-    if (out_dir / "genai_config.json").is_file():
+def build_tinies(families: list[Family], tokenizer_source: Path, work_dir: Path) -> dict[str, Path]:
+    """Build the families' tiny models under ``work_dir``: each one's folder by name. The Hugging Face folders are
+    written here, one at a time (transformers' lazy module is not safe to load from several threads); the model
+    builder, a process mostly on one core, runs for two at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for family in families:
+        _write_folder(family, tokenizer_source, work_dir / f"tiny-{family.name}-hf")
+
+    def build(family: Family) -> Path:
+        out_dir = work_dir / f"tiny-{family.name}"
+        run_builder(work_dir / f"tiny-{family.name}-hf", out_dir, work_dir / f"tiny-{family.name}-cache",
+                    work_dir / f"tiny-{family.name}.log", recipe=REFERENCE_RECIPE)
+        if family.template:
+            (out_dir / "chat_template.jinja").write_text((TEMPLATES / family.template).read_text(encoding="utf-8"),
+                                                         encoding="utf-8")
         return out_dir
-    hf_dir = work_dir / f"tiny-{family.name}-hf"
-    _write_folder(family, tokenizer_source, hf_dir)
-    run_builder(hf_dir, out_dir, work_dir / f"tiny-{family.name}-cache", work_dir / f"tiny-{family.name}.log",
-                recipe=REFERENCE_RECIPE)
-    if family.template:
-        (out_dir / "chat_template.jinja").write_text((TEMPLATES / family.template).read_text(encoding="utf-8"),
-                                                     encoding="utf-8")
-    return out_dir
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip([family.name for family in families], pool.map(build, families), strict=True))
 
 
 def _write_folder(family: Family, tokenizer_source: Path, out_dir: Path) -> None:

@@ -1,7 +1,7 @@
-"""phi-api's own 4-bit matrix kernel for batched decode (issue 44's spike, not yet in the serving path).
+"""phi-api's own 4-bit matrix kernel for batched decode: one pass over each tile of weights for all rows of a step.
 
-``q4_vnni.cpp`` multiplies up to 16 rows by MatMulNBits' 4-bit weights in one pass over each tile of weights
-(AVX-512 VNNI); :mod:`.reference` repacks MatMulNBits' weights for it and computes the same product in numpy;
-:mod:`.native` builds the library with g++ and calls it. ``phi-api bench kernels --ours`` measures it against
-ONNX Runtime's kernel (docs/kernels.md).
+``q4_kernel.h`` is the kernel (AVX-512 VNNI); ``q4_op.cpp`` puts it in ONNX Runtime as the custom operator
+``phi_api.Q4MatMul`` and :mod:`.op` builds that library; :mod:`.rewrite` swaps MatMulNBits nodes for it when a model
+loads (``INT4_KERNEL``); :mod:`.reference` repacks the weights and computes the same product in numpy;
+``q4_vnni.cpp`` and :mod:`.native` call the kernel through ctypes for the tests and ``phi-api bench kernels``.
 """

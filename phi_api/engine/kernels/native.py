@@ -14,6 +14,7 @@ import numpy as np
 from phi_api.errors import KernelError
 
 SOURCE = Path(__file__).with_name("q4_vnni.cpp")
+HEADER = SOURCE.with_name("q4_kernel.h")
 FLAGS = ("-O3", "-std=c++17", "-march=x86-64-v4", "-mavx512vnni", "-shared", "-fPIC", "-fopenmp")
 NEEDED = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 
@@ -45,7 +46,7 @@ class Q4Kernel:
         reason = unsupported()
         if reason:
             raise KernelError(f"phi-api's 4-bit kernel cannot run: {reason}")
-        digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(SOURCE.read_bytes() + HEADER.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
         library = cache_dir / f"q4_vnni-{digest}.so"
         if not library.is_file():
             cache_dir.mkdir(parents=True, exist_ok=True)

@@ -1,117 +1,28 @@
-// A 4-bit matrix product for batched decode (issue 44's spike): Y[M, N] = X[M, K] . W[K, N], W in blocks of 128
-// along K with one float scale per (column, block) and the implicit zero point 8 (MatMulNBits without zero points),
-// X quantized to int8 per (row, block) as ONNX Runtime's accuracy level 4 does.
-//
-// Unlike MLAS, which walks each tile of weights once per pair of rows, each 64-byte tile of weights is unpacked
-// once and multiplied into every row (up to 16) with AVX-512 VNNI: 16 columns across the lanes, 4 values of K in
-// each lane, so a row costs one vpdpbusd per tile and its activations come as an embedded broadcast. Each row's
-// sums are its own: a row's result does not depend on how many rows share the call.
-//
-// Packed weights (see repack in reference.py): for each group of 16 columns, each block, each 8 values of K, 64
-// bytes; byte 4c + j holds column c's value K = 8p + j in its low nibble and K = 8p + 4 + j in its high nibble.
-#include <immintrin.h>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
+// The kernel of q4_kernel.h behind a C function for ctypes (native.py): the tests compare it with the numpy
+// reference and `phi-api bench kernels --ours` times it. OpenMP's workers share its columns here; the custom
+// operator (q4_op.cpp) uses ONNX Runtime's own pool instead.
 #include <omp.h>
+
 #include <vector>
 
-namespace {
-
-constexpr int kBlock = 128;
-constexpr int kMaxRows = 16;
-// How far ahead of the tile being multiplied its stream of weights is fetched: the hardware prefetchers alone let
-// the loads wait, and a step of 8 rows cost its memory time plus its compute time instead of the larger of the two.
-constexpr int kPrefetchBytes = 4096;
-
-// Rows of X quantized per block: int8 values, a float scale and the sum of the int8 values per (row, block).
-void quantize_rows(const float* x, int m, int k, int8_t* q, float* scales, int32_t* sums) {
-  const int blocks = k / kBlock;
-  for (int r = 0; r < m; ++r) {
-    for (int b = 0; b < blocks; ++b) {
-      const float* src = x + static_cast<size_t>(r) * k + b * kBlock;
-      __m512 amax = _mm512_setzero_ps();
-      for (int i = 0; i < kBlock; i += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(src + i)));
-      const float largest = _mm512_reduce_max_ps(amax);
-      const float scale = largest / 127.0f;
-      const __m512 inverse = _mm512_set1_ps(largest != 0.0f ? 127.0f / largest : 0.0f);
-      int8_t* dst = q + static_cast<size_t>(r) * k + b * kBlock;
-      __m512i total = _mm512_setzero_si512();
-      for (int i = 0; i < kBlock; i += 16) {
-        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(src + i), inverse));  // to nearest even
-        total = _mm512_add_epi32(total, v);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm512_cvtsepi32_epi8(v));
-      }
-      scales[r * blocks + b] = scale;
-      sums[r * blocks + b] = _mm512_reduce_add_epi32(total);
-    }
-  }
-}
-
-// Columns [g0 * 16, g1 * 16) of Y for all M rows (M known when compiling: the accumulators stay in registers).
-template <int M>
-void columns(const uint8_t* w, const float* w_scales, const int8_t* q, const float* a_scales, const int32_t* a_sums,
-             float* y, int k, int n, int g0, int g1) {
-  constexpr int m = M;
-  const int blocks = k / kBlock;
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  for (int g = g0; g < g1; ++g) {
-    __m512 out[kMaxRows];
-    for (int r = 0; r < m; ++r) out[r] = _mm512_setzero_ps();
-    const uint8_t* tile = w + static_cast<size_t>(g) * blocks * (kBlock / 8) * 64;
-    for (int b = 0; b < blocks; ++b) {
-      __m512i acc[kMaxRows];
-      for (int r = 0; r < m; ++r) acc[r] = _mm512_setzero_si512();
-      const int8_t* qb = q + b * kBlock;
-      for (int p = 0; p < kBlock / 8; ++p, tile += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(tile) + kPrefetchBytes, _MM_HINT_T0);
-        const __m512i packed = _mm512_loadu_si512(tile);
-        const __m512i first = _mm512_and_si512(packed, low);
-        const __m512i second = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
-        for (int r = 0; r < m; ++r) {
-          const int8_t* a = qb + static_cast<size_t>(r) * k + p * 8;
-          int32_t a0, a1;
-          std::memcpy(&a0, a, 4);
-          std::memcpy(&a1, a + 4, 4);
-          acc[r] = _mm512_dpbusd_epi32(acc[r], first, _mm512_set1_epi32(a0));
-          acc[r] = _mm512_dpbusd_epi32(acc[r], second, _mm512_set1_epi32(a1));
-        }
-      }
-      // one scale-and-add per (row, block): (sum q_w a - 8 sum a) * scale_w * scale_a
-      const __m512 ws = _mm512_loadu_ps(w_scales + (static_cast<size_t>(b) * n) + g * 16);
-      for (int r = 0; r < m; ++r) {
-        const __m512i centred = _mm512_sub_epi32(acc[r], _mm512_set1_epi32(8 * a_sums[r * blocks + b]));
-        out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_mul_ps(ws, _mm512_set1_ps(a_scales[r * blocks + b])),
-                                 out[r]);
-      }
-    }
-    for (int r = 0; r < m; ++r) _mm512_storeu_ps(y + static_cast<size_t>(r) * n + g * 16, out[r]);
-  }
-}
-
-}  // namespace
+#include "q4_kernel.h"
 
 extern "C" {
 
-int q4_max_rows() { return kMaxRows; }
+int q4_max_rows() { return q4::kMaxRows; }
 
 // w: packed weights; w_scales: [blocks, N] (block-major, for one vector load per 16 columns); x: [M, K]; y: [M, N].
 // K a multiple of 128, N of 16, 1 <= M <= 16. Returns 0, or -1 for shapes it does not take.
 int q4_matmul(const uint8_t* w, const float* w_scales, const float* x, float* y, int m, int k, int n, int threads) {
-  if (m < 1 || m > kMaxRows || k % kBlock || n % 16) return -1;
-  const int blocks = k / kBlock;
+  if (m < 1 || m > q4::kMaxRows || k % q4::kBlock || n % 16) return -1;
+  const int blocks = k / q4::kBlock;
   std::vector<int8_t> q(static_cast<size_t>(m) * k);
   std::vector<float> a_scales(static_cast<size_t>(m) * blocks);
   std::vector<int32_t> a_sums(static_cast<size_t>(m) * blocks);
-  quantize_rows(x, m, k, q.data(), a_scales.data(), a_sums.data());
+  q4::quantize_rows(x, m, k, q.data(), a_scales.data(), a_sums.data());
   const int groups = n / 16;
   threads = threads < 1 ? 1 : (threads > groups ? groups : threads);
-  using Part = void (*)(const uint8_t*, const float*, const int8_t*, const float*, const int32_t*, float*, int, int,
-                        int, int);
-  static const Part kParts[kMaxRows] = {columns<1>, columns<2>, columns<3>, columns<4>, columns<5>, columns<6>,
-                                        columns<7>, columns<8>, columns<9>, columns<10>, columns<11>, columns<12>,
-                                        columns<13>, columns<14>, columns<15>, columns<16>};
-  const Part part = kParts[m - 1];
+  const q4::Part part = q4::part_for(m);
   // OpenMP's workers wait between calls (a thread made per call costs tens of microseconds, as much as a call)
 #pragma omp parallel num_threads(threads)
   {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -152,7 +153,9 @@ class LanguageModel:
     (:meth:`new_decoder`), after the fork.
     """
 
-    def __init__(self, folder: str, *, cache_dir: Path, kv_dtype: str = "float32") -> None:
+    def __init__(self, folder: str, *, cache_dir: Path, kv_dtype: str = "float32", int4_kernel: str = "auto") -> None:
+        from phi_api.engine.kernels.rewrite import MODEL_FILE as OWN_MODEL_FILE
+        from phi_api.engine.kernels.rewrite import own_kernel_graph
         from phi_api.engine.runtime.prepack import prepacked_model
         from phi_api.engine.runtime.session import Decoder, DecoderSpec
         from phi_api.engine.sampling.guidance import GuideFactory
@@ -170,8 +173,14 @@ class LanguageModel:
         self._stream_tokenizer = oga.Tokenizer(self.model)
         self._stream_lock = new_lock()
         self._spoken = {token: text.encode() for token, text in self.info.markers}  # decoded as their text
-        self.decoder_file = prepacked_model(root, self.info.decoder_file, cache_dir / "prepacked")
-        self.spec = Decoder(self.decoder_file, DecoderSpec.read(root, self.info.rope_switch), threads=1).spec
+        spec = DecoderSpec.read(root, self.info.rope_switch)
+        source, decoder_file = root, self.info.decoder_file
+        own = own_kernel_graph(root, decoder_file, cache_dir, int4_kernel)
+        if own:  # the graph with phi-api's 4-bit operator, prepacked in turn (its other weights)
+            (source, library), decoder_file = own, OWN_MODEL_FILE
+            spec = dataclasses.replace(spec, custom_ops=library)
+        self.decoder_file = prepacked_model(source, decoder_file, cache_dir / "prepacked", spec)
+        self.spec = Decoder(self.decoder_file, spec, threads=1).spec
         if self._int8_wanted(kv_dtype, root):
             from phi_api.engine.kv.quant import int8_model
 

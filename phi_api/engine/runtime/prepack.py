@@ -37,8 +37,12 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from phi_api.errors import PrepackError
+
+if TYPE_CHECKING:
+    from phi_api.engine.runtime.session import DecoderSpec
 
 log = logging.getLogger(__name__)
 
@@ -80,30 +84,35 @@ def host_key(source: Path, decoder_file: str) -> str:
     return digest.hexdigest()[:24]
 
 
-def prepacked_model(source: Path, decoder_file: str, cache_dir: Path) -> Path:
+def prepacked_model(source: Path, decoder_file: str, cache_dir: Path, spec: DecoderSpec | None = None) -> Path:
     """The model file to serve ``source``'s decoder from: its prepacked copy on this host, made now if it
-    does not exist yet; the original file when the copy proved unusable."""
+    does not exist yet; the original file when the copy proved unusable. ``spec``: the graph's layout, when
+    ``source`` is not the model's folder (the layout read from its ``genai_config.json`` otherwise)."""
+    if spec is None:
+        from phi_api.engine.runtime.session import DecoderSpec
+
+        spec = DecoderSpec.read(source)
     folder = cache_dir / host_key(source, decoder_file)
     if not folder.is_dir():
         cache_dir.mkdir(parents=True, exist_ok=True)
         with open(cache_dir / ".lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # workers starting at once: one makes it, the others wait
             if not folder.is_dir():
-                _make(source, decoder_file, cache_dir, folder)
+                _make(source, decoder_file, cache_dir, folder, spec)
     if (folder / UNUSABLE).is_file():
         return source / decoder_file
     return folder / MODEL_FILE
 
 
-def _make(source: Path, decoder_file: str, cache_dir: Path, folder: Path) -> None:
+def _make(source: Path, decoder_file: str, cache_dir: Path, folder: Path, spec: DecoderSpec) -> None:
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache_dir))
     started = time.monotonic()
     log.info("prepacking %s for this host (once per host and CPU; the workers share it): this takes a while for "
              "a large model", source)
     try:
-        _save_prepacked(source / decoder_file, staging)
+        _save_prepacked(source / decoder_file, staging, spec.custom_ops)
         record = {"source": str(source), "decoder": decoder_file}
-        mismatch = _differs(source, decoder_file, staging / MODEL_FILE)
+        mismatch = _differs(source / decoder_file, staging / MODEL_FILE, spec)
         if mismatch:
             for name in (MODEL_FILE, DATA_FILE):
                 (staging / name).unlink(missing_ok=True)
@@ -120,17 +129,16 @@ def _make(source: Path, decoder_file: str, cache_dir: Path, folder: Path) -> Non
         log.info("prepacked model written to %s in %.0f s", folder, time.monotonic() - started)
 
 
-def _differs(source: Path, decoder_file: str, prepacked: Path) -> str | None:
+def _differs(original: Path, prepacked: Path, spec: DecoderSpec) -> str | None:
     """Why ``prepacked`` cannot stand for the original graph (its logits of a prompt chunk differ), or None."""
     import numpy as np
 
     from phi_api.engine.kv.pool import KVPool
-    from phi_api.engine.runtime.session import Decoder, DecoderSpec
+    from phi_api.engine.runtime.session import Decoder
 
-    spec = DecoderSpec.read(source)
     prompt = (np.arange(16, dtype=np.int64) * 7919 + 11) % max(2, spec.vocab_size)
     logits = []
-    for path in (source / decoder_file, prepacked):
+    for path in (original, prepacked):
         decoder = Decoder(path, spec, threads=1)
         pool = KVPool(decoder.spec, 1, len(prompt))
         logits.append(decoder.step(pool, 0, prompt[None, :], np.array([0]), True).copy())
@@ -144,7 +152,7 @@ def _differs(source: Path, decoder_file: str, prepacked: Path) -> str | None:
             f"largest difference {float(np.abs(logits[0] - logits[1]).max()):.3g}")
 
 
-def _save_prepacked(model: Path, folder: Path) -> None:
+def _save_prepacked(model: Path, folder: Path, custom_ops: str) -> None:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -154,6 +162,8 @@ def _save_prepacked(model: Path, folder: Path) -> None:
     options.add_session_config_entry("session.optimized_model_external_initializers_file_name", DATA_FILE)
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+    if custom_ops:
+        options.register_custom_ops_library(custom_ops)
     from phi_api.engine.runtime.session import ORT_ERRORS
 
     try:

@@ -66,6 +66,8 @@ class DecoderSpec:
     # Sliding-window layers (Gemma 3): ONNX Runtime's attention masks what lies past the window itself, but wants
     # every key/value buffer to hold at least a window's tokens.
     window: int = 0
+    # The custom-operator library the graph needs (phi-api's 4-bit kernel), registered with every session of it.
+    custom_ops: str = ""
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -110,6 +112,8 @@ class Decoder:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        if spec.custom_ops:
+            options.register_custom_ops_library(spec.custom_ops)
         self.session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
         types = {value.name: value.type for value in self.session.get_inputs()}
         self.spec = DecoderSpec(**{

@@ -40,6 +40,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", help="also time decode steps of this model folder at each row count")
     parser.add_argument("--context", type=int, default=512, help="tokens each row holds in the model's steps")
     parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument("--memory", action="store_true",
+                        help="with --model-path and --ours: the server's PSS with 1 and 2 workers, each kernel")
     parser.add_argument("--streamed", action="store_true",
                         help="also the 4-bit matrices of a whole step, 32 layers' weights streamed from memory "
                              "(about 7 GB of memory)")
@@ -178,38 +180,78 @@ def time_streamed(rows: list[int], reps: int, threads: int, ours: Any = None) ->
     return found
 
 
-def time_steps(model_path: str, rows: list[int], reps: int, context: int, threads: int) -> dict[int, float]:
-    """Milliseconds per decode step of each row count, every row holding ``context`` tokens."""
+def time_steps(model_path: str, rows: list[int], reps: int, context: int, threads: int,
+               int4_kernel: str) -> tuple[dict[int | str, float], dict[int, np.ndarray]]:
+    """Milliseconds per decode step of each row count, every row holding ``context`` tokens, with the 4-bit kernel
+    ``int4_kernel`` (INT4_KERNEL's values); and under "prompt", ms per token of the rows' prompts, in chunks of 64.
+    Also the first row's logits in a step of each row count (every step computes the same position)."""
     from phi_api.engine.kv.pool import KVPool
     from phi_api.engine.runtime.model import LanguageModel
     from phi_api.settings import cache_root
 
-    model = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype="auto")
+    model = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype="auto", int4_kernel=int4_kernel)
     decoder = model.new_decoder(threads)
     most = max(rows)
     pool = KVPool(decoder.spec, most, context + 2)
     ids = (np.arange(context + 1, dtype=np.int64)[None, :] * 31 + 7) % decoder.spec.vocab_size
-    times: dict[int, list[float]] = {m: [] for m in rows}
+    times: dict[int | str, list[float]] = {m: [] for m in rows}
+    first_rows: dict[int, np.ndarray] = {}
     try:
+        started = time.perf_counter()
         for row in range(most):  # each row's context, in the engine's chunk size
             for start in range(0, context, 64):
                 decoder.step(pool, row, ids[:, start:min(context, start + 64)], np.array([start]), True)
+        times["prompt"] = [(time.perf_counter() - started) / (most * context)]
         for rep in range(reps + 1):
             for m in rows:
                 started = time.perf_counter()
-                decoder.step(pool, 0, np.repeat(ids[:, context:context + 1], m, axis=0), np.full(m, context), False)
+                logits = decoder.step(pool, 0, np.repeat(ids[:, context:context + 1], m, axis=0),
+                                      np.full(m, context), False)
                 if rep:
                     times[m].append(time.perf_counter() - started)
+                first_rows[m] = logits[0].copy()
     finally:
         decoder.unbind()
         pool.close()
     found = {m: statistics.median(series) * 1000 for m, series in times.items()}
-    say(f"{Path(model_path).name}: " + ", ".join(f"{m} rows {found[m]:.1f} ms" for m in rows))
+    say(f"{Path(model_path).name}, INT4_KERNEL={int4_kernel}: " + ", ".join(f"{m} rows {found[m]:.1f} ms" for m in rows)
+        + f"; prompt {found['prompt']:.2f} ms a token")
+    return found, first_rows
+
+
+def memory(model_path: str) -> dict[str, dict[str, float]]:
+    """The whole server's PSS with 1 and 2 workers, with each kernel (INT4_KERNEL mlas, then phi-api)."""
+    import tempfile
+
+    from phi_api.tools.bench.probes import measure_memory
+
+    found = {}
+    with tempfile.TemporaryDirectory(prefix="phi-api-kernels-") as logs:
+        for kernel in ("mlas", "phi-api"):
+            found[kernel] = measure_memory(model_path, "bench-model", Path(logs), INT4_KERNEL=kernel)
+            say(f"INT4_KERNEL={kernel}: PSS {found[kernel]['pss_1_worker_mb']:.0f} MB with 1 worker, "
+                f"{found[kernel]['pss_2_workers_mb']:.0f} MB with 2")
     return found
 
 
-def table(title: str, series: dict[str, dict[int, float]], rows: list[int]) -> str:
-    lines = [title, "| | " + " | ".join(f"{m} rows" for m in rows) + " | 8 rows / 1 | 8 rows / 2 |",
+def closeness(logits: dict[str, dict[int, np.ndarray]]) -> dict[str, float]:
+    """How far each kernel's first row moves between a lone row and the most rows, and how far the kernels' lone
+    rows are apart (largest absolute difference of logits; the largest logit for scale; top-1 agreement)."""
+    found: dict[str, float] = {}
+    for kind, series in logits.items():
+        most = max(series)
+        found[f"{kind}: 1 row against {most} rows"] = float(np.abs(series[1] - series[most]).max())
+    if len(logits) == 2:
+        (_, first), (_, second) = logits.items()
+        found["between the kernels, 1 row"] = float(np.abs(first[1] - second[1]).max())
+        found["largest logit"] = float(np.abs(first[1]).max())
+        found["top-1 the same"] = float(first[1].argmax() == second[1].argmax())
+    return found
+
+
+def table(title: str, series: dict[str, dict[Any, float]], rows: list[Any]) -> str:
+    heads = [f"{m} rows" if isinstance(m, int) else str(m) for m in rows]
+    lines = [title, "| | " + " | ".join(heads) + " | 8 rows / 1 | 8 rows / 2 |",
              "|---|" + "---|" * (len(rows) + 2)]
     for name, found in series.items():
         lone = found[8] / found[1] if 8 in found and 1 in found else float("nan")
@@ -227,7 +269,7 @@ def main(args: argparse.Namespace) -> int:
         from phi_api.engine.kernels.native import Q4Kernel
         from phi_api.settings import cache_root
 
-        ours = Q4Kernel(cache_root() / "kernels")
+        ours = Q4Kernel(cache_root() / "runtime" / "kernels")
     alone = time_alone(rows, args.reps, threads, ours)
     alone["a layer x 32"] = {m: LAYERS * sum(alone[name][m] for name, _, _ in SHAPES) for m in rows}
     if ours is not None:
@@ -243,17 +285,23 @@ def main(args: argparse.Namespace) -> int:
         report["streamed_ms"] = streamed
         print(table("\nThe 4-bit matrices of a step (32 layers, weights from memory), ms", streamed, rows))
     if args.model_path:
-        steps = time_steps(args.model_path, rows, args.reps, args.context, threads)
-        report["step_ms"] = steps
-        series = {"step": steps}
-        streamed = report.get("streamed_ms", {})
-        if "ours, streamed" in streamed:  # the step with its 4-bit matrices timed as ours instead of MLAS's
-            series["step, projected with ours"] = {
-                m: steps[m] - streamed["MLAS, streamed"][m] + streamed["ours, streamed"][m] for m in rows}
-            series["projected / step"] = {m: series["step, projected with ours"][m] / steps[m] for m in rows}
-            report["projected_step_ms"] = series["step, projected with ours"]
-        print(table(f"\nDecode steps of {Path(args.model_path).name}, {args.context} tokens a row, ms a step",
-                    series, rows))
+        # one kernel's phase at a time (a session's idle threads spin a while after it)
+        columns: list[int | str] = [*rows, "prompt"]
+        series, logits = {}, {}
+        series["step, MLAS"], logits["MLAS"] = time_steps(args.model_path, rows, args.reps, args.context, threads,
+                                                          "mlas")
+        if args.ours:
+            series["step, ours"], logits["ours"] = time_steps(args.model_path, rows, args.reps, args.context,
+                                                              threads, "phi-api")
+            series["ours / MLAS"] = {m: series["step, ours"][m] / series["step, MLAS"][m] for m in columns}
+        report["step_ms"] = series
+        if 1 in rows:
+            report["logits"] = closeness(logits)
+            say("logits: " + ", ".join(f"{name} {value:.3g}" for name, value in report["logits"].items()))
+        print(table(f"\nDecode steps of {Path(args.model_path).name}, {args.context} tokens a row, ms a step (prompt: "
+                    "ms a token, in chunks of 64)", series, columns))
+    if args.memory and args.model_path and args.ours:
+        report["memory"] = memory(args.model_path)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -167,12 +167,12 @@ def measure_feature_costs(target: Target, max_tokens: int, runs: int) -> dict[st
             for name, rates in samples.items()}
 
 
-def measure_memory(model_path: str, model_id: str, log_dir: Path) -> dict[str, Any]:
-    """Proportional set size of the whole server with one worker, then with two."""
+def measure_memory(model_path: str, model_id: str, log_dir: Path, **settings: Any) -> dict[str, Any]:
+    """Proportional set size of the whole server (with ``settings``) with one worker, then with two."""
     sizes = {}
     for workers in (1, 2):
         with Server(log_dir, MODEL_PATH=model_path, MODEL_ID=model_id, WEB_CONCURRENCY=workers,
-                    MAX_CONCURRENT_REQUESTS=8) as server:
+                    MAX_CONCURRENT_REQUESTS=8, **settings) as server:
             body: dict[str, Any] = {"model": model_id, "prompt": SHORT_PROMPT, "max_tokens": 8}
             for session in server.sessions().values():  # every worker runs the model once
                 session.post(server.url + "/v1/completions", json=body, timeout=600).raise_for_status()

@@ -54,8 +54,8 @@ def test_a_copy_that_computes_otherwise_is_marked_unusable_and_the_original_is_s
                                                                                       monkeypatch, caplog):
     save = prepack._save_prepacked
 
-    def broken(model: Path, folder: Path) -> None:
-        save(model, folder)
+    def broken(model: Path, folder: Path, custom_ops: str) -> None:
+        save(model, folder, custom_ops)
         with open(folder / prepack.DATA_FILE, "r+b") as data:  # damage every weight's first bytes
             data.seek(0)
             data.write(b"\x7f" * (1 << 20))

@@ -1,0 +1,176 @@
+"""The decoder graph with phi-api's 4-bit operator in place of ONNX Runtime's MatMulNBits, made once per model.
+
+A MatMulNBits node is replaced when the kernel computes exactly what it does: 4 bits, blocks of 128, no zero
+points, bias or group index, accuracy level 4 (activations as int8 per block), K a multiple of 128 and N of 16,
+weights and scales stored in the graph. Its weights are repacked (:func:`.reference.repack`) into the new graph's
+data file, each tensor at a page-aligned offset, so that ONNX Runtime memory-maps them and the workers share one
+copy in the page cache. Every other node and initializer is kept as it is.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from phi_api.engine.kernels.reference import BLOCK, repack
+from phi_api.errors import KernelError
+
+log = logging.getLogger(__name__)
+
+DOMAIN = "phi_api"
+OP_TYPE = "Q4MatMul"
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+ALIGNMENT = 4096  # ONNX Runtime maps external data whose offset is a multiple of the page size
+SMALL_BYTES = 1024  # initializers below this stay inside the graph file
+
+
+def _attributes(node: Any) -> dict[str, Any]:
+    from onnx import helper
+
+    return {attribute.name: helper.get_attribute_value(attribute) for attribute in node.attribute}
+
+
+def eligible(node: Any, initializers: dict[str, Any]) -> bool:
+    """Whether ``node`` is a MatMulNBits the kernel computes exactly."""
+    if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
+        return False
+    inputs = list(node.input)
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    attributes = _attributes(node)
+    k, n = int(attributes.get("K", 0)), int(attributes.get("N", 0))
+    return (len(inputs) == 3 and inputs[1] in initializers and inputs[2] in initializers
+            and attributes.get("bits", 4) == 4 and attributes.get("block_size") == BLOCK
+            and attributes.get("accuracy_level", 0) == 4 and k > 0 and n > 0 and k % BLOCK == 0 and n % 16 == 0)
+
+
+def rewrite(source: Path, target: Path) -> int:
+    """Write ``source``'s graph with the kernel's operator to ``target`` (a folder): the count of nodes replaced
+    (none: nothing is written)."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(source), load_external_data=False)
+    graph = model.graph
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    chosen = [node for node in graph.node if eligible(node, initializers)]
+    if not chosen:
+        return 0
+    replaced = {name for node in chosen for name in node.input[1:3]}
+    chosen_ids = {id(node) for node in chosen}
+    still_used = {name for node in graph.node if id(node) not in chosen_ids for name in node.input}
+    target.mkdir(parents=True, exist_ok=True)
+    with open(target / DATA_FILE, "wb") as data:
+        tensors = [_externalized(tensor, source.parent, data) for tensor in graph.initializer
+                   if tensor.name not in replaced or tensor.name in still_used]
+        for node in chosen:  # one at a time: a large model's repacked weights never sit in memory together
+            tensors += _replace(node, initializers, source.parent, data)
+    del graph.initializer[:]
+    graph.initializer.extend(tensors)
+    model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    onnx.save(model, str(target / MODEL_FILE))
+    return len(chosen)
+
+
+def _replace(node: Any, initializers: dict[str, Any], base: Path, data: BinaryIO) -> list[Any]:
+    """Turn ``node`` into the kernel's operator: its repacked weights and scales, written to ``data``."""
+    from onnx import helper
+
+    attributes = _attributes(node)
+    n, k = int(attributes["N"]), int(attributes["K"])
+    weights = _read(initializers[node.input[1]], base).reshape(n, k // BLOCK, BLOCK // 2)
+    tiles, block_scales = repack(weights, _read(initializers[node.input[2]], base))
+    key = node.name or node.output[0]
+    names = (f"{key}.q4_weights", f"{key}.q4_scales")
+    node.CopyFrom(helper.make_node(OP_TYPE, [node.input[0], *names], list(node.output), name=node.name,
+                                   domain=DOMAIN, K=k, N=n))
+    return [_written(tiles, names[0], data), _written(block_scales, names[1], data)]
+
+
+def _read(tensor: Any, base: Path) -> np.ndarray:
+    from onnx import numpy_helper
+
+    return numpy_helper.to_array(tensor, base_dir=str(base))
+
+
+def _externalized(tensor: Any, base: Path, data: BinaryIO) -> Any:
+    """``tensor`` with its bytes moved to ``data`` (small ones stay in the graph)."""
+    from onnx.external_data_helper import uses_external_data
+
+    if not uses_external_data(tensor) and tensor.ByteSize() < SMALL_BYTES:
+        return tensor
+    return _written(_read(tensor, base), tensor.name, data)
+
+
+def _written(array: np.ndarray, name: str, data: BinaryIO) -> Any:
+    """A tensor ``name`` of ``array``, its bytes appended to ``data`` at a page-aligned offset (small ones inside)."""
+    from onnx import TensorProto, numpy_helper
+
+    raw = np.ascontiguousarray(array).tobytes()
+    tensor = numpy_helper.from_array(array, name)
+    if len(raw) < SMALL_BYTES:
+        return tensor
+    offset = data.seek(0, os.SEEK_END)
+    padding = -offset % ALIGNMENT
+    data.write(b"\0" * padding + raw)
+    tensor.ClearField("raw_data")
+    for key, value in (("location", DATA_FILE), ("offset", str(offset + padding)), ("length", str(len(raw)))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    tensor.data_location = TensorProto.EXTERNAL
+    return tensor
+
+RECIPE = 1  # bump when the rewrite changes
+RECORD = "rewrite.json"  # the source and how many nodes were replaced (none: the source is served as it is)
+
+
+def own_kernel_graph(source: Path, decoder_file: str, cache_dir: Path, choice: str) -> tuple[Path, str] | None:
+    """The folder of ``source``'s graph with phi-api's operator (made now if missing, once for all workers) and
+    the library it needs; None where ONNX Runtime's kernel serves: ``choice`` (INT4_KERNEL) is mlas, or auto and
+    phi-api's kernel cannot run here, or no node qualifies. KernelError when phi-api's is demanded and cannot run."""
+    from phi_api.engine.kernels.op import find_library
+    from phi_api.engine.runtime.prepack import source_key
+
+    if choice == "mlas":
+        return None
+    library, reason = find_library(cache_dir)
+    if library is None:
+        if choice == "phi-api":
+            raise KernelError(f"INT4_KERNEL is phi-api, but phi-api's 4-bit kernel cannot run here: {reason}")
+        log.info("4-bit weights go to ONNX Runtime's kernel: phi-api's cannot run here (%s)", reason)
+        return None
+    folder = cache_dir / "q4" / f"{source_key(source, decoder_file)[:24]}-r{RECIPE}"
+    if not folder.is_dir():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with open(folder.parent / ".lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # workers starting at once: one makes it, the others wait
+            if not folder.is_dir():
+                _make(source / decoder_file, folder)
+    replaced = json.loads((folder / RECORD).read_text(encoding="utf-8"))["replaced"]
+    if not replaced:
+        return None
+    log.info("%s: %d matrices of 4-bit weights on phi-api's kernel", source, replaced)
+    return folder, str(library)
+
+
+def _make(source: Path, folder: Path) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=folder.parent))
+    started = time.monotonic()
+    try:
+        count = rewrite(source, staging)
+        (staging / RECORD).write_text(json.dumps({"source": str(source), "replaced": count}), encoding="utf-8")
+        os.rename(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log.info("graph for phi-api's 4-bit kernel written to %s in %.0f s", folder, time.monotonic() - started)

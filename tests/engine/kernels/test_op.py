@@ -1,0 +1,178 @@
+"""phi-api's 4-bit kernel in ONNX Runtime: the graph rewrite, the operator against MatMulNBits and the numpy
+reference, a row's result whatever the row count, and the fallback to MLAS where the kernel cannot run.
+
+Where the CPU lacks AVX-512 VNNI (or g++ is missing) the kernel cannot run: there the tests check that phi-api
+says why and keeps ONNX Runtime's kernel, instead of comparing products."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from phi_api.engine.kernels import native, op, rewrite
+from phi_api.engine.kernels.reference import BLOCK, matmul, repack
+from phi_api.errors import KernelError
+from phi_api.settings import cache_root
+
+SUPPORTED = native.unsupported() is None
+SHAPES = [(128, 16), (256, 48), (384, 160), (1024, 32)]  # (K, N)
+
+
+def weights(k: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    packed = rng.integers(0, 256, size=(n, k // BLOCK, BLOCK // 2), dtype=np.uint8)
+    return packed, (rng.random((n, k // BLOCK), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+
+
+def matmulnbits(name: str, k: int, n: int, seed: int, **attributes: int) -> tuple[onnx.NodeProto, list]:
+    packed, scales = weights(k, n, seed)
+    node = helper.make_node("MatMulNBits", [f"x{k}", f"{name}.w", f"{name}.s"], [name], domain="com.microsoft",
+                            name=name, K=k, N=n, **{"bits": 4, "block_size": BLOCK, "accuracy_level": 4, **attributes})
+    return node, [numpy_helper.from_array(packed, f"{name}.w"),
+                  numpy_helper.from_array(scales.reshape(-1), f"{name}.s")]
+
+
+def save(folder: Path, nodes: list, tensors: list, widths: list[int], outputs: list[str]) -> Path:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, ["M", k])
+                                           for k in sorted(set(widths))],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
+                              tensors)
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(folder / "model.onnx"))
+    return folder / "model.onnx"
+
+
+@pytest.fixture(scope="module")
+def shapes_model(tmp_path_factory) -> tuple[Path, Path]:
+    """A graph of one MatMulNBits per shape, and its rewrite."""
+    nodes, tensors = [], []
+    for index, (k, n) in enumerate(SHAPES):
+        node, made = matmulnbits(f"y{index}", k, n, seed=index)
+        nodes.append(node)
+        tensors += made
+    folder = tmp_path_factory.mktemp("shapes")
+    source = save(folder / "source", nodes, tensors, [k for k, _ in SHAPES], [node.output[0] for node in nodes])
+    assert rewrite.rewrite(source, folder / "rewritten") == len(SHAPES)
+    return source, folder / "rewritten" / rewrite.MODEL_FILE
+
+
+def session(model: Path, library: str | None = None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    if library:
+        options.register_custom_ops_library(library)
+    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+
+
+def test_only_the_nodes_the_kernel_computes_exactly_are_replaced(tmp_path):
+    cases = {"plain": {}, "zero points": None, "8 bits": {"bits": 8}, "accuracy 0": {"accuracy_level": 0},
+             "blocks of 32": {"block_size": 32}}
+    nodes, tensors = [], []
+    for index, attributes in enumerate(cases.values()):
+        node, made = matmulnbits(f"n{index}", 256, 32, seed=index, **(attributes or {}))
+        if attributes is None:  # a fourth input: zero points
+            made.append(numpy_helper.from_array(np.full(32 * 2, 0x88, dtype=np.uint8), f"n{index}.z"))
+            node.input.append(f"n{index}.z")
+        nodes.append(node)
+        tensors += made
+    source = save(tmp_path / "source", nodes, tensors, [256], [node.output[0] for node in nodes])
+    assert rewrite.rewrite(source, tmp_path / "out") == 1
+    written = onnx.load(str(tmp_path / "out" / rewrite.MODEL_FILE), load_external_data=False)
+    kinds = [(node.name, node.op_type, node.domain) for node in written.graph.node]
+    assert kinds[0] == ("n0", rewrite.OP_TYPE, rewrite.DOMAIN)
+    assert [kind[1] for kind in kinds[1:]] == ["MatMulNBits"] * 4
+    names = {tensor.name for tensor in written.graph.initializer}
+    assert "n0.w" not in names and "n1.w" in names  # the replaced node's weights are gone, the others kept
+
+
+def test_the_repacked_weights_sit_at_page_aligned_offsets_of_the_data_file(shapes_model):
+    _, rewritten = shapes_model
+    graph = onnx.load(str(rewritten), load_external_data=False).graph
+    offsets = [int(entry.value) for tensor in graph.initializer for entry in tensor.external_data
+               if entry.key == "offset"]
+    external = [tensor.name for tensor in graph.initializer if tensor.external_data]
+    assert all(f"y{index}.q4_weights" in external for index in range(len(SHAPES)))  # each at least 1 KB
+    assert len(offsets) == len(external) and all(offset % rewrite.ALIGNMENT == 0 for offset in offsets)
+
+
+def test_a_model_with_nothing_to_replace_is_served_as_it_is(model_path, tmp_path):
+    if SUPPORTED:
+        op.build_library(tmp_path)
+    assert rewrite.own_kernel_graph(Path(model_path), "model.onnx", tmp_path, "auto") is None  # 8-bit weights
+    if SUPPORTED:
+        (record,) = (tmp_path / "q4").glob(f"*/{rewrite.RECORD}")
+        assert json.loads(record.read_text())["replaced"] == 0 and not (record.parent / rewrite.MODEL_FILE).exists()
+
+
+@pytest.fixture(scope="module")
+def library() -> str | None:
+    """The operator's library as `make install` built it (None where the kernel cannot run)."""
+    return str(op.build_library(cache_root() / "runtime")) if SUPPORTED else None
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 15, 16, 17, 40])
+def test_the_operator_gives_matmulnbits_s_products_and_each_row_its_own_bits(shapes_model, library, rows):
+    source, rewritten = shapes_model
+    if not SUPPORTED:
+        with pytest.raises(KernelError, match="cannot run here"):
+            op.build_library(cache_root() / "runtime")
+        return
+    x = {f"x{k}": np.random.default_rng(rows + k).standard_normal((rows, k), dtype=np.float32) for k, _ in SHAPES}
+    theirs, ours = session(source).run(None, x), session(rewritten, library).run(None, x)
+    lone = session(rewritten, library).run(None, {name: value[-1:] for name, value in x.items()})
+    for (_, n), mlas, own, alone in zip(SHAPES, theirs, ours, lone, strict=True):
+        assert own.shape == (rows, n)
+        assert np.abs(own - mlas).max() <= 1e-5 * np.abs(mlas).max()  # the same int8 rows: rounding apart
+        assert np.array_equal(alone[0], own[-1])  # the last row alone: the same bits
+
+
+@pytest.mark.parametrize("rows", range(1, 17))
+@pytest.mark.parametrize(("k", "n"), [(128, 16), (384, 48), (1024, 160)])
+def test_the_native_kernel_gives_the_reference_s_product(rows, k, n):
+    packed, scales = weights(k, n, seed=rows)
+    x = np.random.default_rng(k + rows).standard_normal((rows, k), dtype=np.float32)
+    if not SUPPORTED:
+        with pytest.raises(KernelError, match="cannot run"):
+            native.Q4Kernel(cache_root() / "runtime" / "kernels")
+        return
+    kernel = native.Q4Kernel(cache_root() / "runtime" / "kernels")
+    tiles, block_scales = repack(packed, scales)
+    got = kernel.matmul(tiles, block_scales, x, n, threads=2)
+    expected = matmul(packed, scales, x)
+    assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
+    for row in range(rows):  # each row alone gives the same bits
+        assert np.array_equal(kernel.matmul(tiles, block_scales, x[row:row + 1], n, threads=1)[0], got[row])
+
+
+def test_without_avx512_vnni_auto_keeps_mlas_and_phi_api_is_refused_saying_why(model_path, tmp_path, monkeypatch,
+                                                                                caplog):
+    monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})
+    with caplog.at_level("INFO", logger="phi_api.engine.kernels.rewrite"):
+        assert rewrite.own_kernel_graph(Path(model_path), "model.onnx", tmp_path, "auto") is None
+    assert "this CPU lacks avx512bw, avx512vl, avx512_vnni" in caplog.text
+    with pytest.raises(KernelError, match=r"INT4_KERNEL is phi-api.*lacks avx512bw"):
+        rewrite.own_kernel_graph(Path(model_path), "model.onnx", tmp_path, "phi-api")
+    with pytest.raises(KernelError, match="cannot run here"):
+        op.build_library(tmp_path)
+    assert rewrite.own_kernel_graph(Path(model_path), "model.onnx", tmp_path, "mlas") is None
+
+
+def test_build_kernel_says_why_it_cannot_and_leaves_mlas_unless_strict(monkeypatch, capsys):
+    import argparse
+
+    from phi_api.tools import build_kernel
+
+    monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma"})
+    assert build_kernel.main(argparse.Namespace(strict=False)) == 0
+    assert "this CPU lacks avx512f" in capsys.readouterr().out
+    assert build_kernel.main(argparse.Namespace(strict=True)) == 1
+    assert "ONNX Runtime's kernel (MLAS)" in capsys.readouterr().out
