@@ -168,6 +168,11 @@ def run(args: Any) -> dict[str, Any]:
         paths[name] = path
     cache = cache_root() / "runtime"
     builds = {name: LanguageModel(path, cache_dir=cache, kv_dtype="float32") for name, path in paths.items()}
+    if args.int4_kernels:  # the served build computed by each 4-bit kernel
+        del builds["served"]
+        for kernel in ("mlas", "phi-api"):
+            builds[f"served, INT4_KERNEL={kernel}"] = LanguageModel(args.model_path, cache_dir=cache,
+                                                                    kv_dtype="float32", int4_kernel=kernel)
     ids = read_ids(builds["float32"], Path(args.text), args.tokens)
     print(f"[bench-quality] {len(ids)} tokens of {args.text}, {threads} threads, {args.runs} decode runs",
           flush=True)
@@ -200,6 +205,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=1024, help="tokens of the text (default 1024)")
     parser.add_argument("--runs", type=int, default=5, help="alternating decode runs (medians are reported)")
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: every core)")
+    parser.add_argument("--int4-kernels", action="store_true",
+                        help="the served build with ONNX Runtime's 4-bit kernel and with phi-api's, side by side")
     parser.add_argument("--out", default="bench/results/bench-quality.json", help="the JSON report")
 
 
