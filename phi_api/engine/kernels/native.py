@@ -16,7 +16,7 @@ from phi_api.errors import KernelError
 SOURCE = Path(__file__).with_name("q4_vnni.cpp")
 HEADER = SOURCE.with_name("q4_kernel.h")
 FLAGS = ("-O3", "-std=c++17", "-march=x86-64-v4", "-mavx512vnni", "-shared", "-fPIC", "-fopenmp")
-NEEDED = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+NEEDED = ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni")  # x86-64-v4 and VNNI
 
 
 def cpu_flags() -> set[str]:

@@ -158,7 +158,7 @@ def test_without_avx512_vnni_auto_keeps_mlas_and_phi_api_is_refused_saying_why(m
     monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})
     with caplog.at_level("INFO", logger="phi_api.engine.kernels.rewrite"):
         assert rewrite.own_kernel_graph(Path(model_path), "model.onnx", tmp_path, "auto") is None
-    assert "this CPU lacks avx512bw, avx512vl, avx512_vnni" in caplog.text
+    assert "this CPU lacks avx512bw, avx512cd, avx512dq, avx512vl, avx512_vnni" in caplog.text
     with pytest.raises(KernelError, match=r"INT4_KERNEL is phi-api.*lacks avx512bw"):
         rewrite.own_kernel_graph(Path(model_path), "model.onnx", tmp_path, "phi-api")
     with pytest.raises(KernelError, match="cannot run here"):
