@@ -3,9 +3,11 @@ and the model registry's file in it."""
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,9 +17,13 @@ STATE_DIR_VARIABLE = "PHI_API_STATE_DIR"
 
 def state_dir() -> Path:
     """The folder the server's processes share state in: the gunicorn master's (``PHI_API_STATE_DIR``), or
-    a fresh one for an app of its own (Flask's test client, a script)."""
+    a fresh one for an app of its own (Flask's test client, a script), removed when the process exits."""
     folder = os.environ.get(STATE_DIR_VARIABLE)
-    return Path(folder) if folder else Path(tempfile.mkdtemp(prefix="phi-api-state-"))
+    if folder:
+        return Path(folder)
+    own = tempfile.mkdtemp(prefix="phi-api-state-")
+    atexit.register(shutil.rmtree, own, True)  # (a test run makes thousands of apps)
+    return Path(own)
 
 
 class FileLock:

@@ -54,12 +54,20 @@ def folders(model_path, tmp_path_factory) -> dict[str, Path]:
     return build_tinies(list(FAMILIES.values()), Path(model_path), tmp_path_factory.mktemp("tiny-families"))
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family(request, folders, logs_dir):
-    name = request.param
-    with Server(logs_dir, MODEL_PATH=str(folders[name]), MODEL_ID=f"tiny-{name}", WEB_CONCURRENCY=1,
-                **FAMILIES[name].settings) as running:
-        yield name, running
+@pytest.fixture(scope="module")
+def families_server(folders, logs_dir, tmp_path_factory):
+    """One server holding every family's model as "tiny-NAME", each with its family's settings (MODELS_FILE)."""
+    listing = tmp_path_factory.mktemp("families") / "models.json"
+    listing.write_text(json.dumps({"models": [
+        {"id": f"tiny-{name}", "path": str(folders[name]), "options": FAMILIES[name].settings}
+        for name in sorted(FAMILIES)]}))
+    with Server(logs_dir, MODELS_FILE=str(listing), MAX_MODELS=len(FAMILIES), WEB_CONCURRENCY=1) as running:
+        yield running
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def family(request, families_server):
+    return request.param, families_server
 
 
 def openai_client(server: Server) -> OpenAI:

@@ -98,9 +98,26 @@ def _replace(node: Any, initializers: dict[str, Any], base: Path, data: BinaryIO
 
 
 def _read(tensor: Any, base: Path) -> np.ndarray:
-    from onnx import numpy_helper
+    """``tensor``'s values, read from its external data file when it has one. Read here rather than by onnx,
+    which refuses a data file that is a symbolic link, as every file of Hugging Face's cache is."""
+    from onnx import TensorProto, numpy_helper
+    from onnx.external_data_helper import uses_external_data
 
-    return numpy_helper.to_array(tensor, base_dir=str(base))
+    if not uses_external_data(tensor):
+        return numpy_helper.to_array(tensor)
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    location = Path(info.get("location", ""))
+    if not location.parts or location.is_absolute() or ".." in location.parts:
+        raise KernelError(f"{tensor.name}: its data file {str(location)!r} is not in the model's folder")
+    with open(base / location, "rb") as data:
+        data.seek(int(info.get("offset", 0)))
+        raw = data.read(int(info["length"])) if "length" in info else data.read()
+    inline = TensorProto()
+    inline.CopyFrom(tensor)
+    del inline.external_data[:]
+    inline.data_location = TensorProto.DEFAULT
+    inline.raw_data = raw
+    return numpy_helper.to_array(inline)
 
 
 def _externalized(tensor: Any, base: Path, data: BinaryIO) -> Any:
@@ -150,17 +167,37 @@ def own_kernel_graph(source: Path, decoder_file: str, cache_dir: Path, choice: s
         log.info("4-bit weights go to ONNX Runtime's kernel: phi-api's cannot run here (%s)", reason)
         return None
     folder = cache_dir / "q4" / f"{source_key(source, decoder_file)[:24]}-r{RECIPE}"
-    if not folder.is_dir():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with open(folder.parent / ".lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # workers starting at once: one makes it, the others wait
-            if not folder.is_dir():
-                _make(source / decoder_file, folder)
+    try:
+        _made_once(source / decoder_file, folder)
+    except KernelError as exc:
+        if choice == "phi-api":
+            raise
+        log.warning("4-bit weights go to ONNX Runtime's kernel: %s", exc)
+        return None
     replaced = json.loads((folder / RECORD).read_text(encoding="utf-8"))["replaced"]
     if not replaced:
         return None
     log.info("%s: %d matrices of 4-bit weights on phi-api's kernel", source, replaced)
     return folder, str(library)
+
+
+def _made_once(source: Path, folder: Path) -> None:
+    """``folder`` made from the graph ``source`` unless it exists; KernelError when the graph cannot be read."""
+    from google.protobuf.message import DecodeError
+    from onnx.checker import ValidationError
+
+    if folder.is_dir():
+        return
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / ".lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # workers starting at once: one makes it, the others wait
+        if folder.is_dir():
+            return
+        try:
+            _make(source, folder)
+        except (OSError, ValueError, KeyError, DecodeError, ValidationError) as exc:
+            raise KernelError(f"{source} could not be rewritten for phi-api's kernel ({type(exc).__name__}: "
+                              f"{exc})") from exc
 
 
 def _make(source: Path, folder: Path) -> None:

@@ -176,3 +176,31 @@ def test_build_kernel_says_why_it_cannot_and_leaves_mlas_unless_strict(monkeypat
     assert "this CPU lacks avx512f" in capsys.readouterr().out
     assert build_kernel.main(argparse.Namespace(strict=True)) == 1
     assert "ONNX Runtime's kernel (MLAS)" in capsys.readouterr().out
+
+
+def test_weights_in_a_symbolically_linked_data_file_are_read(tmp_path):
+    """As Hugging Face's cache stores every file (onnx itself refuses to read such a data file)."""
+    node, tensors = matmulnbits("y", 256, 32, seed=5)
+    source = save(tmp_path / "source", [node], tensors, [256], ["y"])
+    model = onnx.load(str(source))
+    onnx.save(model, str(source), save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    blob = tmp_path / "blobs" / "0123abcd"
+    blob.parent.mkdir()
+    (source.parent / "model.onnx.data").rename(blob)
+    (source.parent / "model.onnx.data").symlink_to(blob)
+    assert rewrite.rewrite(source, tmp_path / "out") == 1
+    (tiles,) = [tensor for tensor in onnx.load(str(tmp_path / "out" / rewrite.MODEL_FILE)).graph.initializer
+                if tensor.name == "y.q4_weights"]
+    assert numpy_helper.to_array(tiles).tobytes() == repack(*weights(256, 32, seed=5))[0].tobytes()
+
+
+def test_a_graph_that_cannot_be_rewritten_keeps_mlas_under_auto_and_is_refused_under_phi_api(tmp_path, monkeypatch,
+                                                                                             caplog):
+    monkeypatch.setattr(op, "find_library", lambda cache_dir: (tmp_path / "library.so", ""))  # as if it ran here
+    source = tmp_path / "model"
+    source.mkdir()
+    (source / "model.onnx").write_bytes(b"not a graph")
+    assert rewrite.own_kernel_graph(source, "model.onnx", tmp_path, "auto") is None
+    assert "could not be rewritten for phi-api's kernel" in caplog.text
+    with pytest.raises(KernelError, match="could not be rewritten"):
+        rewrite.own_kernel_graph(source, "model.onnx", tmp_path, "phi-api")
