@@ -39,6 +39,28 @@ def unsupported() -> str | None:
     return None
 
 
+def library_file(source: Path, flags: tuple[str, ...], folder: Path, name: str) -> Path:
+    """Where :func:`compiled` puts the library of ``source`` and ``flags`` (whether or not it is built)."""
+    digest = hashlib.sha256(source.read_bytes() + HEADER.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    return folder / f"{name}-{digest}.so"
+
+
+def compiled(source: Path, flags: tuple[str, ...], folder: Path, name: str, include: Path | None = None) -> Path:
+    """The shared library g++ builds from ``source`` (with q4_kernel.h) and ``flags``, in ``folder`` under a name
+    keyed by all three: built once, a second call returns the same file. KernelError when g++ fails."""
+    library = library_file(source, flags, folder, name)
+    if library.is_file():
+        return library
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = library.with_suffix(".partial")
+    command = ["g++", *flags, *(["-I", str(include)] if include else []), "-o", str(partial), str(source)]
+    built = subprocess.run(command, capture_output=True, text=True, check=False)
+    if built.returncode != 0:
+        raise KernelError(f"g++ could not build {source.name}: {built.stderr[-2000:]}")
+    partial.rename(library)
+    return library
+
+
 class Q4Kernel:
     """The built library."""
 
@@ -46,16 +68,7 @@ class Q4Kernel:
         reason = unsupported()
         if reason:
             raise KernelError(f"phi-api's 4-bit kernel cannot run: {reason}")
-        digest = hashlib.sha256(SOURCE.read_bytes() + HEADER.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
-        library = cache_dir / f"q4_vnni-{digest}.so"
-        if not library.is_file():
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            partial = library.with_suffix(".partial")
-            built = subprocess.run(["g++", *FLAGS, "-o", str(partial), str(SOURCE)], capture_output=True, text=True,
-                                   check=False)
-            if built.returncode != 0:
-                raise KernelError(f"g++ could not build phi-api's 4-bit kernel: {built.stderr[-2000:]}")
-            partial.rename(library)
+        library = compiled(SOURCE, FLAGS, cache_dir, "q4_vnni")
         self._lib = ctypes.CDLL(str(library))
         self._lib.q4_matmul.restype = ctypes.c_int
         self.max_rows = int(self._lib.q4_max_rows())

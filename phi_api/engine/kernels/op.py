@@ -12,25 +12,24 @@ from __future__ import annotations
 import hashlib
 import io
 import shutil
-import subprocess
 import tarfile
 import urllib.request
 from pathlib import Path
 
-from phi_api.engine.kernels.native import FLAGS, HEADER, unsupported
+from phi_api.engine.kernels.native import FLAGS, compiled, library_file, unsupported
 from phi_api.errors import KernelError
 
 SOURCE = Path(__file__).with_name("q4_op.cpp")
 HEADERS_URL = "http://deb.debian.org/debian/pool/main/o/onnxruntime/libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb"
 HEADERS_SHA256 = "14f7d959d5deacbcf1504830d4189f91fc67382b399ed9ae9d3aa9c4050ced08"
 HEADERS_DIR = "ort-headers-1.21.0"
+LIBRARY = "libphi_api_q4"
 OP_FLAGS = tuple(flag for flag in FLAGS if flag != "-fopenmp")
 
 
 def library_path(cache_dir: Path) -> Path:
     """Where the library built from this source with these flags lives (whether or not it is built)."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + HEADER.read_bytes() + " ".join(OP_FLAGS).encode()).hexdigest()
-    return cache_dir / "kernels" / f"libphi_api_q4-{digest[:16]}.so"
+    return library_file(SOURCE, OP_FLAGS, cache_dir / "kernels", LIBRARY)
 
 
 def find_library(cache_dir: Path) -> tuple[Path | None, str]:
@@ -53,13 +52,7 @@ def build_library(cache_dir: Path) -> Path:
     if path.is_file():
         return path
     include = _headers(cache_dir / "kernels" / HEADERS_DIR)
-    partial = path.with_suffix(".partial")
-    built = subprocess.run(["g++", *OP_FLAGS, "-I", str(include), "-o", str(partial), str(SOURCE)],
-                           capture_output=True, text=True, check=False)
-    if built.returncode != 0:
-        raise KernelError(f"g++ could not build phi-api's 4-bit operator: {built.stderr[-2000:]}")
-    partial.rename(path)
-    return path
+    return compiled(SOURCE, OP_FLAGS, cache_dir / "kernels", LIBRARY, include)
 
 
 def _headers(folder: Path) -> Path:

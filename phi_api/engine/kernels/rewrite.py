@@ -9,12 +9,9 @@ copy in the page cache. Every other node and initializer is kept as it is.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -186,28 +183,17 @@ def _made_once(source: Path, folder: Path) -> None:
     from google.protobuf.message import DecodeError
     from onnx.checker import ValidationError
 
-    if folder.is_dir():
-        return
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / ".lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # workers starting at once: one makes it, the others wait
-        if folder.is_dir():
-            return
-        try:
-            _make(source, folder)
-        except (OSError, ValueError, KeyError, DecodeError, ValidationError) as exc:
-            raise KernelError(f"{source} could not be rewritten for phi-api's kernel ({type(exc).__name__}: "
-                              f"{exc})") from exc
+    from phi_api.engine.runtime.prepack import made_once
 
-
-def _make(source: Path, folder: Path) -> None:
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=folder.parent))
-    started = time.monotonic()
     try:
-        count = rewrite(source, staging)
-        (staging / RECORD).write_text(json.dumps({"source": str(source), "replaced": count}), encoding="utf-8")
-        os.rename(staging, folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    log.info("graph for phi-api's 4-bit kernel written to %s in %.0f s", folder, time.monotonic() - started)
+        made_once(folder, lambda staging: _make(source, staging))
+    except (OSError, ValueError, KeyError, DecodeError, ValidationError) as exc:
+        raise KernelError(f"{source} could not be rewritten for phi-api's kernel ({type(exc).__name__}: "
+                          f"{exc})") from exc
+
+
+def _make(source: Path, staging: Path) -> None:
+    started = time.monotonic()
+    count = rewrite(source, staging)
+    (staging / RECORD).write_text(json.dumps({"source": str(source), "replaced": count}), encoding="utf-8")
+    log.info("graph for phi-api's 4-bit kernel made in %.0f s", time.monotonic() - started)

@@ -36,6 +36,7 @@ import platform
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,40 +94,47 @@ def prepacked_model(source: Path, decoder_file: str, cache_dir: Path, spec: Deco
 
         spec = DecoderSpec.read(source)
     folder = cache_dir / host_key(source, decoder_file)
-    if not folder.is_dir():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        with open(cache_dir / ".lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # workers starting at once: one makes it, the others wait
-            if not folder.is_dir():
-                _make(source, decoder_file, cache_dir, folder, spec)
+    made_once(folder, lambda staging: _make(source, decoder_file, staging, spec, folder))
     if (folder / UNUSABLE).is_file():
         return source / decoder_file
     return folder / MODEL_FILE
 
 
-def _make(source: Path, decoder_file: str, cache_dir: Path, folder: Path, spec: DecoderSpec) -> None:
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache_dir))
+def made_once(folder: Path, make: Callable[[Path], None]) -> None:
+    """``folder``, unless it exists, filled by ``make`` (given a staging folder beside it) and renamed into place
+    under a file lock: workers starting at once make it once, and no process ever sees half of it."""
+    if folder.is_dir():
+        return
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / ".lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # workers starting at once: one makes it, the others wait
+        if folder.is_dir():
+            return
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=folder.parent))
+        try:
+            make(staging)
+            os.rename(staging, folder)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+
+def _make(source: Path, decoder_file: str, staging: Path, spec: DecoderSpec, folder: Path) -> None:
     started = time.monotonic()
     log.info("prepacking %s for this host (once per host and CPU; the workers share it): this takes a while for "
              "a large model", source)
-    try:
-        _save_prepacked(source / decoder_file, staging, spec.custom_ops)
-        record = {"source": str(source), "decoder": decoder_file}
-        mismatch = _differs(source / decoder_file, staging / MODEL_FILE, spec)
-        if mismatch:
-            for name in (MODEL_FILE, DATA_FILE):
-                (staging / name).unlink(missing_ok=True)
-            (staging / UNUSABLE).write_text(json.dumps({**record, "reason": mismatch}))
-        (staging / "source.json").write_text(json.dumps(record))
-        os.rename(staging, folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    _save_prepacked(source / decoder_file, staging, spec.custom_ops)
+    record = {"source": str(source), "decoder": decoder_file}
+    mismatch = _differs(source / decoder_file, staging / MODEL_FILE, spec)
     if mismatch:
+        for name in (MODEL_FILE, DATA_FILE):
+            (staging / name).unlink(missing_ok=True)
+        (staging / UNUSABLE).write_text(json.dumps({**record, "reason": mismatch}))
         log.warning("the prepacked copy of %s gave other logits than the original (%s): serving the original, "
                     "whose weights each worker then holds itself", source, mismatch)
     else:
         log.info("prepacked model written to %s in %.0f s", folder, time.monotonic() - started)
+    (staging / "source.json").write_text(json.dumps(record))
 
 
 def _differs(original: Path, prepacked: Path, spec: DecoderSpec) -> str | None:
