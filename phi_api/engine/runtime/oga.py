@@ -138,8 +138,10 @@ class Model(_Handle):
         config = c_void_p()
         api.check(api.OgaCreateConfig(folder.encode("utf-8"), byref(config)))
         try:
-            # ONNX Runtime GenAI joins the file name to the folder as text: give it a relative path.
-            overlay = {"model": {"decoder": {"filename": os.path.relpath(decoder, folder),
+            # ONNX Runtime GenAI joins the file name to the folder as text: give it a relative path, from the folder's
+            # real place (the system resolves ".." after a link: a folder reached through a linked parent).
+            relative = os.path.relpath(os.path.realpath(decoder), os.path.realpath(folder))
+            overlay = {"model": {"decoder": {"filename": relative,
                                              "session_options": {"intra_op_num_threads": 1}}}}
             api.check(api.OgaConfigOverlay(config, json.dumps(overlay).encode("utf-8")))
             handle = c_void_p()
