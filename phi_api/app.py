@@ -54,13 +54,16 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
 
     resources = init_app(app, settings, load)
     count_requests(app, resources.metrics)
+    # By the standard: any origin is answered "*" without credentials; only origins named get credentials (a gateway
+    # in front that authenticates with cookies is not opened to every site).
+    anyone = settings.cors_origins == "*"
     CORS(app, origins=settings.cors_origins, methods=["GET", "POST", "DELETE", "OPTIONS"],
          allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-Id", "anthropic-version",
                         "anthropic-beta"],
-         expose_headers=["X-Request-Id"], supports_credentials=True, max_age=600)
+         expose_headers=["X-Request-Id"], supports_credentials=not anyone, send_wildcard=anyone, max_age=600)
     register_request_logging(app)
     send_rate_headers(app)
-    register_auth(app, resources.keys)
+    register_auth(app, resources.keys, settings.ALLOW_QUERY_API_KEY)
     render_errors(app, openai_body)
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)

@@ -8,10 +8,9 @@ lowest priority and outside ``MAX_CONCURRENT_REQUESTS`` (:func:`phi_api.web.http
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
-from flask import Blueprint, Flask, Response, jsonify, request, send_file
+from flask import Blueprint, Flask, Response, jsonify, request
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from phi_api.batch.runner import BATCH_LINE, BATCH_OWNER, BatchRunner, parse_body
@@ -19,7 +18,7 @@ from phi_api.errors import InvalidParameterError, MissingParameterError, NotFoun
 from phi_api.storage.batches import Line
 from phi_api.telemetry.logs import REQUEST_ID_HEADER
 from phi_api.web.auth import current_tenant
-from phi_api.web.http import read_request
+from phi_api.web.http import count_request, read_request
 from phi_api.web.openapi import operation
 from phi_api.web.resources import get_batches, get_settings
 
@@ -67,10 +66,11 @@ def upload_file() -> Response:
     if purpose not in PURPOSES:
         raise InvalidParameterError(f"purpose must be one of {', '.join(PURPOSES)}: this server keeps files for "
                                     "batches only.", param="purpose")
-    upload = request.files.get("file")
+    upload = request.files.get("file")  # werkzeug keeps a large upload in a temporary file, not in memory
     if upload is None:
         raise MissingParameterError("file is required (multipart/form-data).", param="file")
-    return jsonify(get_batches().add_file(upload.filename or "upload.jsonl", purpose, upload.read(),
+    count_request()  # an upload counts against its key's requests, as a generation does
+    return jsonify(get_batches().add_file(upload.filename or "upload.jsonl", purpose, upload.stream,
                                           current_tenant().name))
 
 
@@ -94,10 +94,10 @@ def retrieve_file(file_id: str) -> Response:
 @bp.get("/v1/files/<file_id>/content")
 @operation("A file's content", statuses=(404,))
 def file_content(file_id: str) -> Response:
-    data = get_batches().content(file_id, current_tenant().scope)
-    if data is None:
-        raise NotFoundError(f"No such File object: {file_id}", param="id")
-    return send_file(io.BytesIO(data), mimetype="application/octet-stream", download_name=_file(file_id)["filename"])
+    found = _file(file_id)  # streamed a chunk at a time: a file is never held whole
+    return Response(get_batches().chunks(file_id), mimetype="application/octet-stream",
+                    headers={"Content-Disposition": f'attachment; filename="{_safe_name(found["filename"])}"',
+                             "Content-Length": str(found["bytes"])})
 
 
 @bp.delete("/v1/files/<file_id>")
@@ -153,6 +153,11 @@ def _file(file_id: str) -> dict[str, Any]:
     if found is None:
         raise NotFoundError(f"No such File object: {file_id}", param="id")
     return found
+
+
+def _safe_name(filename: str) -> str:
+    """A file name for a header: printable ASCII, no quotes or backslashes."""
+    return "".join(char if " " <= char <= "~" and char not in '"\\' else "_" for char in filename) or "file"
 
 
 def _limit(most: int) -> int:

@@ -17,7 +17,7 @@ from phi_api.errors import ModelLoadingError, ollama_body
 from phi_api.protocols import catalog, ollama
 from phi_api.service import generation
 from phi_api.version import __version__
-from phi_api.web.auth import require_admin
+from phi_api.web.auth import is_admin, require_admin
 from phi_api.web.http import ndjson_response, read_request, render_errors, start_generation
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, NDJSON, operation
 from phi_api.web.resources import get_models
@@ -63,8 +63,8 @@ def _generation(schema: str, parse: Callable[[dict[str, Any]], Any], *, chat: bo
     reply = ollama.Reply(run, started, chat=chat)
     models, keep = get_models(), ollama.keeps_alive(body)
     asked = ollama.keep_alive_seconds(body)
-    if keep and asked:
-        models.keep_alive.note_use(request.model, asked)
+    if keep and asked:  # an ordinary key's may keep the model longer, within KEEP_ALIVE_MAX_SECONDS, never shorter
+        models.keep_alive.note_use(request.model, asked, by_admin=is_admin())
 
     def unload() -> None:  # keep_alive 0: unload once answered (if nobody did meanwhile)
         models.unload(request.model, missing_ok=True)

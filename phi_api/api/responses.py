@@ -10,7 +10,7 @@ from phi_api.errors import ResponseNotFoundError
 from phi_api.protocols.responses import ResponseRenderer, ResponsesRequest, history_of, output_messages
 from phi_api.service import generation
 from phi_api.web.auth import current_tenant
-from phi_api.web.http import named_sse_response, read_request, start_generation
+from phi_api.web.http import answer_json, named_sse_response, read_request, start_generation
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, SSE, operation
 from phi_api.web.resources import get_store
 from phi_api.web.transport import disconnect_probe
@@ -36,9 +36,8 @@ def create_response() -> Response:
 
     if request.stream:
         return named_sse_response(renderer.stream(on_done=keep), on_close=(run.close,))
-    response = renderer.whole(generation.collect(run, disconnect_probe())[0])
-    keep(response)
-    return jsonify(response)
+    results = generation.collect(run, disconnect_probe())
+    return answer_json(run, lambda: renderer.whole(results[0]), then=keep)
 
 
 @bp.get("/v1/responses/<response_id>")

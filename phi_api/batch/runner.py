@@ -23,6 +23,7 @@ from typing import Any
 import gevent
 from gevent.pool import Pool
 
+from phi_api.errors import KeyRequestTooLargeError
 from phi_api.storage.batches import BatchStore, Line
 from phi_api.storage.database import DatabaseError
 
@@ -93,8 +94,9 @@ class BatchRunner:
 
     def run_line(self, line: Line) -> None:
         """Run one line and record its answer (an answer that cannot be had is recorded as an error); a line the
-        server could not take now (503: shutting down, or its model not ready; 429: its key's limits used up for
-        now) goes back to the queue, until then."""
+        server could not take now goes back to the queue: 503 (shutting down, or its model not ready) for a moment,
+        429 (its key's limits used up for now) with its key resting until its window opens, without holding a
+        place of the runner meanwhile."""
         renewer = gevent.spawn(self._renew, line)
         try:
             status, body, request_id, retry_after = self.dispatch(line)
@@ -104,10 +106,13 @@ class BatchRunner:
             return
         finally:
             renewer.kill()
-        if status in (SERVICE_UNAVAILABLE, RATE_LIMITED):
-            self.store.release(line)
+        if status == RATE_LIMITED and not _never_fits(body):  # the key rests until its window opens; others go on
             wait = float(retry_after) if retry_after.isdigit() else POLL_SECONDS
-            gevent.sleep(min(max(wait, POLL_SECONDS), 60.0))  # not at once again: its key's window, or a moment
+            self.store.rest(line, time.time() + max(wait, POLL_SECONDS))
+            return
+        if status == SERVICE_UNAVAILABLE:  # shutting down, or its model not ready: back in the queue, a moment
+            self.store.release(line)
+            gevent.sleep(POLL_SECONDS)
             return
         if not self.store.finish(line, status, body, request_id):
             log.warning("batch %s line %d: its lease ran out while it ran; another worker's answer counts",
@@ -122,6 +127,13 @@ class BatchRunner:
                     return
             except DatabaseError:  # for now: the next renewal may reach it before the lease ends
                 log.warning("batch %s line %d: its lease could not be renewed", line.batch_id, line.line)
+
+
+def _never_fits(body: Any) -> bool:
+    """Whether a 429 says the line can never run as it is (its worst case exceeds its key's token limit whole): its
+    answer, not a wait."""
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and error.get("code") == KeyRequestTooLargeError.code
 
 
 def parse_body(data: bytes) -> Any:

@@ -21,7 +21,7 @@ from phi_api.engine.runtime.model import ModelInfo
 from phi_api.engine.sched.choice import Choice, Event, Finished, PromptLogprobs, TextDelta
 from phi_api.engine.sched.loop import EngineLoad, EngineLoop
 from phi_api.engine.sched.loop import Model as SteppedModel
-from phi_api.engine.threads.native import off_hub
+from phi_api.engine.threads.native import off_hub, spawn
 from phi_api.engine.threads.wakeup import HubWaker
 from phi_api.errors import CapacityError, ChatTemplateError, RetiredError
 
@@ -77,10 +77,20 @@ class Generation:
         for choice in self._choices:
             choice.cancel()
 
-    def close(self) -> None:
-        """Done with this request: cancel what still runs, and stop listening for its events."""
+    def close(self, then: Callable[[Finished], None] | None = None) -> None:
+        """Done with this request: cancel what still runs, and stop listening for its events. ``then`` is told each
+        choice's end that was not read: now for those already ended, when the engine reports it for the others
+        (on a greenlet of its own), however they end."""
         self.cancel()
         self._waker.close()
+        if then is None:
+            return
+        for choice in self._choices:
+            ended = [event for event in choice.drain() if isinstance(event, Finished)]
+            if ended:
+                then(ended[-1])
+            else:  # its end is yet to come: the engine's report tells it (see Engine._report)
+                choice.on_report = then
 
 
 class LoadedModel(SteppedModel, Protocol):
@@ -232,6 +242,8 @@ class Engine:
     def _report(self, choice: Choice, finished: Finished) -> None:
         for observer in self.observers:
             observer(choice, finished)
+        if choice.on_report is not None:  # the request side has stopped listening: it is told here (it may wait,
+            spawn(choice.on_report, finished)  # for a database say: not in the hub's callback)
 
     def stop(self) -> None:
         """Cancel running generations and stop the engine thread."""
@@ -261,4 +273,4 @@ def log_generation(choice: Choice, finished: Finished, model: str = "") -> None:
     if finished.reason == "grammar":  # the request's own grammar: a warning, without the grammar it quotes
         log.warning("%s", (finished.error or "").splitlines()[0] if finished.error else "", extra=extra)
     elif finished.error:
-        log.error("generation failed in the engine:\n%s", finished.error, extra=extra)
+        log.error("generation failed in the engine", extra={**extra, "traceback": finished.error})

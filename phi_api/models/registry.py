@@ -87,7 +87,8 @@ class Models:
         self._started = False
         self._draining = False
         self.declared_ids: set[str] = set()  # ids of the declared models: never unloaded for idleness
-        self.keep_alive = KeepAlive(folder, settings.MODEL_IDLE_SECONDS)  # of the models loaded at run time
+        self.keep_alive = KeepAlive(folder, settings.MODEL_IDLE_SECONDS,  # of the models loaded at run time
+                                    settings.KEEP_ALIVE_MAX_SECONDS)
 
     # Reading --------------------------------------------------------------------------------------
 

@@ -158,6 +158,7 @@ class CompletionShape(Shape):
         # echo with logprobs scores the prompt: its text comes with its lists once the engine has them
         self._scored = bool(run.plan.echo) and self.logprobs
         self._offsets = [0 if self._scored else len(run.plan.echo_of(index)) for index in range(len(run.plan.params))]
+        self._scored_prompts: dict[int, tuple[Any, dict[str, list[Any]], int]] = {}  # (records, lists, end)
 
     def opening(self, index: int) -> list[dict[str, Any]]:
         echo = self.run.plan.echo_of(index)
@@ -166,6 +167,20 @@ class CompletionShape(Shape):
     def chunk_prompt(self, event: Prompt) -> list[dict[str, Any]]:
         lists = self._prompt_lists(event.index, event.records)
         return [self._choice(event.index, self.run.plan.echo_of(event.index), lists, None)]
+
+    def _prompt_lists(self, index: int, records: Any) -> dict[str, list[Any]]:
+        """OpenAI's lists for the prompt's tokens (the first has no log-probability: null, as OpenAI and vLLM write
+        it), made once for each prompt and shared by its choices (the engine shares its records)."""
+        prompt = index // self.run.plan.per_prompt
+        made = self._scored_prompts.get(prompt)
+        if made is None or made[0] is not records:
+            lists: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+            offset = 0
+            for token, record in records:
+                offset = self._append_at(lists, offset, _token_text(self.token_bytes, token), record)
+            made = self._scored_prompts[prompt] = (records, lists, offset)
+        self._offsets[index] = made[2]  # the choice's own tokens follow the prompt's text
+        return made[1]
 
     def chunk_text(self, event: Text) -> dict[str, Any]:
         return self._choice(event.index, event.text, self._lists(event.index, event.logprobs), None)
@@ -182,15 +197,6 @@ class CompletionShape(Shape):
             lists = {name: lists[name] + generated[name] for name in lists}
         return self._choice(result.index, echo + result.text, lists or generated, result.ended.reason)
 
-    def _prompt_lists(self, index: int, records: Any) -> dict[str, list[Any]]:
-        """OpenAI's lists for the prompt's tokens: the first has no log-probability (null), as OpenAI and vLLM
-        write it."""
-        lists: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for token, record in records:
-            text = _token_text(self.token_bytes, token)
-            self._append(lists, index, text, record)
-        return lists
-
     def _lists(self, index: int, records: Any) -> dict[str, list[Any]] | None:
         if not self.logprobs:
             return None
@@ -200,14 +206,18 @@ class CompletionShape(Shape):
         return lists
 
     def _append(self, lists: dict[str, list[Any]], index: int, text: str, record: Any) -> None:
+        self._offsets[index] = self._append_at(lists, self._offsets[index], text, record)
+
+    def _append_at(self, lists: dict[str, list[Any]], offset: int, text: str, record: Any) -> int:
+        """Append a token's entries at text ``offset``; the offset after it."""
         top = None
         if record is not None:
             top = {_token_text(self.token_bytes, token): logprob for token, logprob in record.top}
             top.setdefault(text, record.logprob)
         for name, value in (("tokens", text), ("token_logprobs", record.logprob if record else None),
-                            ("top_logprobs", top), ("text_offset", self._offsets[index])):
+                            ("top_logprobs", top), ("text_offset", offset)):
             lists[name].append(value)
-        self._offsets[index] += len(text)
+        return offset + len(text)
 
     def _choice(self, index: int, text: str, logprobs: Any, finish_reason: str | None) -> dict[str, Any]:
         return {"text": text, "index": index, "logprobs": logprobs if self.logprobs else None,

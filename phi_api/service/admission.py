@@ -2,9 +2,11 @@
 
 OpenAI's chat and completions, the Responses API, Anthropic's Messages, Ollama's generate and chat, OpenArc's
 bench and the Batch API's lines all come through :func:`admit`: the caller's key and what it may do, its limits
-(429 with its rate-limit headers) and, once it ends, its usage; the request's priority; the cache key its prompts
-are reused under; a generation slot (its key's cap and the server's, or a place in the waiting line); and its
-trace span. The web layer only says who asks (:class:`Caller`).
+(429 with its rate-limit headers); its worst case in tokens, reserved against the key's token limits before any
+work (429 when it cannot fit) and settled when it ends; its usage, each choice's as it ends however it ends
+(finished, stopped, timed out, failed, its client gone); the request's priority; the cache key its prompts are
+reused under; a generation slot (its key's cap and the server's, or a place in the waiting line); and its trace
+span. The web layer only says who asks (:class:`Caller`).
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from phi_api.engine import Finished
-from phi_api.errors import KeyRateLimitError, PermissionDeniedError
+from phi_api.errors import KeyRateLimitError, KeyRequestTooLargeError, PermissionDeniedError
 from phi_api.limits.keys import Key, Keys
 from phi_api.limits.line import KeyCaps, WaitingLine
 from phi_api.limits.slots import Limiter, Slot, Unlimited
@@ -28,6 +30,7 @@ from phi_api.telemetry.metrics import Metrics
 from phi_api.telemetry.tracing import RequestSpan, Tracing
 
 BATCH_PRIORITY = 2**62  # below every live request's (theirs are 32-bit integers)
+RESERVATION_MARGIN_SECONDS = 60.0  # a reservation outlives its request's longest run by this much
 
 
 @dataclass(frozen=True)
@@ -59,26 +62,66 @@ class Gate:
 
 def admit(gate: Gate, caller: Caller, request: GenerationRequest) -> generation.Run:
     """Let ``caller``'s ``request`` onto the generation path, or refuse it (403, 429, and every error of
-    :func:`generation.start`)."""
+    :func:`generation.prepare` and :func:`generation.launch`)."""
     request = dataclasses.replace(request, priority=_priority(caller, request))
     span = _span(gate.tracing, caller, request)
+    services = generation.Services(gate.models, Unlimited() if caller.batch else _Slots(gate, caller), gate.settings)
+    held = ""
     try:
         if caller.key is not None:
-            _count_request(gate.keys, caller)
-        slots = Unlimited() if caller.batch else _Slots(gate, caller)
-        run = generation.start(generation.Services(gate.models, slots, gate.settings), request, caller.request_id,
-                               cache_key=cache_key(gate.settings, caller, request))
+            count_request(gate.keys, caller)
+        prepared = generation.prepare(services, request)
+        if caller.key is not None:
+            held = _reserve(gate, caller, prepared.worst_tokens)
+        observers, on_done = _accounting(gate, caller, span, held)
+        run = generation.launch(services, prepared, caller.request_id, cache_key(gate.settings, caller, request),
+                                observers=observers, on_done=on_done)
     except BaseException as error:
+        if held:
+            gate.keys.usage.settle(held)
         if span is not None:
             span.fail(error)
         raise
-    if caller.key is not None:
-        # Bound now: a streamed answer's choices end after the request's context has gone.
-        run.observers.append(functools.partial(_count_usage, gate.keys, gate.metrics, caller.key))
     if span is not None:
-        run.observers.append(span.observe)
         run.on_close.append(span.close)
     return run
+
+
+def _accounting(gate: Gate, caller: Caller, span: RequestSpan | None,
+                held: str) -> tuple[tuple[Callable[[Finished], None], ...], tuple[Callable[[], None], ...]]:
+    """What a run tells as its choices end: the key's usage and the trace span; once every choice has ended, the
+    key's reservation is released. Bound now: a streamed answer's choices end after the request's context has
+    gone, and a client that left is not there to read them."""
+    observers: list[Callable[[Finished], None]] = []
+    on_done: list[Callable[[], None]] = []
+    if caller.key is not None:
+        observers.append(functools.partial(_count_usage, gate.keys, gate.metrics, caller.key))
+        if held:
+            on_done.append(functools.partial(gate.keys.usage.settle, held))
+    if span is not None:
+        observers.append(span.observe)
+    return tuple(observers), tuple(on_done)
+
+
+def _reserve(gate: Gate, caller: Caller, tokens: int) -> str:
+    """Hold the request's worst case (``tokens``) against its key's token limits while it runs, or refuse it (429)
+    when that cannot fit; the reservation's id ("" when the key has no token limit)."""
+    key = caller.key
+    assert key is not None
+    settings = gate.settings
+    lasts = settings.QUEUE_TIMEOUT + settings.GENERATION_TIMEOUT + RESERVATION_MARGIN_SECONDS
+    decision = gate.keys.usage.reserve(key, tokens, lasts)
+    caller.rate_headers.update(decision.headers)
+    if not decision.allowed:
+        if decision.reason == "too_large":
+            raise KeyRequestTooLargeError(f"Request too large for key '{key.name}': it may use up to {tokens} tokens "
+                                    f"(its prompts and max_tokens for each choice), more than the key's token limit "
+                                    "allows. Lower max_tokens, n or the prompt.")
+        limit = decision.reason.replace("_", " ")
+        raise KeyRateLimitError(f"Rate limit reached for key '{key.name}': {limit} ({getattr(key, decision.reason)}); "
+                                f"this request may use up to {tokens} tokens. Retry after "
+                                f"{decision.headers['Retry-After']} seconds.")
+    return decision.held
 
 
 def _priority(caller: Caller, request: GenerationRequest) -> int:
@@ -103,7 +146,7 @@ def cache_key(settings: Settings, caller: Caller, request: GenerationRequest) ->
     return hashlib.sha256(f"{owner}\0{request.cache_salt or ''}".encode()).hexdigest()[:32]
 
 
-def _count_request(keys: Keys, caller: Caller) -> None:
+def count_request(keys: Keys, caller: Caller) -> None:
     """Count a request of the caller's key, or refuse it (429) when the key has used up a limit; the rate-limit
     headers go on the answer either way."""
     assert caller.key is not None

@@ -14,6 +14,7 @@ from typing import Any
 
 from llguidance import LLMatcher, grammar_from
 
+from phi_api import jsontext
 from phi_api.engine.threads.native import off_hub
 from phi_api.errors import InvalidJSONSchemaError, InvalidParameterError, UnsupportedParameterError
 from phi_api.service.grammar import strict_violation
@@ -113,7 +114,10 @@ def _schema(value: Any, param: str) -> dict[str, Any]:
     """A JSON Schema given as an object or as its JSON text (vLLM takes both)."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = jsontext.loads(value)
+        except RecursionError:
+            raise InvalidParameterError(f"{param} is nested more than {jsontext.MAX_DEPTH} levels deep.",
+                                        param=param) from None
         except ValueError:
             raise InvalidParameterError(f"{param} is not JSON: give a JSON Schema.", param=param) from None
     if not isinstance(value, dict):

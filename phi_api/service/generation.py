@@ -28,11 +28,12 @@ from phi_api.errors import (
     ContextLengthExceededError,
     GenerationTimeoutError,
     InternalError,
+    InvalidParameterError,
     InvalidRequestError,
     RateLimitError,
     ServiceUnavailableError,
 )
-from phi_api.limits.slots import Limiter
+from phi_api.limits.slots import Limiter, Slot
 from phi_api.models.registry import Models
 from phi_api.service import prompts, reasoning
 from phi_api.service.choices import ChoiceAssembler, ChoiceResult, Event, Prompt
@@ -45,7 +46,11 @@ from phi_api.settings import Settings
 
 KEEPALIVE_SECONDS = 1.0
 MAX_CHOICES = 128  # choices of one request, every prompt's n together
+# Log-probability entries one answer may hold (each scored token of each choice, and each of its alternatives): an
+# answer is bounded before it is computed (lm-eval's scoring of a batch of prompts stays far below).
+MAX_LOGPROB_ENTRIES = 1_000_000
 DISCONNECT_POLL_SECONDS = 0.25
+RUN_GRACE_SECONDS = 30.0  # past the engine's timeout, how long the request side still waits for the engine's end
 
 
 class Keepalive(enum.Enum):
@@ -142,28 +147,63 @@ _PLANNERS: dict[type, Callable[[Engine, Settings, Any], Plan]] = {ChatRequest: _
 
 @dataclass
 class Run:
-    """A started generation: the request, the engine of its model, its plan, the engine's handle, the slot."""
+    """A started generation: the request, the engine of its model, its plan, the engine's handle, the slot.
+
+    Each choice's end is told to ``observers`` once, however the run ends: as the request side reads it
+    (:func:`events`), or, for the choices still running when the run is closed (a client that left, an error in
+    another choice), when the engine reports them ended; ``on_done`` is told once every choice has ended.
+    """
 
     request: GenerationRequest
     engine: Engine
     plan: Plan
     generation: Generation
-    slot: Any
-    observers: list[Callable[[Finished], None]] = field(default_factory=list)  # told each choice's end
+    slot: Slot
+    observers: list[Callable[[Finished], None]] = field(default_factory=list)  # told each choice's end, once
     on_close: list[Callable[[], None]] = field(default_factory=list)  # told when the run is closed
+    on_done: list[Callable[[], None]] = field(default_factory=list)  # told once every choice has ended
+    # Past this (the engine's own timeout, and a grace), the request side gives up waiting: no request is ever left
+    # without an answer or an error, whatever happens in the engine.
+    deadline: float = float("inf")
+    _ended: set[int] = field(default_factory=set)
+
+    def observe(self, finished: Finished) -> None:
+        """Choice ``finished.index`` has ended: tell the observers (once a choice), and ``on_done`` after the last."""
+        if finished.index in self._ended:
+            return
+        self._ended.add(finished.index)
+        for observer in self.observers:
+            observer(finished)
+        if len(self._ended) == len(self.plan.params):
+            for done in self.on_done:
+                done()
 
     def close(self) -> None:
-        """Stop whatever still runs and give the slot back (idempotent)."""
-        self.generation.close()
+        """Stop whatever still runs and give the slot back (idempotent); the ends nobody read are observed when the
+        engine reports them."""
+        self.generation.close(then=self.observe)
         self.slot.release()
         for closed in self.on_close:
             closed()
 
 
-def start(services: Services, request: GenerationRequest, request_id: str = "-", cache_key: str = "") -> Run:
-    """Check ``request``, take a concurrency slot (or 429) and start generating at its priority (lower is sooner;
-    none given: 0), reusing only prompts of its ``cache_key``. Requests come here through the one gate,
-    :func:`phi_api.service.admission.admit`."""
+@dataclass(frozen=True)
+class Prepared:
+    """A checked request made concrete for its model's engine, before it holds a slot or the engine's attention."""
+
+    request: GenerationRequest
+    engine: Engine
+    plan: Plan
+
+    @property
+    def worst_tokens(self) -> int:
+        """The most tokens it can use: each prompt once, and every choice's ``max_tokens``."""
+        return sum(len(prompt) for prompt in self.plan.prompts) + sum(one.max_tokens for one in self.plan.params)
+
+
+def prepare(services: Services, request: GenerationRequest) -> Prepared:
+    """Check ``request`` and make its plan (its prompts' tokens, each choice's parameters) on its model's engine;
+    refuse one this server could never hold (the engine's CapacityError)."""
     engine, settings = services.models.engine(request.model), services.settings
     if engine.draining:
         raise ServiceUnavailableError("This server is shutting down; please retry.")
@@ -172,16 +212,51 @@ def start(services: Services, request: GenerationRequest, request_id: str = "-",
     # errors in one place: phi_api.web.foreign.FOREIGN, applied by the web layer's error handlers.
     for index, prompt in enumerate(plan.prompts):
         engine.check_capacity(len(prompt), plan.params[index * plan.per_prompt].max_tokens, plan.per_prompt)
+    _check_logprob_entries(plan)
+    return Prepared(request, engine, plan)
+
+
+def _check_logprob_entries(plan: Plan) -> None:
+    """400 for an answer whose log-probabilities would exceed :data:`MAX_LOGPROB_ENTRIES` (choices x scored tokens
+    x alternatives), before anything is computed."""
+    entries, scored = 0, 0
+    for index, one in enumerate(plan.params):
+        prompt = len(plan.prompts[index // plan.per_prompt]) if one.prompt_logprobs is not None else 0
+        if one.logprobs is not None or one.prompt_logprobs is not None:
+            top = max(one.logprobs or 0, one.prompt_logprobs or 0)
+            scored += prompt + one.max_tokens
+            entries += (prompt + one.max_tokens) * (1 + top)
+    if entries > MAX_LOGPROB_ENTRIES:
+        raise InvalidParameterError(
+            f"This request asks for {entries:,} log-probabilities ({len(plan.params)} choices, {scored:,} scored "
+            f"tokens with echo and max_tokens, each with its alternatives), more than one answer may hold "
+            f"({MAX_LOGPROB_ENTRIES:,}): lower n, the number of prompts, echo, max_tokens or logprobs "
+            "(top_logprobs).", param="logprobs")
+
+
+def launch(services: Services, prepared: Prepared, request_id: str = "-", cache_key: str = "",
+           observers: tuple[Callable[[Finished], None], ...] = (),
+           on_done: tuple[Callable[[], None], ...] = ()) -> Run:
+    """Take a concurrency slot (or 429) and start generating at the request's priority (lower is sooner; none
+    given: 0), reusing only prompts of its ``cache_key``; ``observers`` and ``on_done`` as :class:`Run`'s. Requests
+    come here through the one gate, :func:`phi_api.service.admission.admit`."""
+    request, engine, plan = prepared.request, prepared.engine, prepared.plan
     slot = services.limiter.try_acquire()
     if slot is None:
         raise RateLimitError("Too many concurrent requests. Please try again later.")
     try:
-        generation = engine.submit_prompts(plan.prompts, plan.params, request_id=request_id,
-                                           priority=request.priority or 0, cache_key=cache_key)
+        handle = engine.submit_prompts(plan.prompts, plan.params, request_id=request_id,
+                                       priority=request.priority or 0, cache_key=cache_key)
     except BaseException:  # RetiredError (unloaded a moment ago) becomes a 404 through phi_api.web.foreign.FOREIGN
         slot.release()
         raise
-    return Run(request, engine, plan, generation, slot)
+    return Run(request, engine, plan, handle, slot, list(observers), on_done=list(on_done),
+               deadline=time.monotonic() + engine.config.timeout + RUN_GRACE_SECONDS)
+
+
+def start(services: Services, request: GenerationRequest, request_id: str = "-", cache_key: str = "") -> Run:
+    """:func:`prepare` then :func:`launch`, with nothing between them (tests, and callers without keys)."""
+    return launch(services, prepare(services, request), request_id, cache_key)
 
 
 def events(run: Run, keepalive: float | None = KEEPALIVE_SECONDS) -> Iterator[Event | Keepalive]:
@@ -190,14 +265,15 @@ def events(run: Run, keepalive: float | None = KEEPALIVE_SECONDS) -> Iterator[Ev
     assemblers = [ChoiceAssembler(index, run.plan.tools, run.plan.reasoning) for index in range(len(run.plan.params))]
     for event in run.generation.events(idle_timeout=keepalive):
         if event is None:
+            if time.monotonic() > run.deadline:  # the engine ends every choice by its timeout: this is a net
+                raise GenerationTimeoutError("The generation took longer than the server's GENERATION_TIMEOUT.")
             yield KEEPALIVE
         elif isinstance(event, TextDelta):
             yield from assemblers[event.index].add(event)
         elif isinstance(event, PromptLogprobs):
             yield Prompt(event.index, event.records)
         else:
-            for observer in run.observers:
-                observer(event)
+            run.observe(event)
             if not event.ok:
                 raise failure(event)
             yield from assemblers[event.index].close(event)

@@ -24,6 +24,7 @@ from typing import Any
 
 from llguidance import LLMatcher
 
+from phi_api import jsontext
 from phi_api.errors import InvalidFunctionParametersError, InvalidParameterError
 from phi_api.service.grammar import check_json_schema, json_schema_grammar, strict_violation
 from phi_api.service.tool_formats import FORMATS, ToolFormat
@@ -113,8 +114,8 @@ class ToolPlan:
                 continue
             if isinstance(arguments, str):
                 try:
-                    arguments = json.loads(arguments)
-                except ValueError:
+                    arguments = jsontext.loads(arguments)
+                except (ValueError, RecursionError):
                     continue
             calls.append(ToolCall(name, json.dumps(arguments, ensure_ascii=False), new_call_id(), arguments))
         return content, calls if self.parallel else calls[:1]
@@ -261,8 +262,8 @@ def _arguments(arguments: Any) -> Any:
     if not isinstance(arguments, str):
         return arguments
     try:
-        return json.loads(arguments)
-    except ValueError:
+        return jsontext.loads(arguments)
+    except (ValueError, RecursionError):
         return arguments
 
 

@@ -1,42 +1,79 @@
-"""A batch's input file read: each line's request (its ``custom_id`` and body), or what is wrong with it, in the
-words and codes of OpenAI's Batch API. A file with any bad line makes a ``failed`` batch."""
+"""A batch's input file read: each line's request (its ``custom_id``, ``url`` and body), or what is wrong with it, in
+the words and codes of OpenAI's Batch API. A file with any bad line makes a ``failed`` batch.
+
+The file is read a chunk at a time, never whole; a file's good lines are kept once (``storage.files``), and a batch
+of another endpoint over the same lines is checked against their kept urls (:func:`endpoint_errors`).
+"""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
+from phi_api import jsontext
+
 MAX_LINES = 50_000  # lines of one batch, as OpenAI
+MAX_ERRORS = 100
 
 
-def parse_lines(data: bytes, endpoint: str) -> tuple[list[tuple[str, dict]], list[dict[str, Any]]]:
-    """An input file's requests as (custom_id, body), and its errors in OpenAI's form (empty when it is good)."""
-    lines: list[tuple[str, dict]] = []
-    errors: list[dict[str, Any]] = []
+@dataclass(frozen=True)
+class Request:
+    """A good line: its number in the file, ``custom_id``, ``url`` and body (as JSON text)."""
+
+    line: int
+    custom_id: str
+    url: str
+    body: str
+
+
+def numbered_lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, str]]:
+    """The file's lines, numbered from 1, from its chunks (a line may span chunks)."""
+    number, rest = 0, b""
+    for chunk in chunks:
+        parts = (rest + chunk).split(b"\n")
+        rest = parts.pop()
+        for raw in parts:
+            number += 1
+            yield number, raw.decode("utf-8", errors="replace").rstrip("\r")
+    if rest:
+        yield number + 1, rest.decode("utf-8", errors="replace").rstrip("\r")
+
+
+def read_requests(lines: Iterable[tuple[int, str]], errors: list[dict[str, Any]]) -> Iterator[Request]:
+    """The good requests of ``lines``; what is wrong with the others is added to ``errors`` (OpenAI's form, the
+    first :data:`MAX_ERRORS`), and so are an empty file and one of too many lines, once read to its end."""
     seen: set[str] = set()
-    text = data.decode("utf-8", errors="replace").splitlines()
-    for number, raw in enumerate(text, start=1):
+    for number, raw in lines:
         if not raw.strip():
             continue
-        problem = _line_problem(raw, endpoint, seen)
-        if isinstance(problem, tuple):
-            lines.append(problem)
-            seen.add(problem[0])
-        else:
-            errors.append({**problem, "line": number})
-    if not lines and not errors:
+        found = _line_problem(raw, seen)
+        if isinstance(found, Request):
+            seen.add(found.custom_id)
+            if len(seen) <= MAX_LINES:
+                yield Request(number, found.custom_id, found.url, found.body)
+        elif len(errors) < MAX_ERRORS:
+            errors.append({**found, "line": number})
+    if not seen and not errors:
         errors.append({"code": "empty_file", "message": "The input file has no requests.", "param": None,
                        "line": None})
-    if len(lines) > MAX_LINES:
+    if len(seen) > MAX_LINES:
         errors.append({"code": "too_many_requests", "message": f"A batch holds at most {MAX_LINES} requests.",
                        "param": None, "line": None})
-    return lines, errors[:100]
 
 
-def _line_problem(raw: str, endpoint: str, seen: set[str]) -> tuple[str, dict] | dict[str, Any]:
-    """A line's (custom_id, body), or what is wrong with it."""
+def endpoint_errors(urls: Iterable[tuple[int, str]], endpoint: str) -> list[dict[str, Any]]:
+    """The lines (number, url) whose url is not the batch's ``endpoint``, as errors."""
+    return [{**_problem("mismatched_endpoint", f"The url must be the batch's endpoint, {endpoint}.", "url"),
+             "line": number} for number, url in urls if url != endpoint][:MAX_ERRORS]
+
+
+def _line_problem(raw: str, seen: set[str]) -> Request | dict[str, Any]:
+    """A line's request (numbered 0: the caller numbers it), or what is wrong with it."""
     try:
-        item = json.loads(raw)
+        item = jsontext.loads(raw)
+    except RecursionError:
+        return _problem("invalid_json_line", f"This line nests more than {jsontext.MAX_DEPTH} levels deep.", None)
     except ValueError:
         return _problem("invalid_json_line", "This line is not JSON.", None)
     if not isinstance(item, dict):
@@ -48,11 +85,11 @@ def _line_problem(raw: str, endpoint: str, seen: set[str]) -> tuple[str, dict] |
         return _problem("duplicate_custom_id", f"The custom_id '{custom_id}' is used twice.", "custom_id")
     if item.get("method") != "POST":
         return _problem("invalid_method", "The method must be POST.", "method")
-    if item.get("url") != endpoint:
-        return _problem("mismatched_endpoint", f"The url must be the batch's endpoint, {endpoint}.", "url")
+    if not isinstance(item.get("url"), str):
+        return _problem("mismatched_endpoint", "Each request needs the batch's endpoint as its url.", "url")
     if not isinstance(item.get("body"), dict):
         return _problem("invalid_body", "The body must be a JSON object.", "body")
-    return custom_id, item["body"]
+    return Request(0, custom_id, item["url"], jsontext.dumps_in_slices(item["body"]))
 
 
 def _problem(code: str, message: str, param: str | None) -> dict[str, Any]:

@@ -29,29 +29,38 @@ from typing import Any
 import sqlalchemy as sa
 
 from phi_api.errors import BatchError
-from phi_api.storage.batch_input import parse_lines
 from phi_api.storage.database import Database, Migration, create_tables, mine, off_the_hub, owner_column
+from phi_api.storage.files import (
+    CONTENTS,
+    FILE_LINES,
+    FILES,
+    TABLES,
+    FileStore,
+    Quota,
+    page,
+    requests_of,
+    write_file,
+)
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 WINDOWS = {"24h": 86_400}  # completion_window: OpenAI accepts only 24h
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
-_TABLES = sa.MetaData()
-_FILES = sa.Table("files", _TABLES, sa.Column("id", sa.String(64), primary_key=True), sa.Column("filename", sa.Text),
-                  sa.Column("purpose", sa.String(64)), sa.Column("bytes", sa.BigInteger),
-                  sa.Column("created_at", sa.BigInteger), owner_column(),
-                  sa.Column("created", sa.Float))  # the exact time: the order of files made in the same second
-_CONTENTS = sa.Table("file_contents", _TABLES, sa.Column("id", sa.String(64), primary_key=True),
-                     sa.Column("data", sa.LargeBinary))
-_BATCHES = sa.Table("batches", _TABLES, sa.Column("id", sa.String(64), primary_key=True),
+_BATCHES = sa.Table("batches", TABLES, sa.Column("id", sa.String(64), primary_key=True),
                     sa.Column("object", sa.Text), sa.Column("created_at", sa.Float),
                     owner_column())
-_LINES = sa.Table("lines", _TABLES, sa.Column("batch_id", sa.String(64), primary_key=True),
+_LINES = sa.Table("lines", TABLES, sa.Column("batch_id", sa.String(64), primary_key=True),
                   sa.Column("line", sa.Integer, primary_key=True), sa.Column("custom_id", sa.Text),
-                  sa.Column("body", sa.Text), sa.Column("state", sa.String(16)),
+                  sa.Column("body", sa.Text),  # an earlier release's copy; now the file's lines hold it
+                  sa.Column("state", sa.String(16)),
                   sa.Column("owner", sa.String(255)),  # the worker that claimed it (not the key: see batches.owner)
                   sa.Column("result", sa.Text), sa.Column("ok", sa.Integer), sa.Column("lease_until", sa.Float),
+                  sa.Column("file_id", sa.String(64)),  # whose file_lines hold its request
                   sa.Index("pending", "state", "batch_id", "line"))
+# Each key's turn at the runners: lines are claimed round robin between keys, and a key whose limits refused a line
+# rests until its window opens again.
+_TURNS = sa.Table("batch_turns", TABLES, sa.Column("owner", sa.String(255), primary_key=True),
+                  sa.Column("last_claim", sa.Float), sa.Column("rest_until", sa.Float))
 
 
 @dataclass(frozen=True)
@@ -67,57 +76,28 @@ class Line:
     claimant: str = ""  # the worker that holds it
 
 
-class BatchStore:
+class BatchStore(FileStore):
     """Files and batches in the database at ``url``, each owned by the key (by name) that made it; claims of lines
     last ``lease`` seconds unless renewed. ``folder``: where an earlier release kept the files' contents (taken
-    into the database when it is upgraded).
+    into the database when it is upgraded); ``quota``: what each key may store.
 
     Reading methods take a ``scope``: the owner whose objects are visible, or None for every owner's (an admin key,
     or a server without keys, whose objects all belong to "").
     """
 
-    def __init__(self, url: str, folder: Path | None = None, lease: float = 60.0) -> None:
+    def __init__(self, url: str, folder: Path | None = None, lease: float = 60.0, quota: Quota = Quota()) -> None:
         self.lease = lease
-        self.database = Database(url, "batches", (create_tables(_TABLES), _contents_from(folder)))
-
-    # Files ------------------------------------------------------------------------------------------
-
-    @off_the_hub
-    def add_file(self, filename: str, purpose: str, data: bytes, owner: str = "") -> dict[str, Any]:
-        """Keep ``data`` as a new file of ``owner``; its file object."""
-        with self.database.begin() as db:
-            return _write_file(db, filename, purpose, data, owner)
-
-    @off_the_hub
-    def file(self, file_id: str, scope: str | None = None) -> dict[str, Any] | None:
-        with self.database.read() as db:
-            row = db.execute(_FILES.select().where(_FILES.c.id == file_id, mine(_FILES, scope))).first()
-        return _file_object(row) if row else None
-
-    @off_the_hub
-    def files(self, purpose: str | None, limit: int, after: str | None, order: str,
-              scope: str | None = None) -> tuple[list[dict], bool]:
-        """Files (of ``purpose``), newest first (``order`` desc) or oldest, after the one named ``after``."""
-        query = _FILES.select().where(mine(_FILES, scope)).order_by(_FILES.c.created_at, _FILES.c.created)
-        if purpose is not None:
-            query = query.where(_FILES.c.purpose == purpose)
-        with self.database.read() as db:
-            rows = db.execute(query).all()
-        return _page([_file_object(row) for row in (rows[::-1] if order == "desc" else rows)], limit, after)
-
-    @off_the_hub
-    def content(self, file_id: str, scope: str | None = None) -> bytes | None:
-        """A file's bytes (None: no such file for ``scope``)."""
-        with self.database.read() as db:
-            return db.scalar(sa.select(_CONTENTS.c.data).join(_FILES, _FILES.c.id == _CONTENTS.c.id)
-                             .where(_FILES.c.id == file_id, mine(_FILES, scope)))
+        # The third step: files in chunks, their lines kept once, the keys' turns (an earlier release's database).
+        super().__init__(Database(url, "batches", (create_tables(TABLES), _contents_from(folder),
+                                                   create_tables(TABLES))), quota)
 
     @off_the_hub
     def delete_file(self, file_id: str, scope: str | None = None) -> bool:
-        with self.database.begin() as db:
-            gone = db.execute(_FILES.delete().where(_FILES.c.id == file_id, mine(_FILES, scope))).rowcount > 0
-            if gone:
-                db.execute(_CONTENTS.delete().where(_CONTENTS.c.id == file_id))
+        """Forget a file; its kept lines go too, unless a batch still runs them (they go when it ends)."""
+        gone = super().delete_file(file_id, scope)
+        if gone:
+            with self.database.begin() as db:
+                _forget_unused_lines(db, file_id)
         return gone
 
     # Batches ----------------------------------------------------------------------------------------
@@ -126,21 +106,23 @@ class BatchStore:
     def create_batch(self, input_file_id: str, endpoint: str, window: str, metadata: dict | None,
                      owner: str = "", scope: str | None = None) -> dict[str, Any]:
         """A new batch of ``owner`` of the input file's lines (a file ``scope`` sees), queued (or ``failed``, with
-        the bad lines, when any is bad)."""
+        the bad lines, when any is bad). The file's lines are kept once, at its first batch; this batch's lines
+        refer to them."""
         found = self.file(input_file_id, scope)
         if found is None:
             raise BatchError(f"No file with id '{input_file_id}'.", "input_file_id")
         if found["purpose"] != "batch":
             raise BatchError(f"File '{input_file_id}' has purpose '{found['purpose']}', not 'batch'.", "input_file_id")
-        lines, errors = parse_lines(self.content(input_file_id, scope) or b"", endpoint)
-        batch = _new_batch(input_file_id, endpoint, window, metadata, len(lines), errors)
         with self.database.begin() as db:
+            total, errors = requests_of(db, input_file_id, endpoint)
+            batch = _new_batch(input_file_id, endpoint, window, metadata, total, errors)
             db.execute(_BATCHES.insert().values(id=batch["id"], object=json.dumps(batch), created_at=time.time(),
                                                 owner=owner))
             if not errors:
-                db.execute(_LINES.insert(), [{"batch_id": batch["id"], "line": number, "custom_id": custom_id,
-                                              "body": json.dumps(body), "state": "pending"}
-                                             for number, (custom_id, body) in enumerate(lines, start=1)])
+                numbers = sa.select(sa.literal(batch["id"]), FILE_LINES.c.line, FILE_LINES.c.custom_id,
+                                    sa.literal("pending"), FILE_LINES.c.file_id).where(
+                    FILE_LINES.c.file_id == input_file_id)
+                db.execute(_LINES.insert().from_select(["batch_id", "line", "custom_id", "state", "file_id"], numbers))
         return batch
 
     @off_the_hub
@@ -154,7 +136,7 @@ class BatchStore:
         with self.database.read() as db:
             rows = db.scalars(sa.select(_BATCHES.c.object).where(mine(_BATCHES, scope))
                               .order_by(_BATCHES.c.created_at.desc())).all()
-        return _page([json.loads(row) for row in rows], limit, after)
+        return page([json.loads(row) for row in rows], limit, after)
 
     @off_the_hub
     def cancel(self, batch_id: str, scope: str | None = None) -> dict[str, Any]:
@@ -176,25 +158,44 @@ class BatchStore:
 
     @off_the_hub
     def claim(self, claimant: str) -> Line | None:
-        """Take the next line to run (the oldest batch's first), for ``claimant`` (a worker): a waiting line, or one
-        whose lease ran out; None when none waits."""
+        """Take the next line to run, for ``claimant`` (a worker): a waiting line, or one whose lease ran out; of the
+        key whose turn it is (the key that has waited longest since its last line, round robin), its oldest
+        batch's first; never of a key resting (:meth:`rest`). None when none waits."""
         now = time.time()
         waiting = sa.or_(_LINES.c.state == "pending", sa.and_(_LINES.c.state == "running", _LINES.c.lease_until < now))
+        awake = sa.or_(_TURNS.c.rest_until.is_(None), _TURNS.c.rest_until <= now)
+        body = sa.func.coalesce(_LINES.c.body, FILE_LINES.c.body)
         with self.database.begin() as db:
-            row = db.execute(sa.select(_LINES.c.batch_id, _LINES.c.line, _LINES.c.custom_id, _LINES.c.body,
-                                       _BATCHES.c.owner).join(_BATCHES, _BATCHES.c.id == _LINES.c.batch_id)
-                             .where(waiting).order_by(_BATCHES.c.created_at, _LINES.c.line).limit(1)
-                             .with_for_update(of=_LINES, skip_locked=True)).first()
+            row = db.execute(
+                sa.select(_LINES.c.batch_id, _LINES.c.line, _LINES.c.custom_id, body, _BATCHES.c.owner)
+                .join(_BATCHES, _BATCHES.c.id == _LINES.c.batch_id)
+                .outerjoin(_TURNS, _TURNS.c.owner == _BATCHES.c.owner)
+                .outerjoin(FILE_LINES, sa.and_(FILE_LINES.c.file_id == _LINES.c.file_id,
+                                               FILE_LINES.c.line == _LINES.c.line))
+                .where(waiting, awake)
+                .order_by(sa.func.coalesce(_TURNS.c.last_claim, 0.0), _BATCHES.c.created_at, _LINES.c.line).limit(1)
+                .with_for_update(of=_LINES, skip_locked=True)).first()
             if row is None:
                 return None
-            batch_id, number, custom_id, body, key = row
+            batch_id, number, custom_id, text, key = row
             db.execute(_LINES.update().where(_LINES.c.batch_id == batch_id, _LINES.c.line == number)
                        .values(state="running", owner=claimant, lease_until=now + self.lease))
+            turn = self.database.upsert(_TURNS).values(owner=key, last_claim=now, rest_until=None)
+            db.execute(turn.on_conflict_do_update(index_elements=["owner"], set_={"last_claim": now}))
             batch = _batch_in(db, batch_id)
             if batch["status"] == "validating":
                 batch.update(status="in_progress", in_progress_at=int(now))
                 _save(db, batch)
-        return Line(batch_id, number, custom_id, batch["endpoint"], json.loads(body), key, claimant)
+        return Line(batch_id, number, custom_id, batch["endpoint"], json.loads(text), key, claimant)
+
+    @off_the_hub
+    def rest(self, line: Line, until: float) -> None:
+        """Put a claimed line back in the queue, and let no line of its key be claimed before ``until`` (its key's
+        limits refused it: the key's next window): the runners serve the other keys meanwhile."""
+        with self.database.begin() as db:
+            db.execute(_held(line).values(state="pending", owner=None, lease_until=None))
+            turn = self.database.upsert(_TURNS).values(owner=line.owner, last_claim=time.time(), rest_until=until)
+            db.execute(turn.on_conflict_do_update(index_elements=["owner"], set_={"rest_until": until}))
 
     @off_the_hub
     def renew(self, line: Line) -> bool:
@@ -263,6 +264,17 @@ class BatchStore:
                               .where(_LINES.c.batch_id == batch_id).order_by(_LINES.c.line)).all()
             owner = db.scalar(sa.select(_BATCHES.c.owner).where(_BATCHES.c.id == batch_id)) or ""
             _save(db, _finalize(db, batch, [tuple(row) for row in rows], owner))
+            _forget_unused_lines(db, batch["input_file_id"])
+
+
+def _forget_unused_lines(db: sa.Connection, file_id: str) -> None:
+    """Drop a deleted file's kept lines once no batch waits on them."""
+    if db.scalar(sa.select(FILES.c.id).where(FILES.c.id == file_id)) is not None:
+        return
+    open_lines = sa.select(_LINES.c.line).where(_LINES.c.file_id == file_id,
+                                                _LINES.c.state.in_(("pending", "running"))).limit(1)
+    if db.scalar(open_lines) is None:
+        db.execute(FILE_LINES.delete().where(FILE_LINES.c.file_id == file_id))
 
 
 def _held(line: Line) -> Any:
@@ -287,24 +299,15 @@ def _new_batch(input_file_id: str, endpoint: str, window: str, metadata: dict | 
     return batch
 
 
-def _write_file(db: sa.Connection, filename: str, purpose: str, data: bytes, owner: str) -> dict[str, Any]:
-    """A new file's row and contents; its file object."""
-    row = {"id": f"file-{uuid.uuid4().hex[:24]}", "filename": filename, "purpose": purpose, "bytes": len(data),
-           "created_at": int(time.time()), "owner": owner, "created": time.time()}
-    db.execute(_FILES.insert().values(**row))
-    db.execute(_CONTENTS.insert().values(id=row["id"], data=data))
-    return _file_object(row)
-
-
 def _contents_from(folder: Path | None) -> Migration:
     """The second step: the files an earlier release kept in ``folder``/files/ taken into the database."""
 
     def step(db: sa.Connection) -> None:
-        db.execute(_FILES.update().where(_FILES.c.created.is_(None)).values(created=_FILES.c.created_at))
-        for file_id in db.scalars(sa.select(_FILES.c.id)).all():
+        db.execute(FILES.update().where(FILES.c.created.is_(None)).values(created=FILES.c.created_at))
+        for file_id in db.scalars(sa.select(FILES.c.id)).all():
             path = folder / "files" / f"{file_id}.jsonl" if folder is not None else None
             if path is not None and path.is_file():
-                db.execute(_CONTENTS.insert().values(id=file_id, data=path.read_bytes()))
+                db.execute(CONTENTS.insert().values(id=file_id, data=path.read_bytes()))
 
     return step
 
@@ -327,7 +330,7 @@ def _finalize(db: sa.Connection, batch: dict[str, Any], rows: list[tuple], owner
     batch.update(finalizing_at=now, status=status, **{f"{status}_at": now})
     for key, lines in (("output_file_id", output), ("error_file_id", errors)):
         if lines:
-            batch[key] = _write_file(db, f"batch_{batch['id']}_{key[:-8]}.jsonl", "batch_output",
+            batch[key] = write_file(db, f"batch_{batch['id']}_{key[:-8]}.jsonl", "batch_output",
                                      "".join(line + "\n" for line in lines).encode(), owner)["id"]
     return batch
 
@@ -349,17 +352,3 @@ def _unrun(custom_id: str, state: str) -> dict[str, Any]:
                "cancelled": "This request was not executed: the batch was cancelled."}[state]
     return {"id": f"batch_req_{uuid.uuid4().hex[:24]}", "custom_id": custom_id, "response": None,
             "error": {"code": f"batch_{state}", "message": message}}
-
-
-def _file_object(row: Any) -> dict[str, Any]:
-    row = row._mapping if hasattr(row, "_mapping") else row
-    return {"id": row["id"], "object": "file", "bytes": row["bytes"], "created_at": row["created_at"],
-            "filename": row["filename"], "purpose": row["purpose"], "status": "processed", "status_details": None}
-
-
-def _page(items: list[dict[str, Any]], limit: int, after: str | None) -> tuple[list[dict[str, Any]], bool]:
-    """Up to ``limit`` items after the one whose id is ``after``; and whether more follow."""
-    if after is not None:
-        ids = [item["id"] for item in items]
-        items = items[ids.index(after) + 1:] if after in ids else []
-    return items[:limit], len(items) > limit

@@ -120,7 +120,9 @@ class Database:
         if not self.is_sqlite:
             return sa.create_engine(self.url, pool_pre_ping=True, pool_size=4, max_overflow=4, hide_parameters=True,
                                     pool_timeout=self._timeout, connect_args={"connect_timeout": 5})
-        Path(self.url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        path = Path(self.url.removeprefix("sqlite:///"))
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # keys' usage, stored answers: the server's alone
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))  # SQLite gives its -wal and -shm files the same mode
         engine = sa.create_engine(self.url, hide_parameters=True,
                                   connect_args={"timeout": self._timeout, "check_same_thread": False})
         sa.event.listen(engine, "connect", _sqlite_connected)

@@ -16,6 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from phi_api import jsontext
 from phi_api.storage.database import Database, create_tables, mine, off_the_hub, owner_column
 
 _TABLES = sa.MetaData()
@@ -39,7 +40,8 @@ class ResponseStore:
     def put(self, response: dict[str, Any], messages: list[dict[str, Any]], owner: str = "") -> None:
         """Keep ``response`` (its ``id``) of ``owner`` and the conversation it ends; the owner's oldest beyond the
         bound, and everyone's past the age, go."""
-        row = {"created": time.time(), "response": json.dumps(response), "messages": json.dumps(messages),
+        # in slices: a response with log-probabilities may be large, and the C encoder keeps the interpreter's lock
+        row = {"created": time.time(), "response": jsontext.dumps_in_slices(response), "messages": json.dumps(messages),
                "owner": owner}
         with self.database.begin() as db:
             statement = self.database.upsert(_RESPONSES).values(id=response["id"], **row)

@@ -7,6 +7,11 @@ With ``LOG_FORMAT=json`` each line is one JSON object: the time, level,
 process, request id, logger and message, and the fields the line carries
 (``extra={"fields": {...}}``: a request's method, path, status, time and key
 name, never the key; a generation's model, finish reason, tokens and times).
+
+A client's text (a path, a model name, an id, an exception's message) reaches log lines as arguments. In text logs
+every control character of an argument (C0, DEL, C1: a line break, a carriage return, a terminal's escape) is
+written as an escape (``\\n``, ``\\x1b``), and every line of a traceback (``exc_info``, or a traceback's text
+given as ``extra={"traceback": ...}``) is indented: no client can forge a line or drive a terminal.
 """
 
 from __future__ import annotations
@@ -31,6 +36,51 @@ class _RequestIdFilter(logging.Filter):
         return True
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+TRACEBACK_INDENT = "  "
+
+
+def escape_control(text: str) -> str:
+    """``text`` with each control character (C0, DEL, C1) written as an escape."""
+    return _CONTROL.sub(lambda found: _NAMED.get(found.group(), f"\\x{ord(found.group()):02x}"), text)
+
+
+def _escaped(value: object) -> object:
+    """A log argument as a text log may show it: numbers as they are (``%d`` needs them), anything else as its text
+    with control characters escaped."""
+    if isinstance(value, (int, float)):
+        return value
+    return escape_control(str(value))
+
+
+def _traceback(record: logging.LogRecord, formatter: logging.Formatter) -> str:
+    """The record's traceback: its exception's, or the text given as ``extra={"traceback": ...}`` ("": none)."""
+    if record.exc_info:
+        return formatter.formatException(record.exc_info)
+    return str(getattr(record, "traceback", "") or "")
+
+
+class TextFormatter(logging.Formatter):
+    """Text lines, one per record, that no argument can break or forge (see the module's docstring)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        args: object = record.args
+        if isinstance(args, tuple):
+            args = tuple(_escaped(value) for value in args)
+        elif isinstance(args, dict):
+            args = {name: _escaped(value) for name, value in args.items()}
+        message = str(record.msg) if not isinstance(record.msg, str) else record.msg
+        record.message = escape_control(message) if not isinstance(record.msg, str) else (
+            message % args if args else message)
+        record.asctime = self.formatTime(record, self.datefmt)
+        line = self.formatMessage(record)
+        trace = _traceback(record, self)
+        if trace:
+            line += "".join("\n" + TRACEBACK_INDENT + escape_control(part) for part in trace.splitlines())
+        return line
+
+
 class JSONFormatter(logging.Formatter):
     """One JSON object per line."""
 
@@ -38,8 +88,9 @@ class JSONFormatter(logging.Formatter):
         line = {"time": self.formatTime(record), "level": record.levelname, "pid": record.process,
                 "request_id": getattr(record, "request_id", "-"), "logger": record.name,
                 "message": record.getMessage(), **getattr(record, "fields", {})}
-        if record.exc_info:
-            line["traceback"] = self.formatException(record.exc_info)
+        trace = _traceback(record, self)
+        if trace:
+            line["traceback"] = trace
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
@@ -53,7 +104,7 @@ def configure_logging(level: str, fmt: str = "text") -> None:
         handler = _PhiApiHandler(sys.stderr)
         handler.addFilter(_RequestIdFilter())
         logger.addHandler(handler)
-    handler.setFormatter(JSONFormatter() if fmt == "json" else logging.Formatter(_FORMAT))
+    handler.setFormatter(JSONFormatter() if fmt == "json" else TextFormatter(_FORMAT))
 
 
 def gunicorn_logconfig(level: str, fmt: str) -> dict:

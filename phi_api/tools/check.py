@@ -69,6 +69,22 @@ def facts(settings: Settings) -> list[str]:
             f"cache folder: {cache_root()}; data folder: {settings.data_dir}"]
 
 
+def exposure(settings: Settings) -> list[str]:
+    """Warnings for what others than the server's user can read: the keys file (keys, or their digests), the data
+    folder (keys' usage, stored conversations, batch files)."""
+    warnings = []
+    for path, what, mask in ((settings.API_KEYS_FILE, "the keys file", 0o044), (str(settings.data_dir),
+                             "the data folder", 0o055)):
+        try:
+            mode = os.stat(os.path.expanduser(path)).st_mode & 0o777 if path else 0
+        except OSError:
+            continue
+        if mode & mask:
+            warnings.append(f"{what} {path} can be read by other users (mode {mode:o}): chmod "
+                            f"{'600' if mask == 0o044 else '700'} it")
+    return warnings
+
+
 def run(environ: Mapping[str, str]) -> tuple[list[str], list[str], list[str]]:
     """(errors, warnings, notes) for the configuration ``environ`` gives."""
     warnings = unknown_names(environ)
@@ -77,7 +93,7 @@ def run(environ: Mapping[str, str]) -> tuple[list[str], list[str], list[str]]:
     except ConfigError as error:
         return [str(error)], warnings, []
     errors, notes = model_errors(settings)
-    return errors, warnings, notes + facts(settings)
+    return errors, warnings + exposure(settings), notes + facts(settings)
 
 
 def main(args: argparse.Namespace) -> int:

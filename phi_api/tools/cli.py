@@ -23,6 +23,7 @@ COMMANDS = {
     "build-kernel": ("phi_api.tools.build_kernel", "build phi-api's own 4-bit kernel for ONNX Runtime (make install "
                      "runs it); where it cannot run, say why: ONNX Runtime's kernel serves instead"),
     "settings": ("phi_api.tools.settings_command", "every setting: its default, its value here, what it means"),
+    "keys": ("phi_api.tools.keys_command", "add an API key to the keys file: printed once, kept as its SHA-256"),
     "check": ("phi_api.tools.check", "check the configuration and the model folders without starting: misspelt "
               "settings, bad values, missing folders; print the workers, threads and memory it gives"),
 }

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from flask import Response, jsonify
+from flask import Response
 
 from phi_api.protocols.openai import Answer, Shape
 from phi_api.service import generation
 from phi_api.service.requests import GenerationRequest
-from phi_api.web.http import sse_response, start_generation
+from phi_api.web.http import answer_json, sse_response, start_generation
 from phi_api.web.transport import disconnect_probe
 
 
@@ -17,4 +17,5 @@ def respond(shape: type[Shape], request: GenerationRequest) -> Response:
     answer = Answer(shape(run, run.engine.token_bytes), request.model, run.engine.info.fingerprint)
     if request.stream:
         return sse_response(answer.chunks(), on_close=(run.close,))
-    return jsonify(answer.whole(generation.collect(run, disconnect_probe())))
+    results = generation.collect(run, disconnect_probe())
+    return answer_json(run, lambda: answer.whole(results))

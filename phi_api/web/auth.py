@@ -1,9 +1,10 @@
 """API keys (``API_KEYS``, ``API_KEYS_FILE``: :mod:`phi_api.limits.keys`): off unless keys are configured.
 
 A key is read from ``X-API-Key``, ``Authorization: Bearer ...``, or the query
-parameter ``api_key`` / ``api-key``; a header wins over the query. Keys are
-compared in constant time and never logged (request lines are logged without
-their query string). Preflight ``OPTIONS``, ``GET /health``, the API's
+parameter ``api_key`` / ``api-key`` (unless ``ALLOW_QUERY_API_KEY`` is off:
+proxies log query strings); a header wins over the query. Keys are compared
+by their SHA-256 in constant time and never logged (request lines are logged
+without their query string). Preflight ``OPTIONS``, ``GET /health``, the API's
 description (``GET /openapi.json``) and the playground's page and files need no key.
 """
 
@@ -21,8 +22,8 @@ EXEMPT_PATHS = frozenset({"/health", "/openapi.json", "/"})  # "/": the playgrou
 EXEMPT_PREFIXES = ("/playground/",)  # its scripts and styles
 
 
-def supplied_key() -> str | None:
-    """The key the request carries, if any."""
+def supplied_key(query: bool = True) -> str | None:
+    """The key the request carries, if any (in its query string too when ``query``)."""
     header = request.headers.get("X-API-Key")
     if header:
         return header
@@ -30,12 +31,12 @@ def supplied_key() -> str | None:
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return request.args.get("api_key") or request.args.get("api-key")
+    return (request.args.get("api_key") or request.args.get("api-key")) if query else None
 
 
-def register_auth(app: Flask, keys: Keys) -> None:
+def register_auth(app: Flask, keys: Keys, query: bool = True) -> None:
     """Require one of ``keys`` on every request but preflights and the health check; the request's key is
-    ``g.api_key`` (see :func:`current_key`)."""
+    ``g.api_key`` (see :func:`current_key`); ``query``: a key may come in the query string."""
     if not keys.keys:
         return
 
@@ -49,10 +50,11 @@ def register_auth(app: Flask, keys: Keys) -> None:
                 raise AuthenticationError("The key that created this batch is no longer accepted.")
             g.api_key = owner
             return
-        supplied = supplied_key()
+        supplied = supplied_key(query)
         if supplied is None:
+            where = ", or the api_key query parameter" if query else " (this server takes no key in the query)"
             raise AuthenticationError("You didn't provide an API key. Send it in the X-API-Key or "
-                                      "Authorization: Bearer header, or the api_key query parameter.")
+                                      f"Authorization: Bearer header{where}.")
         key = keys.identify(supplied)
         if key is None:
             raise AuthenticationError("Incorrect API key provided.")

@@ -32,9 +32,11 @@ from phi_api.errors import (
     InvalidRequestError,
     MethodNotAllowedError,
     ModelNotFoundError,
+    QuotaError,
     RequestTooLargeError,
     RetiredError,
     RouteNotFoundError,
+    StorageQuotaError,
     URITooLongError,
 )
 
@@ -87,7 +89,10 @@ FOREIGN: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], Call
         "accept).")),
     (GuidanceError, lambda exc: InvalidParameterError(f"The output format cannot be enforced: {exc}",
                                                       param="response_format")),
+    (QuotaError, lambda exc: StorageQuotaError(str(exc), param=exc.param)),
     (BatchError, lambda exc: InvalidRequestError(str(exc), param=exc.param)),
+    # JSON nested past what can be read (phi_api.jsontext), wherever a client's text is parsed.
+    (RecursionError, lambda exc: InvalidRequestError("The request holds JSON nested too deeply.")),
     # The database is down, restarting or busy past its timeout: the routes that need it wait for it to be back.
     ((database.OperationalError, database.InterfaceError, database.TimeoutError),
      lambda exc: DatabaseUnavailableError("The server's database cannot be reached now; please retry.")),

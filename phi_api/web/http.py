@@ -12,12 +12,15 @@ from typing import Any
 from flask import Blueprint, Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from phi_api import jsontext
 from phi_api.batch.runner import BATCH_LINE
+from phi_api.engine.threads.native import off_hub
 from phi_api.errors import (
     APIError,
     InvalidJSONError,
     InvalidParameterError,
     InvalidRequestError,
+    JSONNumberError,
     UnsupportedMediaTypeError,
 )
 from phi_api.service import admission, generation
@@ -67,6 +70,16 @@ def start_generation(typed: GenerationRequest) -> generation.Run:
     return admission.admit(gate(), caller, typed)
 
 
+def count_request() -> None:
+    """Count this request (an upload: not a generation) against its key's requests per minute, or refuse it (429,
+    with the key's rate-limit headers)."""
+    key = current_key()
+    if key is not None:
+        caller = Caller(key=key, request_id=current_request_id())
+        g.rate_headers = caller.rate_headers
+        admission.count_request(get_keys(), caller)
+
+
 def header_priority() -> int | None:
     """The ``X-Priority`` header's integer (lower is sooner), if given; 400 if it is not one."""
     raw = request.headers.get(PRIORITY_HEADER)
@@ -85,18 +98,14 @@ def header_priority() -> int | None:
 # Bodies ---------------------------------------------------------------------------------------------
 
 
-class _NumberError(ValueError):
-    """A number the body may not hold: NaN, Infinity, or beyond a double's range."""
-
-
 def _reject_constant(name: str) -> Any:
-    raise _NumberError(name)
+    raise JSONNumberError(name)
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise _NumberError(text)
+        raise JSONNumberError(text)
     return value
 
 
@@ -142,13 +151,15 @@ def read_json_object(any_media_type: bool = False) -> dict[str, Any]:
         raise InvalidJSONError("The request body is nested too deeply.") from None
     except json.JSONDecodeError as exc:
         raise InvalidJSONError(f"The request body is not valid JSON (line {exc.lineno}, column {exc.colno}).") from None
-    except _NumberError:
+    except JSONNumberError:
         raise InvalidJSONError("The request body holds a number that is not finite (NaN, Infinity, "
                                "or beyond the range of a double).") from None
     except ValueError:  # an integer literal longer than Python will convert
         raise InvalidJSONError("The request body holds a number that is too long.") from None
     if not isinstance(body, dict):
         raise InvalidJSONError("The request body must be a JSON object.")
+    if jsontext.too_deep(body):
+        raise InvalidJSONError(f"The request body is nested more than {jsontext.MAX_DEPTH} levels deep.")
     if _has_nul(body):
         raise InvalidRequestError("The request body holds a NUL character (\\u0000), which text may not contain.")
     return body
@@ -205,6 +216,27 @@ def ndjson_response(objects: Iterable[dict[str, Any]], on_close: Iterable[Callab
     """Newline-delimited JSON (Ollama's streams): one compact object per line."""
     lines = (_compact(item) + "\n" for item in objects)
     return streaming_response(lines, NDJSON_TYPE, get_settings().STREAM_WRITE_TIMEOUT, on_close)
+
+
+def answer_json(run: generation.Run, build: Callable[[], Any],
+                then: Callable[[Any], None] = lambda answer: None) -> Response:
+    """A run's whole answer as JSON (``build`` makes it; ``then`` is given it, as stored responses keep it). One with
+    log-probabilities may be large: it is built and encoded on a pooled thread, in slices
+    (:func:`phi_api.jsontext.dumps_in_slices`), while the hub serves the worker's other streams; others are small,
+    and encoded here."""
+    if run.request.logprobs is None:
+        answer = build()
+        then(answer)
+        return jsonify(answer)
+    run.engine.token_bytes(0)  # the vocabulary's table loaded here first: the thread must not wait on the hub
+
+    def encoded() -> tuple[Any, str]:
+        answer = build()
+        return answer, jsontext.dumps_in_slices(answer) + "\n"
+
+    answer, text = off_hub(encoded)
+    then(answer)
+    return Response(text, mimetype="application/json")
 
 
 # Errors ---------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from phi_api.models.state import state_dir
 from phi_api.settings import Settings
 from phi_api.storage.batches import BatchStore
 from phi_api.storage.database import sqlite_url
+from phi_api.storage.files import Quota
 from phi_api.storage.responses import ResponseStore
 from phi_api.telemetry.metrics import Metrics
 from phi_api.telemetry.tracing import Tracing
@@ -72,7 +73,8 @@ def init_app(app: Flask, settings: Settings, load: Callable[[ModelSpec, SharedBu
         keys=Keys(read_keys(settings.API_KEYS_FILE, settings.api_keys), Usage(database_url(settings, "keys"))),
         responses=ResponseStore(database_url(settings, "responses"), settings.RESPONSES_STORE_MAX,
                                 settings.RESPONSES_STORE_SECONDS),
-        batches=BatchStore(database_url(settings, "batches"), settings.batch_dir, settings.BATCH_LEASE_SECONDS),
+        batches=BatchStore(database_url(settings, "batches"), settings.batch_dir, settings.BATCH_LEASE_SECONDS,
+                           Quota(settings.FILES_MAX_PER_KEY, int(settings.FILES_MAX_MB_PER_KEY * 2**20))),
         metrics=Metrics(), tracing=Tracing(),
         memory=ServerMemory(settings.memory_limit_bytes, settings.workers,
                             shared=SharedBudget(0, settings.KV_IDLE_SECONDS)),

@@ -230,7 +230,7 @@ def test_a_batch_and_a_bench_run_count_against_their_key(server):
     wait_until(lambda: c.batches.retrieve(batch.id).status == "completed", 120, interval=0.2,
                message="team-c's batch to end")
     after_batch = usage(server, "team-c")
-    assert after_batch["requests"] == after_bench["requests"] + 2
+    assert after_batch["requests"] == after_bench["requests"] + 3  # its two lines, and the file's upload
     assert after_batch["prompt_tokens"] > after_bench["prompt_tokens"] + 10
 
 
@@ -243,13 +243,17 @@ def refused_lines(server: Server) -> float:
 
 def test_a_batch_line_waits_for_its_key_s_limit_and_never_fails_for_it(server):
     d = client(server, TEAM_D)  # requests_per_minute: 1
+    line = {"custom_id": "q0", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": MODEL_ID, "max_tokens": 4, "messages": [{"role": "user", "content": "One?"}]}}
+    uploaded = d.files.create(file=("requests.jsonl", io.BytesIO(json.dumps(line).encode() + b"\n")),
+                              purpose="batch")  # an upload counts as a request
     for _ in range(3):  # the key's request of this minute used up (a minute may have just begun: at most twice)
         try:
             ask(d, "Hi")
         except openai.RateLimitError:
             break
     refused = refused_lines(server)
-    _, batch = batch_of(d, ["One?"])
+    batch = d.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     wait_until(lambda: refused_lines(server) > refused or d.batches.retrieve(batch.id).status == "completed", 120,
                interval=0.2, message="team-d's line to be refused for its limit, or to run in a new minute")
     state = d.batches.retrieve(batch.id)

@@ -138,18 +138,20 @@ class KVCache:
 
     # Room ------------------------------------------------------------------------------------------
 
-    def make_room(self, request: Request, source: Occupant | OnDisk | None) -> bool:
+    def make_room(self, request: Request, source: Occupant | OnDisk | None, promised: int = 0) -> bool:
         """Give up kept prefixes (the request's own source last) until ``request`` fits this engine's cap and the
         worker's budget; whether it does now. Kept prefixes of other engines, least recently used first, are asked
         for (:mod:`engine.memory`): their engines give them up at their next iteration, and wake this one. Call it
-        with the shared budget's lock held until the request is booked."""
+        with the shared budget's lock held until the request is booked. ``promised``: free rows already promised to
+        the other choices of requests still prefilling (they take them when their prompt is in); the request's own
+        choices need rows beyond those."""
         ledger, rows, reserve = self.ledger, len(request.choices), request.reserve
         account = ledger.account
         assert account is not None
         if not ledger.could_fit(rows, reserve):
             account.waiting_for_room = True
             return False
-        short_bytes, short_rows = ledger.room_short(rows, reserve, self.rows.free)
+        short_bytes, short_rows = ledger.room_short(rows, reserve, self.rows.free - promised)
         if short_bytes or short_rows:
             for kept in ledger.evictions(short_bytes, short_rows, spare=lambda kept: kept is source):
                 self.evict(kept)
@@ -160,7 +162,8 @@ class KVCache:
                 self.evict(kept)
             else:
                 ledger.shared.ask(owner, kept)
-        fits = ledger.room_short(rows, reserve, self.rows.free) == (0, 0) and not ledger.shared_short(rows, reserve)
+        fits = (ledger.room_short(rows, reserve, self.rows.free - promised) == (0, 0)
+                and not ledger.shared_short(rows, reserve))
         account.waiting_for_room = not fits
         return fits
 

@@ -235,8 +235,8 @@ class PrefixStore:
         temp = self.folder / f".tmp-{os.getpid()}-{id(self):x}-{next(self._temp)}"
         payload = memoryview(data.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            with open(temp, "wb") as file:
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # a key's prompts: the server's user's alone
+            with os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
                 file.write(_HEADER.pack(_MAGIC, self.block, len(payload), zlib.crc32(payload), flags))
                 file.write(payload)
             os.replace(temp, path)  # another worker's copy of the same chunk may land first: the same bytes

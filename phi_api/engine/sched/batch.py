@@ -44,7 +44,8 @@ from phi_api.engine.kv.pool import KVPool
 from phi_api.engine.kv.reuse import ReusePolicy
 from phi_api.engine.runtime.session import ORT_ERRORS
 from phi_api.engine.sampling.logits import prompt_records
-from phi_api.engine.sched.choice import Finished, PromptLogprobs
+from phi_api.engine.sched.choice import PromptLogprobs
+from phi_api.engine.sched.endings import Endings
 from phi_api.engine.sched.outputs import Outputs, Publish, trace
 from phi_api.engine.sched.padding import PAD_TOKEN, Padding
 from phi_api.engine.sched.prefill import ChunkPlanner
@@ -88,6 +89,7 @@ class Batch:
         self.costs = planner.costs
         self.speculation = Speculation(self)
         self.padding = Padding(self.rows, self._switch)
+        self.endings = Endings(self.waiting, self.prefilling, self.kv, self.outputs, publish)
 
     @property
     def idle(self) -> bool:
@@ -118,11 +120,19 @@ class Batch:
             assert request.leader.phase is Phase.PREFILLING
             assert request.leader.slot is not None and request.leader.slot >= self.rows.running
             assert request.leader.length == request.prefilled
+        assert self.rows.free >= self.scheduler.promised_rows(), "rows promised to prefilling requests are taken"
 
     # Prefill ----------------------------------------------------------------------------------------
 
     def prefill(self, chunk: Chunk) -> None:
-        """Compute a planned prompt chunk; a prompt whose last chunk it was starts running."""
+        """Compute a planned prompt chunk; a prompt whose last chunk it was starts running. A bug of ours on the way
+        ends this request only (:meth:`Endings.fail_request`)."""
+        try:
+            self._prefill(chunk)
+        except Exception as error:
+            self.endings.fail_request(chunk.request, trace(error))
+
+    def _prefill(self, chunk: Chunk) -> None:
         request, start, end = chunk
         leader, prompt = request.leader, request.prompt
         every = request.prompt_logprobs is not None
@@ -152,12 +162,13 @@ class Batch:
             self.rows.pool.copy(row_of(leader), row_of(sequence), leader.length)
             sequence.copied_from(leader)
         shared = len(request.sequences) > 1
+        scored = None  # the prompt's records, made once and shared by its choices
+        if request.prompt_logprobs is not None:
+            scored = ((int(request.prompt[0]), None), *((record.token, record) for record in request.prompt_records))
         for sequence in request.sequences:
             self.rows.join(sequence)
-            if request.prompt_logprobs is not None:
-                first = (int(request.prompt[0]), None)
-                sequence.choice.emit(PromptLogprobs((first, *((record.token, record) for record in
-                                                           request.prompt_records)), sequence.choice.index))
+            if scored is not None:
+                sequence.choice.emit(PromptLogprobs(scored, sequence.choice.index))
             if sequence.choice.cancelled:
                 self.outputs.finish(sequence, "cancelled")
             elif sequence.choice.params.max_tokens == 0:  # the prompt's log-probabilities were all that was asked
@@ -224,7 +235,10 @@ class Batch:
             row.fed(self.policy, len(rows))
         chosen = greedy_choices(logits, [index for index, row in taking if row.sampler.plain_greedy], len(rows))
         for index, row in taking:
-            self.outputs.take_token(row, logits[index], chosen.get(index))
+            try:
+                self.outputs.take_token(row, logits[index], chosen.get(index))
+            except Exception as error:
+                self.endings.fail_row(row, trace(error))
 
     def _cross(self, row: Sequence) -> None:
         """LongRoPE: the row reaches the switch; prefill it again whole, with the long factors."""
@@ -237,31 +251,10 @@ class Batch:
             return
         row.prefilled_again(self.policy)
         self.rows.regroup(row)
-        self.outputs.take_token(row, logits[0])
-
-    def fail_everything(self, detail: str) -> None:
-        """After a bug of ours: every request fails with ``detail``, without trusting the rows' bookkeeping; then
-        the batch starts over, empty."""
-        choices = [choice for request in [*self.waiting, *self.prefilling] for choice in request.choices]
-        running = self.rows.group(0, self.rows.running)
-        choices += [row.choice for row in self.rows.occupants() if isinstance(row, Sequence) and row in running]
-        for choice in choices:
-            self.publish(choice, Finished("error", len(choice.prompt), 0, None, 0.0, detail, index=choice.index,
-                                          first_of_prompt=choice.first_of_prompt))
-        self.waiting.clear()
-        self.prefilling.clear()
-        self.rows.clear()
-        self.ledger.reset()
-
-    def cancel_everything(self, reason: str, error: str | None = None) -> None:
-        """End whatever waits, prefills or runs (the engine stops, or failed)."""
-        for request in list(self.waiting) + list(self.prefilling):
-            self.outputs.end_request(request, reason, error)
-        self.waiting.clear()
-        self.prefilling.clear()
-        for row in [row for row in self.rows.occupants() if isinstance(row, Sequence)]:
-            self.outputs.finish(row, reason, error)
-        self.kv.evict_all()
+        try:
+            self.outputs.take_token(row, logits[0])
+        except Exception as error:
+            self.endings.fail_row(row, trace(error))
 
 
 def greedy_choices(logits: np.ndarray, greedy: list[int], rows: int) -> dict[int, int]:

@@ -98,6 +98,9 @@ class Choice:
         self.cancelled = False
         self._events: collections.deque[Event] = collections.deque()
         self._notify = notify
+        # Told of its end by the engine's report, on the hub, once the request side has stopped listening
+        # (phi_api.engine.Generation.close): what a choice did counts however it ends.
+        self.on_report: Callable[[Finished], None] | None = None
 
     def emit(self, event: Event) -> None:
         """Engine side: publish ``event`` and wake the request side."""

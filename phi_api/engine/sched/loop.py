@@ -156,7 +156,7 @@ class EngineLoop:
             return
         if isinstance(item, str):
             self.failure = item
-            log.error("the engine could not start:\n%s", item)
+            log.error("the engine could not start", extra={"traceback": item})
             return
         self._report(*item)
 
@@ -174,14 +174,14 @@ class EngineLoop:
             try:
                 worked = self._iterate(batch)
             except Exception as error:  # a bug of ours: end what runs, with the cause, and keep serving
-                batch.fail_everything("".join(traceback.format_exception(error)))
+                batch.endings.fail_everything("".join(traceback.format_exception(error)))
                 continue
             if not worked:
                 if self._retiring and not self._inbox and not batch.waiting:
                     break  # unloaded, and nothing left to finish
                 self._signal.wait(self.config.idle_wait)
         self._ready = False
-        batch.cancel_everything("cancelled")
+        batch.endings.cancel_everything("cancelled")
         self.load = EngineLoad(kv_budget=self.config.kv_budget_bytes)
         if hasattr(decoder, "unbind"):
             decoder.unbind()

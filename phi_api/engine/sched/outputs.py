@@ -115,13 +115,21 @@ class Outputs:
             queue_seconds=_waited(row.choice), first_of_prompt=row.choice.first_of_prompt))
 
     def end_request(self, request: Request, reason: str, error: str | None = None) -> None:
-        """End every choice of a request that never reached the running rows."""
+        """End every choice of a request that never reached the running rows; of one whose start failed half-way
+        (:meth:`Endings.fail_request`), those not ended yet: those that joined the running rows as :meth:`finish`
+        ends them, the others (a row placed or not, booked) here."""
+        ended = set()
         for sequence in request.sequences:
+            if sequence.phase is Phase.RUNNING:
+                self.finish(sequence, reason, error)
+            if sequence.phase is Phase.FINISHED:
+                ended.add(id(sequence.choice))
+                continue
             sequence.phase = Phase.FINISHED
             sequence.stream.close()
             self.kv.ledger.give_back(sequence.booked)
             self.kv.rows.remove(sequence)
-        for choice in request.choices:
+        for choice in (choice for choice in request.choices if id(choice) not in ended):
             self.publish(choice, Finished(reason, len(choice.prompt), 0, None, 0.0, error,
                                        cached_tokens=request.prefilled if request.sequences else 0,
                                        index=choice.index, queue_seconds=_waited(choice),

@@ -92,7 +92,7 @@ class Scheduler:
             if stored:
                 source, point = OnDisk(stored), stored
             with self.kv.ledger.shared.lock:  # decided and booked at once: other engines book the same budget
-                fits = self.kv.make_room(request, source)
+                fits = self.kv.make_room(request, source, self.promised_rows())
                 if fits:
                     self.waiting.popleft()
                     self.start(request, source, point)
@@ -108,6 +108,11 @@ class Scheduler:
         ledger = self.kv.ledger
         return (len(request.choices) > ledger.max_rows
                 or len(request.choices) * ledger.reserve_bytes(request.reserve) > ledger.budget)
+
+    def promised_rows(self) -> int:
+        """Rows the requests still prefilling will take when their prompt is in: one for each choice but the leader
+        (which holds its row already). Admission leaves them free, or a prompt would be in with nowhere to run."""
+        return sum(len(request.sequences) - 1 for request in self.prefilling)
 
     def nothing_in_progress(self) -> bool:
         """Whether no request of this engine prefills or runs."""

@@ -53,6 +53,9 @@ class Stepping(Protocol):
     def step(self, first: int, ids: np.ndarray, past: np.ndarray, *, prefill: bool, every_position: bool = False,
              timed: bool = True) -> np.ndarray: ...
 
+    @property
+    def endings(self) -> Any: ...
+
 
 class Speculation:
     """The drafting part of a batch's decode."""
@@ -76,8 +79,14 @@ class Speculation:
                 length = self.batch.costs.check_length(len(draft), row.drafter.expected, len(group))
             if not length:
                 row.drafter.decline(draft)
-            elif self._verify(row, draft[:length]):
-                advanced.add(id(row))
+            else:
+                try:
+                    going_on = self._verify(row, draft[:length])
+                except Exception as error:  # a bug of ours with this row ends this row only
+                    self.batch.endings.fail_row(row, trace(error))
+                    continue
+                if going_on:
+                    advanced.add(id(row))
         return advanced
 
     def _group(self, row: Sequence) -> list[Sequence]:

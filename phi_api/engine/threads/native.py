@@ -12,6 +12,7 @@ import ctypes
 from collections.abc import Callable
 from typing import Any
 
+import gevent
 from gevent import get_hub, monkey
 
 _PR_SET_NAME = 15  # linux/prctl.h
@@ -51,6 +52,12 @@ def off_hub(function: Callable[..., Any], *args: Any) -> Any:
     if not ok:
         raise value
     return value
+
+
+def spawn(function: Callable[..., Any], *args: Any) -> None:
+    """``function(*args)`` on a greenlet of its own: for work a callback the hub runs (the engine's relay) hands
+    on, which may wait (for a pooled thread, a database) where the hub itself must not."""
+    gevent.spawn(function, *args)
 
 
 def new_lock() -> Any:

@@ -8,6 +8,7 @@ batch's invariants (:meth:`Batch.check`) are checked after every iteration.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
@@ -63,11 +64,13 @@ class Bench:
 
 
 def bench(tokens=(1, 2, 3), *, chunk: int = 4, budget: int = 1 << 20, max_rows: int = 8, mode: str = "on",
-          draft_max: int = 0, shared: SharedBudget | None = None, name: str = "", invariant: bool = False) -> Bench:
-    """A batch as the engine loop makes one (``shared``: the worker's budget it books from, with others)."""
+          draft_max: int = 0, shared: SharedBudget | None = None, name: str = "", invariant: bool = False,
+          decoder: Any = None) -> Bench:
+    """A batch as the engine loop makes one (``shared``: the worker's budget it books from, with others;
+    ``decoder``: one of the tests' own, instead of the fake model's)."""
     script = Script(list(tokens))
     model = FakeModel(script, PIECES)
-    decoder = model.new_decoder(1)
+    decoder = decoder or model.new_decoder(1)
     ledger = Ledger(decoder.spec, budget, max_rows, model.info.context_length, shared=shared, name=name)
     pool = KVPool(decoder.spec, 2 * max_rows + 1, ledger.row_tokens + 1)
     policy = ReusePolicy(mode, chunk)

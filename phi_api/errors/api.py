@@ -1,57 +1,9 @@
-"""One error tree for the whole API, one renderer per protocol, one table for everyone else's exceptions.
-
-Every failure a client can see is an :class:`APIError`. Its class says the
-HTTP status and OpenAI's ``type`` and ``code``; the message and ``param``
-say what exactly went wrong. How it is written depends on the protocol the
-request speaks, and nothing else:
-
-- :func:`openai_body`: OpenAI's error object, ``{"error": {"message", "type", "param", "code"}}``;
-- :func:`ollama_body`: Ollama's, ``{"error": "message"}``;
-- :func:`anthropic_body`: Anthropic's, ``{"type": "error", "error": {"type", "message"}}``.
-
-This module imports nothing of the package, so every layer, the engine
-included, raises from it. The errors of the layers below the API (the
-engine's, the stores', the settings') are here too, outside the API tree;
-they, and everyone else's exceptions (werkzeug's routing and body errors,
-gunicorn's refusals of broken HTTP), become members of the tree in one
-place: the table of :mod:`phi_api.web.foreign`.
-
-The tree, with the rows of the specification's error table:
-
-- ``APIError`` (500 ``server_error`` / ``internal_error``)
-  - ``InvalidRequestError`` (400 ``invalid_request_error``)
-    - ``InvalidParameterError`` (``invalid_parameter``, param: the parameter)
-    - ``MissingParameterError`` (``missing_parameter``, param: the parameter)
-    - ``InvalidMessagesError`` (``invalid_messages``, param: ``messages``)
-    - ``ContextLengthExceededError`` (``context_length_exceeded``)
-    - ``UnsupportedParameterError`` (``unsupported_parameter``: valid, but not something this server can do)
-    - ``InvalidJSONSchemaError`` (``invalid_json_schema``) and ``InvalidFunctionParametersError``
-      (``invalid_function_parameters``): a ``strict`` schema outside OpenAI's strict mode
-    - ``InvalidJSONError`` (``invalid_json``)
-    - ``ModelNotFoundError`` (404 ``model_not_found``, param ``model``)
-    - ``PreviousResponseNotFoundError`` (``previous_response_not_found``) and ``ResponseNotFoundError`` (404
-      ``not_found``): stored responses of the Responses API
-    - ``RouteNotFoundError`` (404 ``not_found``)
-    - ``MethodNotAllowedError`` (405 ``method_not_allowed``)
-    - ``RequestTooLargeError`` (413 ``request_too_large``)
-    - ``UnsupportedMediaTypeError`` (415 ``unsupported_media_type``)
-    - ``RequestTimeoutError`` (408 ``request_timeout``: the body did not arrive in time)
-    - ``URITooLongError`` (414 ``uri_too_long``) and ``HeadersTooLargeError``
-      (431 ``headers_too_large``): answered by the gunicorn worker itself
-    - ``AuthenticationError`` (401 ``invalid_api_key``)
-    - ``HTTPStatusError`` (any other 4xx a library refuses a request with)
-  - ``RateLimitError`` (429 ``rate_limit_error`` / ``rate_limit_exceeded``, with ``Retry-After``)
-  - ``ClientClosedRequestError`` (499 ``client_closed_request``: the client left before
-    its answer was ready; never seen by it, only logged)
-  - ``InternalError`` (500 ``internal_error``, generic message only)
-  - ``GenerationTimeoutError`` (504 ``timeout``)
-  - ``ServiceUnavailableError`` (503 ``unavailable``: the worker is shutting down)
-  - ``ModelLoadingError`` (500 ``model_loading_failed``; start-up only, logged)
-"""
+"""The API's error tree: every failure a client can see, its HTTP status and OpenAI's ``type`` and ``code`` (see
+:mod:`phi_api.errors` for the tree)."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 GENERIC_SERVER_ERROR = "The server had an error while processing your request."
 
@@ -231,6 +183,13 @@ class KeyRateLimitError(RateLimitError):
     """The request's API key has used up one of its limits (429); its headers say when it resets."""
 
 
+class KeyRequestTooLargeError(KeyRateLimitError):
+    """The request's worst case in tokens exceeds one of its key's token limits whole (429, as OpenAI answers a
+    request too large for a rate limit): it can never run as it is."""
+
+    code = "request_too_large"
+
+
 class PermissionDeniedError(InvalidRequestError):
     """The key is valid but may not do this (403)."""
 
@@ -292,6 +251,13 @@ class ModelExistsError(InvalidRequestError):
     default_param = "model"
 
 
+class StorageQuotaError(InvalidRequestError):
+    """A file a key may not store: past its count or bytes of stored files (400; nothing is kept)."""
+
+    code = "storage_quota_exceeded"
+    default_param = "file"
+
+
 class ModelLimitError(InvalidRequestError):
     """A load beyond ``MAX_MODELS`` (400): nothing is loaded."""
 
@@ -303,98 +269,3 @@ class InsufficientMemoryError(InvalidRequestError):
     it needs and how much is free."""
 
     code = "insufficient_memory"
-
-
-# Errors of the layers below the API: not shown to clients as they are; phi_api.web.foreign maps them --------
-
-
-class ChatTemplateError(ValueError):
-    """The chat template refused the messages (for example, roles that do not alternate)."""
-
-
-class GuidanceError(ValueError):
-    """A grammar llguidance cannot compile (the message says why)."""
-
-
-class PrepackError(RuntimeError):
-    """The prepacked model could not be made (the message says why)."""
-
-
-class CapacityError(ValueError):
-    """A request that needs more key/value memory than the whole budget allows (it could never run)."""
-
-
-class OgaError(RuntimeError):
-    """An error reported by ONNX Runtime GenAI."""
-
-
-class KernelError(RuntimeError):
-    """phi-api's own 4-bit kernel cannot be built or run here, or not on these shapes (the message says why)."""
-
-
-class RetiredError(RuntimeError):
-    """The engine's model was unloaded: it takes nothing new."""
-
-
-class RowsFull(RuntimeError):
-    """No free row (only the spare one is left)."""
-
-
-class PoolError(MemoryError):
-    """The reservation could not be made (for example under strict overcommit, ``vm.overcommit_memory=2``)."""
-
-
-class FolderError(ValueError):
-    """Not a readable ONNX Runtime GenAI model folder; the message says what is wrong."""
-
-
-class BatchError(ValueError):
-    """A request about files or batches that cannot be done (the message says why; ``param`` names the field)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class PreparationError(RuntimeError):
-    """The default model could not be prepared; the message says why."""
-
-
-class PullError(RuntimeError):
-    """A model could not be pulled; the message, one line, says why."""
-
-
-class ConfigError(ValueError):
-    """A setting has a value the server cannot run with."""
-
-
-class KeysFileError(ConfigError):
-    """``API_KEYS_FILE`` cannot be read or is not as documented (the message says where; it never shows a key)."""
-
-
-class ServerError(RuntimeError):
-    """The server did not start, or did not stop, as asked (the message has its log)."""
-
-
-# Each protocol's renderer of the tree ------------------------------------------------------------
-
-
-def openai_body(error: APIError) -> dict[str, Any]:
-    """``error`` as OpenAI's error object, with its fields in OpenAI's order."""
-    return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
-
-
-def ollama_body(error: APIError) -> dict[str, Any]:
-    """``error`` as Ollama's API writes errors."""
-    return {"error": error.message}
-
-
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
-
-
-def anthropic_body(error: APIError) -> dict[str, Any]:
-    """``error`` as Anthropic's API writes errors: ``{"type": "error", "error": {"type", "message"}}``, its type
-    by the status."""
-    kind = _ANTHROPIC_TYPES.get(error.status, "invalid_request_error" if error.status < 500 else "api_error")
-    return {"type": "error", "error": {"type": kind, "message": error.message}}

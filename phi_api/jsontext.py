@@ -1,0 +1,75 @@
+"""How deeply a JSON value may nest: one bound for a request's body and for the JSON texts it carries (a schema given
+as a string), checked without recursion so that no depth a client sends can exhaust the interpreter's stack."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+MAX_DEPTH = 256  # objects and arrays within each other; far past any schema or message list a client needs
+
+
+def depth(value: Any) -> int:
+    """How many objects and arrays lie within each other in ``value`` at its deepest (a scalar: 0)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, level = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level > MAX_DEPTH:  # no need to look further
+            return level
+        pending.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def too_deep(value: Any) -> bool:
+    """Whether ``value`` nests past :data:`MAX_DEPTH`."""
+    return depth(value) > MAX_DEPTH
+
+
+def loads(text: str) -> Any:
+    """``text`` as JSON; :class:`RecursionError` when it nests past :data:`MAX_DEPTH` (or past what the parser
+    itself can read), which :data:`phi_api.web.foreign.FOREIGN` answers with a 400; ValueError when it is not JSON."""
+    value = json.loads(text)
+    if too_deep(value):
+        raise RecursionError(f"nested more than {MAX_DEPTH} deep")
+    return value
+
+
+SLICE = 256  # list items encoded in one call of the C encoder
+
+
+def dumps_in_slices(value: Any, depth: int = 0) -> str:
+    """``value`` as compact JSON (non-ASCII as it is), made in pieces: each call of the C encoder takes at most
+    :data:`SLICE` items of a list below the top levels, so that a thread encoding a large answer gives the
+    interpreter's lock back often (one call of the C encoder keeps it throughout)."""
+    return "".join(_pieces(value, depth))
+
+
+def _pieces(value: Any, depth: int) -> Any:
+    if isinstance(value, dict):
+        yield "{"
+        for position, (name, item) in enumerate(value.items()):
+            yield ("," if position else "") + _dumps(str(name)) + ":"
+            yield from _pieces(item, depth + 1)
+        yield "}"
+    elif isinstance(value, (list, tuple)) and depth >= 3:  # deep lists (an answer's log-probabilities): in slices
+        yield "["
+        for start in range(0, len(value), SLICE):
+            yield ("," if start else "") + _dumps(list(value[start:start + SLICE]))[1:-1]
+        yield "]"
+    elif isinstance(value, (list, tuple)):  # shallow lists (an answer's choices): item by item
+        yield "["
+        for position, item in enumerate(value):
+            if position:
+                yield ","
+            yield from _pieces(item, depth + 1)
+        yield "]"
+    else:
+        yield _dumps(value)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

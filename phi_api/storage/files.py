@@ -1,0 +1,250 @@
+"""The Batch API's files, in the server's database: their bytes in chunks (a replica needs no shared volume, and no
+file is ever held in memory whole), each file owned by a key and counted against its quota, and a batch file's
+request lines parsed once for every batch made from it.
+
+An upload is read from the request's spooled copy on disk and written a chunk at a time, each chunk in a
+transaction of its own (another worker's calls wait for one chunk, not for a whole file); the file becomes visible
+when its last chunk is in, and only if the key's quota (``FILES_MAX_PER_KEY`` files, ``FILES_MAX_MB_PER_KEY`` of
+bytes) still holds it then. A file's lines (``file_lines``) are written at its first batch: later batches of the
+same file refer to them instead of copying them, and they stay while a batch that needs them runs, even if the file
+is deleted meanwhile.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import sqlalchemy as sa
+
+from phi_api.errors import QuotaError
+from phi_api.storage.batch_input import MAX_ERRORS, Request, endpoint_errors, numbered_lines, read_requests
+from phi_api.storage.database import Database, mine, off_the_hub, owner_column
+
+CHUNK_BYTES = 1 << 20
+LINES_PER_WRITE = 1000  # a file's lines are kept this many at a time
+TABLES = sa.MetaData()  # the files' and the batches' tables: one database, one schema (storage.batches)
+FILES = sa.Table("files", TABLES, sa.Column("id", sa.String(64), primary_key=True), sa.Column("filename", sa.Text),
+                 sa.Column("purpose", sa.String(64)), sa.Column("bytes", sa.BigInteger),
+                 sa.Column("created_at", sa.BigInteger), owner_column(),
+                 sa.Column("created", sa.Float),  # the exact time: the order of files made in the same second
+                 sa.Column("lines", sa.Integer))  # its request lines in file_lines (None: not parsed yet)
+CONTENTS = sa.Table("file_contents", TABLES, sa.Column("id", sa.String(64), primary_key=True),
+                    sa.Column("data", sa.LargeBinary))  # a file of an earlier release: its bytes in one row
+CHUNKS = sa.Table("file_chunks", TABLES, sa.Column("id", sa.String(64), primary_key=True),
+                  sa.Column("seq", sa.Integer, primary_key=True), sa.Column("data", sa.LargeBinary))
+FILE_LINES = sa.Table("file_lines", TABLES, sa.Column("file_id", sa.String(64), primary_key=True),
+                      sa.Column("line", sa.Integer, primary_key=True), sa.Column("custom_id", sa.Text),
+                      sa.Column("url", sa.Text), sa.Column("body", sa.Text))
+
+
+@dataclass(frozen=True)
+class Quota:
+    """What one key may store: files and bytes (``None``: no bound)."""
+
+    files: int | None = None
+    bytes: int | None = None
+
+
+class FileStore:
+    """Files in ``database``, each owned by the key (by name) that made it; reading methods take a ``scope``: the
+    owner whose files are visible, or None for every owner's."""
+
+    def __init__(self, database: Database, quota: Quota) -> None:
+        self.database = database
+        self.quota = quota
+
+    def add_file(self, filename: str, purpose: str, data: bytes | IO[bytes], owner: str = "",
+                 counted: bool = True) -> dict[str, Any]:
+        """Keep ``data`` (bytes, or a binary stream read a chunk at a time) as a new file of ``owner``, within its
+        quota unless not ``counted`` (what the server writes for a key: a batch's output); its file object."""
+        stream = io.BytesIO(data) if isinstance(data, bytes) else data
+        room = self._room(owner) if counted else None
+        file_id, size, seq = f"file-{uuid.uuid4().hex[:24]}", 0, 0
+        try:
+            while chunk := stream.read(CHUNK_BYTES):
+                size += len(chunk)
+                if room is not None and size > room:  # a first look (the sure one is _publish's)
+                    raise QuotaError(f"This file would take this key's stored files past {self.quota.bytes} bytes "
+                                     "(FILES_MAX_MB_PER_KEY): delete some first.", "file")
+                self._put_chunk(file_id, seq, chunk)
+                seq += 1
+            return self._publish(file_id, filename, purpose, size, owner, counted)
+        except BaseException:
+            self._forget_chunks(file_id)
+            raise
+
+    @off_the_hub
+    def _room(self, owner: str) -> int | None:
+        """The bytes ``owner`` may still store (None: no bound), if it may store one more file at all."""
+        with self.database.read() as db:
+            stored = _within(db, self.quota, owner, 0)
+        return None if self.quota.bytes is None else self.quota.bytes - stored
+
+    @off_the_hub
+    def _put_chunk(self, file_id: str, seq: int, chunk: bytes) -> None:
+        with self.database.begin() as db:
+            db.execute(CHUNKS.insert().values(id=file_id, seq=seq, data=chunk))
+
+    @off_the_hub
+    def _forget_chunks(self, file_id: str) -> None:
+        with self.database.begin() as db:
+            db.execute(CHUNKS.delete().where(CHUNKS.c.id == file_id))
+
+    @off_the_hub
+    def _publish(self, file_id: str, filename: str, purpose: str, size: int, owner: str,
+                 counted: bool) -> dict[str, Any]:
+        with self.database.begin() as db:
+            if counted:
+                self.lock_owner(db, owner)
+                _within(db, self.quota, owner, size)
+            return write_file_row(db, file_id, filename, purpose, size, owner)
+
+    def lock_owner(self, db: sa.Connection, owner: str) -> None:
+        """Make ``owner``'s quota checks take turns across replicas (SQLite's write lock already does)."""
+        if not self.database.is_sqlite:
+            db.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:owner))"), {"owner": "files:" + owner})
+
+    @off_the_hub
+    def file(self, file_id: str, scope: str | None = None) -> dict[str, Any] | None:
+        with self.database.read() as db:
+            row = db.execute(FILES.select().where(FILES.c.id == file_id, mine(FILES, scope))).first()
+        return file_object(row) if row else None
+
+    @off_the_hub
+    def files(self, purpose: str | None, limit: int, after: str | None, order: str,
+              scope: str | None = None) -> tuple[list[dict], bool]:
+        """Files (of ``purpose``), newest first (``order`` desc) or oldest, after the one named ``after``."""
+        query = FILES.select().where(mine(FILES, scope)).order_by(FILES.c.created_at, FILES.c.created)
+        if purpose is not None:
+            query = query.where(FILES.c.purpose == purpose)
+        with self.database.read() as db:
+            rows = db.execute(query).all()
+        return page([file_object(row) for row in (rows[::-1] if order == "desc" else rows)], limit, after)
+
+    def content(self, file_id: str, scope: str | None = None) -> bytes | None:
+        """A file's bytes, whole (None: no such file for ``scope``): for small files and tests; see :meth:`chunks`."""
+        if self.file(file_id, scope) is None:
+            return None
+        return b"".join(self.chunks(file_id))
+
+    def chunks(self, file_id: str) -> Iterator[bytes]:
+        """A file's bytes a chunk at a time, each read in a call of its own (a download streams them)."""
+        seq = 0
+        while (chunk := self._chunk(file_id, seq)) is not None:
+            yield chunk
+            seq += 1
+
+    @off_the_hub
+    def _chunk(self, file_id: str, seq: int) -> bytes | None:
+        with self.database.read() as db:
+            found = db.scalar(sa.select(CHUNKS.c.data).where(CHUNKS.c.id == file_id, CHUNKS.c.seq == seq))
+            if found is None and seq == 0:  # an earlier release's file: one row
+                found = db.scalar(sa.select(CONTENTS.c.data).where(CONTENTS.c.id == file_id))
+        return found
+
+    @off_the_hub
+    def delete_file(self, file_id: str, scope: str | None = None) -> bool:
+        """Forget a file; its lines stay while a batch that runs them needs them (see ``storage.batches``)."""
+        with self.database.begin() as db:
+            gone = db.execute(FILES.delete().where(FILES.c.id == file_id, mine(FILES, scope))).rowcount > 0
+            if gone:
+                db.execute(CONTENTS.delete().where(CONTENTS.c.id == file_id))
+                db.execute(CHUNKS.delete().where(CHUNKS.c.id == file_id))
+        return gone
+
+
+def requests_of(db: sa.Connection, file_id: str, endpoint: str) -> tuple[int, list[dict[str, Any]]]:
+    """How many requests the file holds, and what is wrong with it for a batch of ``endpoint`` (in OpenAI's form);
+    its lines kept the first time it is read whole and good (its row locked: two batches made of a new file at once
+    read it once)."""
+    kept = db.scalar(sa.select(FILES.c.lines).where(FILES.c.id == file_id).with_for_update())
+    errors: list[dict[str, Any]] = []
+    if kept is None:
+        kept = keep_lines(db, file_id, errors)
+    urls = db.execute(sa.select(FILE_LINES.c.line, FILE_LINES.c.url)
+                      .where(FILE_LINES.c.file_id == file_id, FILE_LINES.c.url != endpoint)
+                      .order_by(FILE_LINES.c.line).limit(MAX_ERRORS)).all()
+    errors = sorted(errors + endpoint_errors([tuple(row) for row in urls], endpoint),
+                    key=lambda error: (error["line"] is None, error["line"] or 0))[:MAX_ERRORS]
+    if any(error["code"] != "mismatched_endpoint" for error in errors):  # a bad file: nothing kept
+        db.execute(FILE_LINES.delete().where(FILE_LINES.c.file_id == file_id))
+    else:
+        db.execute(FILES.update().where(FILES.c.id == file_id).values(lines=kept))
+    return kept, errors
+
+
+def keep_lines(db: sa.Connection, file_id: str, errors: list[dict[str, Any]]) -> int:
+    """Read the file's chunks and keep its good requests, :data:`LINES_PER_WRITE` at a time; how many there are
+    (what is wrong with the others goes to ``errors``)."""
+    db.execute(FILE_LINES.delete().where(FILE_LINES.c.file_id == file_id))
+
+    def chunks() -> Any:
+        seq = 0
+        while (chunk := db.scalar(sa.select(CHUNKS.c.data).where(CHUNKS.c.id == file_id, CHUNKS.c.seq == seq))
+               or (seq == 0 and db.scalar(sa.select(CONTENTS.c.data).where(CONTENTS.c.id == file_id)))):
+            yield chunk
+            seq += 1
+
+    written, pending = 0, []
+    for request in read_requests(numbered_lines(chunks()), errors):
+        pending.append(request)
+        if len(pending) == LINES_PER_WRITE:
+            written += write_lines(db, file_id, pending)
+            pending = []
+    return written + write_lines(db, file_id, pending)
+
+
+def write_lines(db: sa.Connection, file_id: str, requests: list[Request]) -> int:
+    if requests:
+        db.execute(FILE_LINES.insert(), [{"file_id": file_id, "line": request.line, "custom_id": request.custom_id,
+                                          "url": request.url, "body": request.body} for request in requests])
+    return len(requests)
+
+
+def _within(db: sa.Connection, quota: Quota, owner: str, size: int) -> int:
+    """The bytes ``owner`` stores; :class:`QuotaError` unless it may store one more file of ``size`` bytes."""
+    count, stored = db.execute(sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(FILES.c.bytes), 0))
+                               .where(FILES.c.owner == owner)).one()
+    if quota.files is not None and count + 1 > quota.files:
+        raise QuotaError(f"This key stores {count} files, as many as a key may (FILES_MAX_PER_KEY): delete some "
+                         "first.", "file")
+    if quota.bytes is not None and stored + size > quota.bytes:
+        raise QuotaError(f"This file would take this key's stored files past {quota.bytes} bytes "
+                         "(FILES_MAX_MB_PER_KEY): delete some first.", "file")
+    return int(stored)
+
+
+def write_file_row(db: sa.Connection, file_id: str, filename: str, purpose: str, size: int,
+                   owner: str) -> dict[str, Any]:
+    """A file's row, once its bytes are in; its file object."""
+    row = {"id": file_id, "filename": filename, "purpose": purpose, "bytes": size, "created_at": int(time.time()),
+           "owner": owner, "created": time.time()}
+    db.execute(FILES.insert().values(**row))
+    return file_object(row)
+
+
+def write_file(db: sa.Connection, filename: str, purpose: str, data: bytes, owner: str) -> dict[str, Any]:
+    """A new file made by the server inside a transaction (a batch's output): its chunks and row; its object."""
+    file_id = f"file-{uuid.uuid4().hex[:24]}"
+    for seq, start in enumerate(range(0, len(data), CHUNK_BYTES)):
+        db.execute(CHUNKS.insert().values(id=file_id, seq=seq, data=data[start:start + CHUNK_BYTES]))
+    return write_file_row(db, file_id, filename, purpose, len(data), owner)
+
+
+def file_object(row: Any) -> dict[str, Any]:
+    row = row._mapping if hasattr(row, "_mapping") else row
+    return {"id": row["id"], "object": "file", "bytes": row["bytes"], "created_at": row["created_at"],
+            "filename": row["filename"], "purpose": row["purpose"], "status": "processed", "status_details": None}
+
+
+def page(items: list[dict[str, Any]], limit: int, after: str | None) -> tuple[list[dict[str, Any]], bool]:
+    """Up to ``limit`` items after the one whose id is ``after``; and whether more follow."""
+    if after is not None:
+        ids = [item["id"] for item in items]
+        items = items[ids.index(after) + 1:] if after in ids else []
+    return items[:limit], len(items) > limit
