@@ -121,7 +121,7 @@ class Database:
             return sa.create_engine(self.url, pool_pre_ping=True, pool_size=4, max_overflow=4, hide_parameters=True,
                                     pool_timeout=self._timeout, connect_args={"connect_timeout": 5})
         path = Path(self.url.removeprefix("sqlite:///"))
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # keys' usage, stored answers: the server's alone
+        private_folder(path.parent)  # keys' usage, stored conversations: the server's user's alone
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))  # SQLite gives its -wal and -shm files the same mode
         engine = sa.create_engine(self.url, hide_parameters=True,
                                   connect_args={"timeout": self._timeout, "check_same_thread": False})
@@ -142,6 +142,17 @@ class Database:
                 statement = self.upsert(_VERSIONS).values(store=self.name, version=len(self._steps))
                 connection.execute(statement.on_conflict_do_update(index_elements=["store"],
                                                                    set_={"version": len(self._steps)}))
+
+
+def private_folder(folder: Path) -> None:
+    """Make ``folder``, and each of its missing parents, readable by its owner alone (an existing one is left as it
+    is: ``phi-api check`` warns of one others can read)."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for each in reversed(missing):
+        each.mkdir(mode=0o700, exist_ok=True)
 
 
 def _sqlite_connected(dbapi_connection: Any, record: Any) -> None:

@@ -31,6 +31,11 @@ def random_letters(count: int) -> str:
     return "".join(chooser.choice(string.ascii_letters) for _ in range(count))
 
 
+def deep_schema(depth: int) -> str:
+    """A JSON Schema nested ``depth`` objects deep, as JSON text (a string field's value)."""
+    return '{"type":"object","properties":{"a":' * depth + '{"type":"string"}' + "}}" * depth
+
+
 def nested(depth: int) -> bytes:
     return b'{"model": "' + MODEL_ID.encode() + b'", "messages": ' + b"[" * depth + b"]" * depth + b"}"
 
@@ -77,6 +82,9 @@ HOSTILE = [
     ("top_logprobs 1000", CHAT, dump({**BASE, "logprobs": True, "top_logprobs": 1000}), JSON_TYPE),
     ("nested 100000 deep", CHAT, nested(100_000), JSON_TYPE),
     ("nested 900 deep messages", CHAT, nested(900), JSON_TYPE),
+    ("a schema string nested 3000 deep", CHAT, dump({**BASE, "structured_outputs": {"json": deep_schema(3000)}}),
+     JSON_TYPE),
+    ("a guided_json string nested 900 deep", CHAT, dump({**BASE, "guided_json": deep_schema(900)}), JSON_TYPE),
     ("nested content parts", CHAT, with_content([[[[{"type": "text", "text": "hi"}]]]]), JSON_TYPE),
     ("10000 messages", CHAT, dump({**BASE, "messages": [{"role": "user", "content": "hi"}] * 10_000}), JSON_TYPE),
     ("a 20000-letter token", CHAT, with_content(random_letters(20_000)), JSON_TYPE),

@@ -157,3 +157,23 @@ def test_requests_are_reused_under_their_key_and_salt(make_app, tmp_path):
         assert client.post("/v1/chat/completions", json=body, headers=as_key(secret)).status_code == 200
     keys = model.script.cache_keys
     assert keys[0] == keys[1] != "" and len({keys[1], keys[2], keys[3]}) == 3
+
+
+def test_a_request_s_worst_case_is_held_while_it_runs_then_released(tmp_path):
+    usage = Usage(sqlite_url(tmp_path / "keys.sqlite3"))
+    key = Key("k", b"", tokens_per_minute=100, tokens_per_day=150)
+    now = 999_999_980.0
+    too_large = usage.reserve(key, 101, lasts=600, now=now)
+    assert not too_large.allowed and too_large.reason == "too_large"
+    held = usage.reserve(key, 60, lasts=600, now=now)
+    assert held.allowed and held.held and held.headers["x-ratelimit-remaining-tokens"] == "40"
+    refused = usage.reserve(key, 60, lasts=600, now=now + 1)  # fits alone, not beside the first
+    assert not refused.allowed and refused.reason == "tokens_per_minute"
+    assert usage.windows("k", now + 1)["tokens_reserved"] == 60
+    usage.record(key, prompt=5, cached=0, completion=10, now=now + 2)
+    usage.settle(held.held)
+    assert usage.windows("k", now + 2)["tokens_reserved"] == 0
+    assert usage.reserve(key, 60, lasts=5, now=now + 3).allowed  # 15 used, 60 held: 75 of 100
+    assert usage.reserve(key, 30, lasts=600, now=now + 4).reason == "tokens_per_minute"
+    # A reservation outlives its request's longest run at most (a worker that died holds nothing for long).
+    assert usage.reserve(key, 30, lasts=600, now=now + 9).allowed

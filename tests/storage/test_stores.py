@@ -8,6 +8,7 @@ import threading
 import time
 
 import gevent
+import sqlalchemy as sa
 
 from phi_api.limits.keys import Key, Usage
 from phi_api.storage.batches import BatchStore
@@ -113,3 +114,39 @@ def test_a_key_s_limit_holds_for_workers_admitting_at_once_on_either_engine(data
         thread.join()
     assert sorted(allowed) == [False] * 10 + [True] * 10
     assert Usage(database_url).totals()["k"]["requests"] == 10
+
+
+class Reading:
+    """A spooled upload, read as the store reads it: how much each read asks for is recorded."""
+
+    def __init__(self, size: int) -> None:
+        self.left, self.asked = size, []
+
+    def read(self, size: int) -> bytes:
+        self.asked.append(size)
+        given = min(size, self.left)
+        self.left -= given
+        return b"x" * given
+
+
+def test_an_upload_is_read_a_chunk_at_a_time_and_a_batch_refers_to_its_file_s_lines(tmp_path):
+    from phi_api.storage.files import CHUNK_BYTES, FILE_LINES
+
+    store = BatchStore(sqlite_url(tmp_path / "batches.sqlite3"))
+    stream = Reading(5 * CHUNK_BYTES + 3)
+    made = store.add_file("big.jsonl", "batch", stream, "team-a")  # type: ignore[arg-type]
+    assert made["bytes"] == 5 * CHUNK_BYTES + 3 and max(stream.asked) == CHUNK_BYTES
+    assert sum(len(chunk) for chunk in store.chunks(made["id"])) == made["bytes"]
+    lines = b"".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+                                 "body": {"model": "m", "prompt": str(i)}}).encode() + b"\n" for i in range(5))
+    source = store.add_file("in.jsonl", "batch", lines, "team-a")["id"]
+    first = store.create_batch(source, "/v1/completions", "24h", None, "team-a")
+    second = store.create_batch(source, "/v1/completions", "24h", None, "team-a")
+    assert first["status"] == second["status"] == "validating"
+    with store.database.read() as db:
+        kept = db.execute(sa.select(sa.func.count()).select_from(FILE_LINES)).scalar()
+        copies = db.execute(sa.text("SELECT count(*) FROM lines WHERE body IS NOT NULL")).scalar()
+    assert kept == 5 and copies == 0  # the file's lines are kept once; the batches' lines refer to them
+    assert store.claim("host:1:x").body == {"model": "m", "prompt": "0"}
+    other = store.create_batch(source, "/v1/chat/completions", "24h", None, "team-a")
+    assert other["status"] == "failed" and other["errors"]["data"][0]["code"] == "mismatched_endpoint"

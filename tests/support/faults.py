@@ -2,3 +2,4 @@
 
 FAIL_SEED = 424242  # a request with this seed gets an engine failure
 FAIL_AFTER_TOKENS = 3
+FAIL_START_SEED = 535353  # a request with this seed fails in the engine as its prompt is in (its choices' start)

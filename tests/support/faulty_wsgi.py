@@ -2,16 +2,18 @@
 
 A request with ``seed`` = ``FAIL_SEED`` gets a sequence whose token choice
 raises inside the engine thread after ``FAIL_AFTER_TOKENS`` tokens, as a
-broken step would; the other sequences of the batch go on.
+broken step would; the other sequences of the batch go on. One with
+``FAIL_START_SEED`` raises as its prompt is in and its choices start running
+(where a scheduling slip once failed the whole batch).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from phi_api.engine.sched import sequence
+from phi_api.engine.sched import batch, sequence
 from phi_api.server.serving import build_wsgi_app
-from tests.support.faults import FAIL_AFTER_TOKENS, FAIL_SEED
+from tests.support.faults import FAIL_AFTER_TOKENS, FAIL_SEED, FAIL_START_SEED
 
 
 class FailingSampler(sequence.Sampler):
@@ -21,5 +23,15 @@ class FailingSampler(sequence.Sampler):
         return super().observe(token)
 
 
+_start_running = batch.Batch.start_running
+
+
+def failing_start(self: batch.Batch, request: Any, logits: Any) -> None:
+    if request.choices[0].params.seed == FAIL_START_SEED:
+        raise RuntimeError("injected failure as a prompt's choices start, at /internal/path/rows.py")
+    _start_running(self, request, logits)
+
+
 sequence.Sampler = FailingSampler
+batch.Batch.start_running = failing_start  # type: ignore[method-assign]
 app = build_wsgi_app()

@@ -9,7 +9,7 @@ import sys
 
 import gevent
 
-from phi_api.telemetry.logs import JSONFormatter, configure_logging
+from phi_api.telemetry.logs import JSONFormatter, TextFormatter, configure_logging
 from tests.support.fakes import FakeModel, RecordingEngine, Script, text_pieces
 from tests.support.server import wait_until
 
@@ -63,3 +63,15 @@ def test_the_request_line_names_the_key_never_the_key_itself(make_app):
         configure_logging("INFO", "text")
     [line] = [json.loads(text) for text in stream.getvalue().splitlines() if '"path": "/v1/models"' in text]
     assert line["key"] == "key-1" and "sk-secret-123" not in stream.getvalue()
+
+
+def test_text_lines_escape_what_a_client_sends_and_indent_tracebacks():
+    formatter = TextFormatter("%(levelname)s %(message)s")
+    record = logging.LogRecord("phi_api.access", logging.INFO, __file__, 1, "%s %s %d", ("GET", "/y\x1b[31m\r\n2026 "
+                               "INFO forged\x9b\x7f", 401), None)
+    line = formatter.format(record)
+    assert line == "INFO GET /y\\x1b[31m\\r\\n2026 INFO forged\\x9b\\x7f 401" and "\n" not in line
+    failed = logging.LogRecord("phi_api.engine", logging.ERROR, __file__, 1, "generation failed", (), None)
+    failed.traceback = "Traceback (most recent call last):\n  File x\nValueError: bad\n2026-01-01 forged"
+    lines = formatter.format(failed).splitlines()
+    assert lines[0] == "ERROR generation failed" and all(line.startswith("  ") for line in lines[1:])

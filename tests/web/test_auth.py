@@ -90,3 +90,17 @@ def test_keys_never_reach_the_logs(keyed, caplog):
     logged = "\n".join(record.getMessage() for record in caplog.records)
     assert "GET /v1/models 200" in logged  # the request was logged...
     assert "key-one" not in logged and "key-two" not in logged and "not-a-key" not in logged  # ...its key not
+
+
+def test_cors_gives_credentials_only_to_origins_named(make_app):
+    named = make_app(CORS_ORIGINS="https://app.example").test_client()
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+    allowed = named.options("/v1/chat/completions", headers={"Origin": "https://app.example", **preflight})
+    assert allowed.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    assert allowed.headers["Access-Control-Allow-Credentials"] == "true"
+    other = named.options("/v1/chat/completions", headers={"Origin": "https://evil.example", **preflight})
+    assert "Access-Control-Allow-Origin" not in other.headers
+    anyone = make_app().test_client().options("/v1/chat/completions",
+                                               headers={"Origin": "https://evil.example", **preflight})
+    assert anyone.headers["Access-Control-Allow-Origin"] == "*"
+    assert "Access-Control-Allow-Credentials" not in anyone.headers

@@ -1,0 +1,26 @@
+"""JSON nested past MAX_DEPTH is refused without exhausting the stack, and large values are encoded in slices that
+give the same text as the standard encoder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from phi_api import jsontext
+
+
+def test_depth_is_measured_without_recursion_and_past_the_bound_is_refused():
+    assert jsontext.depth(1) == 0 and jsontext.depth({"a": [1, {"b": []}]}) == 4
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(RecursionError):
+        jsontext.loads(deep)
+    assert not jsontext.too_deep(json.loads("[" * jsontext.MAX_DEPTH + "]" * jsontext.MAX_DEPTH))
+    with pytest.raises(RecursionError):
+        jsontext.loads("[" * (jsontext.MAX_DEPTH + 1) + "]" * (jsontext.MAX_DEPTH + 1))
+
+
+def test_slices_give_the_standard_encoder_s_text():
+    value = {"choices": [{"logprobs": {"tokens": [f"t{i}é" for i in range(1000)],
+                                       "top": [{"a": i / 7} for i in range(700)], "empty": []}}], "n": None}
+    assert jsontext.dumps_in_slices(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
