@@ -2,9 +2,10 @@
 
 Clients send, in turn: long prompts (a RAG-like ~1,000-token document and a
 question), conversations (~300 tokens, each its own), short questions, three
-choices at once (``n`` 3), streams abandoned after their first token, and
-bursts of short questions sent at once (past the concurrency limit: 429s are
-expected and counted); each
+choices at once (``n`` 3), streams abandoned after their first token, answers
+shaped by a JSON schema, hostile bodies (each must get a 4xx), and bursts of
+short questions sent at once (past the concurrency limit: 429s are expected
+and counted); each
 prompt is new, so prefix reuse helps no client but a conversation's own next
 turn. Measured: every answer's status, the first token's wait by kind (the
 longest), generations ended by ``GENERATION_TIMEOUT`` (a 504, or an error event
@@ -25,7 +26,13 @@ import requests
 
 from phi_api.tools.bench.server import children, pss_bytes
 
-KINDS = ("long", "conversation", "short", "n3", "abandoned", "burst")
+KINDS = ("long", "conversation", "short", "n3", "abandoned", "schema", "hostile", "burst")
+# Bodies no client should send: each must be refused with a 4xx, and leave the server whole.
+HOSTILE = (b'{"model": "M", "messages": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+           b'{"model": "M", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+           b'{"model": "M", "messages": [{"role": "user", "content": "\xff\xfe"}]}',
+           b'{"model": "M", "messages": [{"role": "user", "content": "hi"}], "guided_json": "'
+           + b'{\\"type\\":\\"object\\",\\"properties\\":{\\"a\\":' * 2000 + b'{}' + b"}}" * 2000 + b'"}')
 BURST = 6  # short questions a "burst" sends at once
 _DOCUMENT = ("The committee met on {day} to review the budget of district {n}. It noted that transport costs rose by "
              "{a} percent, that schools asked for {b} new teachers, and that the library's roof needs repair. ")
@@ -44,6 +51,12 @@ def body(kind: str, index: int, model: str) -> dict[str, Any]:
         return {"model": model, "messages": messages, "max_tokens": 48, "stream": True}
     if kind == "burst":
         return body("short", index, model)
+    if kind == "schema":
+        schema = {"type": "object", "properties": {"city": {"type": "string"}, "year": {"type": "integer"}},
+                  "required": ["city", "year"], "additionalProperties": False}
+        return {"model": model, "max_tokens": 48, "stream": True,
+                "messages": [{"role": "user", "content": f"Name a city and a year ({index}), as JSON."}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "place", "schema": schema}}}
     if kind == "n3":
         return {"model": model, "messages": [{"role": "user", "content": f"Name a color ({index})."}],
                 "max_tokens": 16, "n": 3, "stream": True}
@@ -55,6 +68,8 @@ def one(url: str, kind: str, index: int, model: str) -> tuple[str, float | None,
     """(status, seconds to the first token, ended by timeout) of one request."""
     started = time.monotonic()
     first = None
+    if kind == "hostile":
+        return hostile(url, index, model), None, False
     try:
         with requests.post(url + "/v1/chat/completions", json=body(kind, index, model), stream=True,
                            timeout=900) as response:
@@ -73,6 +88,17 @@ def one(url: str, kind: str, index: int, model: str) -> tuple[str, float | None,
         return "200", first, False
     except requests.RequestException as exc:
         return f"error:{type(exc).__name__}", first, False
+
+
+def hostile(url: str, index: int, model: str) -> str:
+    """The status a hostile body gets ("hostile-4xx" when refused as it should be)."""
+    raw = HOSTILE[index % len(HOSTILE)].replace(b'"M"', json.dumps(model).encode())
+    try:
+        status = requests.post(url + "/v1/chat/completions", data=raw, timeout=120,
+                               headers={"Content-Type": "application/json"}).status_code
+    except requests.RequestException as exc:
+        return f"error:{type(exc).__name__}"
+    return "hostile-4xx" if 400 <= status < 500 else str(status)
 
 
 def _event(line: bytes) -> dict[str, Any] | None:
