@@ -19,8 +19,8 @@ from phi_api.settings import load_settings
 from phi_api.telemetry.logs import configure_logging
 from phi_api.web import openapi
 from phi_api.web.auth import register_auth
+from phi_api.web.errors import render_errors
 from phi_api.web.hooks import count_requests, register_request_logging, send_rate_headers
-from phi_api.web.http import render_errors
 from phi_api.web.resources import init_app
 
 

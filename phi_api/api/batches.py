@@ -1,56 +1,23 @@
-"""OpenAI's Batch API: ``/v1/files`` (purpose ``batch``) and ``/v1/batches``, as the ``openai`` SDK calls them.
-
-The files and batches live in the store (:mod:`phi_api.storage.batches`, a resource of the app); each worker's runner
-(:mod:`phi_api.batch.runner`, started after the fork) runs the queued lines through :func:`dispatch`: the app
-itself, in this process, as a live request to the batch's endpoint, marked as a batch line so that it runs at the
-lowest priority and outside ``MAX_CONCURRENT_REQUESTS`` (:func:`phi_api.web.http.start_generation`).
-"""
+"""OpenAI's Batch API's routes: ``/v1/files`` (purpose ``batch``) and ``/v1/batches``, as the ``openai`` SDK calls
+them. The files and batches live in the store (:mod:`phi_api.storage.batches`, a resource of the app); each
+worker's runner (:mod:`phi_api.batches`, started after the fork) runs the queued lines."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Flask, Response, jsonify, request
-from werkzeug.test import EnvironBuilder, run_wsgi_app
+from flask import Blueprint, Response, jsonify, request
 
-from phi_api.batch.runner import BATCH_LINE, BATCH_OWNER, BatchRunner, parse_body
-from phi_api.errors import InvalidParameterError, MissingParameterError, NotFoundError, openai_body
-from phi_api.storage.batches import Line
-from phi_api.telemetry.logs import REQUEST_ID_HEADER
+from phi_api.errors import InvalidParameterError, MissingParameterError, NotFoundError
 from phi_api.web.auth import current_tenant
-from phi_api.web.http import count_request, read_request
+from phi_api.web.bodies import read_request
 from phi_api.web.openapi import operation
 from phi_api.web.resources import get_batches, get_settings
+from phi_api.web.respond import count_request
 
 bp = Blueprint("batches", __name__)
 
 PURPOSES = ("batch",)
-
-
-def runner(app: Flask) -> BatchRunner:
-    """This worker's batch runner (run its ``run_forever`` in a greenlet)."""
-    return BatchRunner(get_batches(app), dispatcher(app), get_settings(app).BATCH_CONCURRENCY)
-
-
-def dispatcher(app: Flask) -> Any:
-    """Run one batch line through ``app`` as a request of the key that created its batch; its (status, JSON body,
-    request id, Retry-After)."""
-
-    def dispatch(line: Line) -> tuple[int, Any, str, str]:
-        if line.body.get("stream"):
-            refusal = InvalidParameterError("A batch request cannot stream.", param="stream")
-            return refusal.status, openai_body(refusal), "", ""
-        environ = EnvironBuilder(path=line.url, method="POST", json=line.body,
-                                 environ_overrides={BATCH_LINE: True, BATCH_OWNER: line.owner}).get_environ()
-        answer, status, headers = run_wsgi_app(app, environ, buffered=True)
-        try:
-            data = b"".join(answer)
-        finally:
-            getattr(answer, "close", lambda: None)()
-        return int(status.split()[0]), parse_body(data), headers.get(REQUEST_ID_HEADER, ""), \
-            headers.get("Retry-After", "")
-
-    return dispatch
 
 
 # Files ----------------------------------------------------------------------------------------------

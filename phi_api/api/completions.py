@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from phi_api.protocols.openai import CompletionShape
-from phi_api.service.requests import CompletionRequest
-from phi_api.web.answers import respond
-from phi_api.web.http import read_json_object
+from phi_api.web import endpoints
+from phi_api.web.bodies import read_json_object
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, SSE, operation
-from phi_api.web.resources import get_validator
+from phi_api.web.respond import needs, respond
 
 bp = Blueprint("completions", __name__)
 
@@ -19,7 +17,4 @@ bp = Blueprint("completions", __name__)
            statuses=GENERATION_STATUSES)
 def create_completion() -> Response:
     """A text completion of the prompt as given (no chat template)."""
-    body = read_json_object()
-    validator = get_validator()
-    validator.validate("completion", body)
-    return respond(CompletionShape, CompletionRequest.from_openai(body, validator.known_fields("completion")))
+    return respond(endpoints.completion(read_json_object(), needs()))

@@ -1,7 +1,7 @@
 """Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
 
 The key arrives in ``x-api-key`` (one of the headers phi-api reads); ``anthropic-version`` is accepted. Errors on
-these routes take Anthropic's shape (this blueprint renders them; see :func:`phi_api.web.http.render_errors`).
+these routes take Anthropic's shape (this blueprint renders them; see :func:`phi_api.web.errors.render_errors`).
 """
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ from flask import Blueprint, Response, jsonify
 
 from phi_api.errors import anthropic_body
 from phi_api.protocols.anthropic import MessageRenderer, MessagesRequest
-from phi_api.service import generation, prompts
-from phi_api.web.http import named_sse_response, read_request, render_errors, start_generation
+from phi_api.protocols.contract import Reading
+from phi_api.service import prompts
+from phi_api.web.bodies import read_request
+from phi_api.web.errors import render_errors
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, SSE, operation
 from phi_api.web.resources import get_models
-from phi_api.web.transport import disconnect_probe
+from phi_api.web.respond import respond
 
 bp = Blueprint("messages", __name__)
 render_errors(bp, anthropic_body)
@@ -26,11 +28,7 @@ render_errors(bp, anthropic_body)
 def create_message() -> Response:
     """The assistant's next message: text, or tool_use blocks."""
     request = MessagesRequest.from_anthropic(read_request("messages"))
-    run = start_generation(request.chat)
-    renderer = MessageRenderer(request, run)
-    if request.stream:
-        return named_sse_response(renderer.stream(), on_close=(run.close,))
-    return jsonify(renderer.whole(generation.collect(run, disconnect_probe())[0]))
+    return respond(Reading(request.chat, lambda run: MessageRenderer(request, run)))
 
 
 @bp.post("/v1/messages/count_tokens")

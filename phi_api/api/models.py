@@ -20,7 +20,7 @@ from phi_api.models.registry import Models
 from phi_api.models.specs import ModelSpec
 from phi_api.protocols import catalog
 from phi_api.web.auth import require_admin
-from phi_api.web.http import read_request
+from phi_api.web.bodies import read_request
 from phi_api.web.openapi import operation
 from phi_api.web.resources import get_models, get_settings
 

@@ -1,11 +1,12 @@
 """Ollama's API, natively: seed 004's ``/v1/tags`` and ``/v1/generate``, and Ollama's own ``/api/*``.
 
 Errors on these routes take Ollama's shape, ``{"error": "message"}`` (this
-blueprint renders them; see :func:`phi_api.web.http.render_errors`).
+blueprint renders them; see :func:`phi_api.web.errors.render_errors`).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,14 +15,18 @@ from flask import Blueprint, Response, jsonify
 
 from phi_api.api.models import check_pull_allowed, pull_events
 from phi_api.errors import ModelLoadingError, ollama_body
+from phi_api.models.registry import Models
 from phi_api.protocols import catalog, ollama
-from phi_api.service import generation
+from phi_api.protocols.contract import Reading
+from phi_api.service.generation import Run
 from phi_api.version import __version__
 from phi_api.web.auth import is_admin, require_admin
-from phi_api.web.http import ndjson_response, read_request, render_errors, start_generation
+from phi_api.web.bodies import read_request
+from phi_api.web.errors import render_errors
+from phi_api.web.framing import ndjson_response
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, NDJSON, operation
 from phi_api.web.resources import get_models
-from phi_api.web.transport import disconnect_probe
+from phi_api.web.respond import respond
 
 bp = Blueprint("ollama", __name__)
 render_errors(bp, ollama_body)
@@ -57,24 +62,23 @@ def _generation(schema: str, parse: Callable[[dict[str, Any]], Any], *, chat: bo
     started = time.monotonic()
     body = read_request(schema, any_media_type=True)
     request = parse(body)
-    if not ollama.keeps_alive(body):  # keep_alive 0 unloads the model for everyone
-        require_admin("unload models (keep_alive 0)")
-    run = start_generation(request)
-    reply = ollama.Reply(run, started, chat=chat)
     models, keep = get_models(), ollama.keeps_alive(body)
-    asked = ollama.keep_alive_seconds(body)
-    if keep and asked:  # an ordinary key's may keep the model longer, within KEEP_ALIVE_MAX_SECONDS, never shorter
-        models.keep_alive.note_use(request.model, asked, by_admin=is_admin())
+    if not keep:  # keep_alive 0 unloads the model for everyone
+        require_admin("unload models (keep_alive 0)")
 
-    def unload() -> None:  # keep_alive 0: unload once answered (if nobody did meanwhile)
-        models.unload(request.model, missing_ok=True)
+    def reply(run: Run) -> ollama.Reply:
+        asked = ollama.keep_alive_seconds(body)
+        if keep and asked:  # an ordinary key's may keep the model longer, within KEEP_ALIVE_MAX_SECONDS
+            models.keep_alive.note_use(request.model, asked, by_admin=is_admin())
+        if not keep:  # keep_alive 0: unloaded once answered (if nobody did meanwhile)
+            run.on_close.append(functools.partial(_unload, models, request.model))
+        return ollama.Reply(run, started, chat=chat)
 
-    if request.stream:
-        return ndjson_response(reply.lines(), on_close=(run.close,) if keep else (run.close, unload))
-    answer = jsonify(reply.whole(generation.collect(run, disconnect_probe())[0]))
-    if not keep:
-        unload()
-    return answer
+    return respond(Reading(request, reply))
+
+
+def _unload(models: Models, model_id: str) -> None:
+    models.unload(model_id, missing_ok=True)
 
 
 @bp.post("/v1/generate")

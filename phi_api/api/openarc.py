@@ -7,13 +7,13 @@ from flask import Blueprint, Response, jsonify
 
 from phi_api.api.models import ADMIN_STATUSES, load_checked
 from phi_api.protocols import catalog
-from phi_api.service import generation
-from phi_api.service.requests import CompletionRequest, Sampling
+from phi_api.protocols.contract import Reading
+from phi_api.protocols.openarc import BenchReport, bench_request
 from phi_api.web.auth import require_admin
-from phi_api.web.http import read_request, start_generation
+from phi_api.web.bodies import read_request
 from phi_api.web.openapi import GENERATION_STATUSES, operation
 from phi_api.web.resources import get_models, get_settings
-from phi_api.web.transport import disconnect_probe
+from phi_api.web.respond import respond
 
 bp = Blueprint("openarc", __name__)
 
@@ -53,10 +53,4 @@ def openarc_unload() -> Response:
            statuses=GENERATION_STATUSES)
 def bench() -> Response:
     """Generate from token ids, end-of-sequence ignored, and report the metrics (OpenArc's bench)."""
-    body = read_request("bench")
-    sampling = Sampling(max_tokens=body.get("max_tokens"), temperature=body.get("temperature"),
-                        top_p=body.get("top_p"), top_k=body.get("top_k"),
-                        repetition_penalty=body.get("repetition_penalty"), ignore_eos=True)
-    run = start_generation(CompletionRequest(model=body["model"], prompt=body["input_ids"], sampling=sampling))
-    results = generation.collect(run, disconnect_probe())
-    return jsonify({"metrics": generation.openarc_metrics([result.ended.finished for result in results])})
+    return respond(Reading(bench_request(read_request("bench")), BenchReport))

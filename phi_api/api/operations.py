@@ -7,7 +7,7 @@ from flask import Blueprint, Response, jsonify
 from phi_api.engine import Engine
 from phi_api.service import prompts
 from phi_api.web.auth import is_admin
-from phi_api.web.http import read_request
+from phi_api.web.bodies import read_request
 from phi_api.web.openapi import operation
 from phi_api.web.resources import get_document, get_metrics, get_models
 

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from flask import Blueprint, Response, jsonify
 
 from phi_api.errors import ResponseNotFoundError
-from phi_api.protocols.responses import ResponseRenderer, ResponsesRequest, history_of, output_messages
-from phi_api.service import generation
+from phi_api.web import endpoints
 from phi_api.web.auth import current_tenant
-from phi_api.web.http import answer_json, named_sse_response, read_request, start_generation
+from phi_api.web.bodies import read_json_object
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, SSE, operation
 from phi_api.web.resources import get_store
-from phi_api.web.transport import disconnect_probe
+from phi_api.web.respond import needs, respond
 
 bp = Blueprint("responses", __name__)
 
@@ -24,20 +21,7 @@ bp = Blueprint("responses", __name__)
 def create_response() -> Response:
     """A response to ``input`` (after its predecessor's conversation, with ``previous_response_id``); stored for
     follow-ups unless ``store`` is false."""
-    request = ResponsesRequest.from_openai(read_request("responses"))
-    store, tenant = get_store(), current_tenant()
-    history = history_of(request, store, tenant.scope)
-    run = start_generation(request.chat(history))
-    renderer = ResponseRenderer(request, run)
-
-    def keep(response: dict[str, Any]) -> None:
-        if request.store and store.max_items:
-            store.put(response, list(history or []) + list(request.input) + output_messages(response), tenant.name)
-
-    if request.stream:
-        return named_sse_response(renderer.stream(on_done=keep), on_close=(run.close,))
-    results = generation.collect(run, disconnect_probe())
-    return answer_json(run, lambda: renderer.whole(results[0]), then=keep)
+    return respond(endpoints.response(read_json_object(), needs()))
 
 
 @bp.get("/v1/responses/<response_id>")

@@ -25,12 +25,13 @@ import json
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from phi_api.errors import APIError, UnsupportedParameterError, anthropic_body
+from phi_api.protocols.contract import Framing, given
 from phi_api.service.choices import Calls, ChoiceResult, Done, Text, Thinking
 from phi_api.service.generation import KEEPALIVE, Run, events
-from phi_api.service.requests import ChatRequest, Sampling, given
+from phi_api.service.requests import ChatRequest, Sampling
 from phi_api.service.tools import ToolCall, tool_plan
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -143,6 +144,8 @@ class MessagesRequest:
 class MessageRenderer:
     """A run's answer as Anthropic's message object, or as its stream of events."""
 
+    framing: ClassVar[Framing] = Framing.NAMED_SSE
+
     def __init__(self, request: MessagesRequest, run: Run) -> None:
         self.request = request
         self.run = run
@@ -155,8 +158,9 @@ class MessageRenderer:
                 "content": content, "stop_reason": _stop_reason(done), "stop_sequence": _stop_sequence(done),
                 "usage": _usage(self.run.generation.prompt_tokens, finished, output_tokens)}
 
-    def whole(self, result: ChoiceResult) -> dict[str, Any]:
+    def whole(self, results: list[ChoiceResult]) -> dict[str, Any]:
         """The finished message of a collected run."""
+        [result] = results
         # a reasoning model's thinking first, as a thinking block (no signature: nothing here checks one)
         content = [{"type": "thinking", "thinking": result.reasoning, "signature": ""}] if result.reasoning else []
         content += [{"type": "text", "text": result.text}] if result.text and not result.calls else []

@@ -9,12 +9,13 @@ Repository context (``input_extra``) goes before the prompt as its files' text; 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from phi_api.errors import APIError, openai_body
+from phi_api.protocols.contract import Framing, given
 from phi_api.service.choices import ChoiceResult, Done, Text
 from phi_api.service.generation import KEEPALIVE, Run, events
-from phi_api.service.requests import CompletionRequest, Infill, Sampling, given
+from phi_api.service.requests import CompletionRequest, Infill, Sampling
 
 # how an answer ended, in llama.cpp's words
 _STOP_TYPES = {"stop": "eos", "length": "limit"}
@@ -44,12 +45,14 @@ def _sampling(body: dict[str, Any]) -> Sampling:
 class InfillReply:
     """llama.cpp's answer objects for one run."""
 
+    framing: ClassVar[Framing] = Framing.SSE_UNTERMINATED
+
     def __init__(self, run: Run) -> None:
-        self._run = run
+        self.run = run
 
     def part(self, text: str) -> dict[str, Any]:
         """A streamed piece of the answer."""
-        return {"content": text, "stop": False, "index": 0, "model": self._run.request.model}
+        return {"content": text, "stop": False, "index": 0, "model": self.run.request.model}
 
     def final(self, result: ChoiceResult, text: str) -> dict[str, Any]:
         """The last object: the text it still carries, why it ended, the counts and the timings."""
@@ -63,16 +66,17 @@ class InfillReply:
                 "timings": {"prompt_n": computed, "prompt_ms": ttft * 1000,
                             "predicted_n": finished.completion_tokens, "predicted_ms": decode * 1000}}
 
-    def whole(self, result: ChoiceResult) -> dict[str, Any]:
+    def whole(self, results: list[ChoiceResult]) -> dict[str, Any]:
         """The one object of a non-streaming answer."""
+        [result] = results
         return self.final(result, result.text)
 
-    def events(self) -> Iterator[Any]:
+    def stream(self) -> Iterator[Any]:
         """The objects of a stream (and ``KEEPALIVE``): pieces, then the last one; a failure ends it with the error
         object."""
         result = ChoiceResult(0)
         try:
-            for event in events(self._run):
+            for event in events(self.run):
                 if event is KEEPALIVE:
                     yield KEEPALIVE
                 elif isinstance(event, Text):

@@ -13,12 +13,13 @@ import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from phi_api.errors import APIError, UnsupportedParameterError, ollama_body
+from phi_api.protocols.contract import Framing, given
 from phi_api.service.choices import ChoiceResult, Done, Text, Thinking
 from phi_api.service.generation import KEEPALIVE, Run, events
-from phi_api.service.requests import ChatRequest, CompletionRequest, Infill, Sampling, given
+from phi_api.service.requests import ChatRequest, CompletionRequest, Infill, Sampling
 from phi_api.service.tools import ToolCall, new_call_id
 
 log = logging.getLogger(__name__)
@@ -154,14 +155,16 @@ def chat_request(body: dict[str, Any]) -> ChatRequest:
 class Reply:
     """Ollama's response objects for one run."""
 
+    framing: ClassVar[Framing] = Framing.NDJSON
+
     def __init__(self, run: Run, started: float, *, chat: bool) -> None:
-        self._run = run
+        self.run = run
         self._chat = chat  # /api/chat answers with messages; generate with responses, templated or not
         self._started = started
 
     def part(self, text: str, thinking: str = "") -> dict[str, Any]:
         """A streamed fragment (of the answer, or of a reasoning model's ``thinking``)."""
-        body: dict[str, Any] = {"model": self._run.request.model, "created_at": created_at()}
+        body: dict[str, Any] = {"model": self.run.request.model, "created_at": created_at()}
         if self._chat:
             body["message"] = {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {})}
         else:
@@ -188,15 +191,16 @@ class Reply:
         })
         return body
 
-    def whole(self, result: ChoiceResult) -> dict[str, Any]:
+    def whole(self, results: list[ChoiceResult]) -> dict[str, Any]:
         """The one object of a non-streaming answer."""
+        [result] = results
         return self.final(result, result.text if not result.calls else "", result.reasoning)
 
-    def lines(self) -> Iterator[dict[str, Any]]:
+    def stream(self) -> Iterator[dict[str, Any]]:
         """The objects of a stream: fragments, then the last one; a failure ends it with Ollama's error."""
         result = ChoiceResult(0)
         try:
-            for event in events(self._run):
+            for event in events(self.run):
                 if event is KEEPALIVE:
                     yield self.part("")  # an empty fragment: the client ignores it, a gone client is noticed
                 elif isinstance(event, Text):

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from phi_api.errors import APIError, InvalidParameterError, PreviousResponseNotFoundError, UnsupportedParameterError
+from phi_api.protocols.contract import Framing, given
 from phi_api.service.choices import Calls, ChoiceResult, Done, Text, Thinking
 from phi_api.service.constraints import output_fields
 from phi_api.service.generation import KEEPALIVE, Run, events
-from phi_api.service.requests import ChatRequest, Sampling, given
+from phi_api.service.requests import ChatRequest, Sampling
 from phi_api.service.tools import ToolCall, tool_plan
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -187,11 +188,16 @@ def history_of(request: ResponsesRequest, store: Any, scope: str | None = None) 
 
 
 class ResponseRenderer:
-    """A run's answer as a Responses API response object, or as its stream of events."""
+    """A run's answer as a Responses API response object, or as its stream of events; ``keep`` is given the
+    finished response (to store it) before it is answered."""
 
-    def __init__(self, request: ResponsesRequest, run: Run) -> None:
+    framing: ClassVar[Framing] = Framing.NAMED_SSE
+
+    def __init__(self, request: ResponsesRequest, run: Run,
+                 keep: Callable[[dict[str, Any]], None] = lambda response: None) -> None:
         self.request = request
         self.run = run
+        self.keep = keep
         self.id = new_id("resp")
         self.created_at = int(time.time())
         self._sequence = 0
@@ -222,19 +228,22 @@ class ResponseRenderer:
             **{name: value for name, value in optional.items() if value is not None},
         }
 
-    def whole(self, result: ChoiceResult) -> dict[str, Any]:
-        """The finished response object of a collected run."""
+    def whole(self, results: list[ChoiceResult]) -> dict[str, Any]:
+        """The finished response object of a collected run (kept first)."""
+        [result] = results
         status = _status(result.ended)
         output = [_reasoning_item(new_id("rs"), result.reasoning)] if result.reasoning else []
         output += ([_call_item(new_id("fc"), call, status) for call in result.calls] if result.calls else
                    [_message_item(new_id("msg"), result.text, status)])
-        return self.response(status, output, result.ended)
+        response = self.response(status, output, result.ended)
+        self.keep(response)
+        return response
 
     # The stream ------------------------------------------------------------------------------------------
 
-    def stream(self, on_done: Any) -> Iterator[Any]:
+    def stream(self) -> Iterator[Any]:
         """The documented events, each ``(type, data)`` with its ``sequence_number`` (and ``KEEPALIVE``); a
-        failure ends it with ``response.failed``. ``on_done(response)`` runs before ``response.completed``."""
+        failure ends it with ``response.failed``. The finished response is kept before ``response.completed``."""
         yield self._event("response.created", response=self.response("in_progress", []))
         yield self._event("response.in_progress", response=self.response("in_progress", []))
         output: list[dict[str, Any]] = []
@@ -268,13 +277,13 @@ class ResponseRenderer:
                 elif isinstance(event, Calls):
                     calls = event.calls
                 elif isinstance(event, Done):
-                    yield from self._finish(event, output, message, calls, on_done)
+                    yield from self._finish(event, output, message, calls)
         except APIError as error:
             failure = {"code": "server_error", "message": error.message}
             yield self._event("response.failed", response=self.response("failed", output, error=failure))
 
     def _finish(self, done: Done, output: list[dict[str, Any]], message: dict[str, Any] | None,
-                calls: tuple[ToolCall, ...], on_done: Any) -> Iterator[Any]:
+                calls: tuple[ToolCall, ...]) -> Iterator[Any]:
         """The items still open, then ``response.completed`` (or ``.incomplete``)."""
         status = _status(done)
         if message is not None:
@@ -286,7 +295,7 @@ class ResponseRenderer:
             yield from self._call_events(len(output), item)
             output.append(item)
         response = self.response(status, output, done)
-        on_done(response)
+        self.keep(response)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         yield self._event(kind, response=response)
 

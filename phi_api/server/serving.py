@@ -102,9 +102,9 @@ def post_worker_init(worker: Any) -> None:
     if tracing.configured():
         resources.tracing.start_worker()
     if resources.settings.BATCH_CONCURRENCY:
-        from phi_api.api.batches import runner
+        from phi_api.batches.runner import runner_of
 
-        gevent.spawn(runner(app).run_forever)
+        gevent.spawn(runner_of(resources).run_forever)
     for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
         previous = signal.getsignal(signum)
         if callable(previous):

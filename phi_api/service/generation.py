@@ -312,41 +312,8 @@ def failure(finished: Finished) -> APIError:
     return InternalError()
 
 
-def usage(finished: list[Finished]) -> dict[str, Any]:
-    """OpenAI's usage object for a request's choices (each prompt counts once)."""
-    prompt = sum(choice.prompt_tokens for choice in finished if choice.first_of_prompt)
-    completion = sum(choice.completion_tokens for choice in finished)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": _cached(finished)},
-    }
-
-
-def _cached(finished: list[Finished]) -> int:
+def cached_tokens(finished: list[Finished]) -> int:
     """Prompt tokens reused: each prompt's best choice (its choices share its prefill), summed over the prompts."""
     ordered = sorted(finished, key=lambda choice: choice.index)
     firsts = [index for index, choice in enumerate(ordered) if choice.first_of_prompt] + [len(ordered)]
     return sum(max(choice.cached_tokens for choice in ordered[start:end]) for start, end in pairwise(firsts))
-
-
-def openarc_metrics(finished: list[Finished]) -> dict[str, Any]:
-    """Performance figures of a request, with OpenArc's names (seconds; tokens per second)."""
-    prompt = sum(choice.prompt_tokens for choice in finished if choice.first_of_prompt)
-    new = sum(choice.completion_tokens for choice in finished)
-    ttft = min((choice.time_to_first_token for choice in finished if choice.time_to_first_token is not None),
-               default=0.0)
-    decode = max(choice.decode_seconds for choice in finished)
-    computed = prompt - _cached(finished)
-    decoded = sum(max(choice.completion_tokens - 1, 0) for choice in finished)
-    return {
-        "ttft": round(ttft, 6),
-        "prefill_throughput": round(computed / ttft, 3) if ttft else 0.0,
-        "decode_throughput": round(decoded / decode, 3) if decode else 0.0,
-        "decode_duration": round(decode, 6),
-        "tpot": round(decode / decoded, 6) if decoded else 0.0,
-        "input_token": prompt,
-        "new_token": new,
-        "total_token": prompt + new,
-    }

@@ -1,6 +1,6 @@
-"""Typed requests: a body is parsed once, after its JSON Schema check, into one of these; the service reads
-attributes, never keys. :meth:`Sampling.to_params` is the one place a request becomes engine parameters
-(as vLLM's ``ChatCompletionRequest.to_sampling_params``)."""
+"""Typed requests: each protocol parses a body once, after its JSON Schema check, into one of these
+(:mod:`phi_api.protocols`); the service reads attributes, never keys. :meth:`Sampling.to_params` is the one place a
+request becomes engine parameters (as vLLM's ``ChatCompletionRequest.to_sampling_params``)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from phi_api.engine import ModelInfo, SamplingParams, ThinkingBudget
-from phi_api.engine.runtime.template import RESERVED
 from phi_api.errors import (
     ContextLengthExceededError,
     InvalidParameterError,
 )
-from phi_api.service import features
-from phi_api.service.constraints import Grammar, constraint_fields
-from phi_api.service.tools import ToolPlan, tool_plan
+from phi_api.service.constraints import Grammar
+from phi_api.service.tools import ToolPlan
 from phi_api.settings import Settings
-
-
-def given(body: dict[str, Any], key: str, default: Any = None) -> Any:
-    """``body[key]``, where an explicit ``null`` counts as not given (as in OpenAI's API)."""
-    value = body.get(key)
-    return default if value is None else value
 
 
 @dataclass(frozen=True)
@@ -48,22 +40,6 @@ class Sampling:
     draft_max: int | None = None  # llama.cpp's speculative.n_max; None: the server's SPECULATIVE_DRAFT_MAX
     penalty_window: int | None = None  # Ollama's repeat_last_n: the repetition penalty's last tokens; None: all
     context_limit: int | None = None  # Ollama's num_ctx: the context this request may use, within the model's
-
-    @classmethod
-    def from_openai(cls, body: dict[str, Any]) -> Sampling:
-        """The sampling fields of a schema-valid OpenAI chat or completion body."""
-        limit_param = "max_completion_tokens" if given(body, "max_completion_tokens") is not None else "max_tokens"
-        stop = given(body, "stop", ())
-        return cls(
-            max_tokens=given(body, limit_param), limit_param=limit_param, temperature=given(body, "temperature"),
-            top_p=given(body, "top_p"), top_k=given(body, "top_k"), min_p=given(body, "min_p"),
-            seed=given(body, "seed"), stop=(stop,) if isinstance(stop, str) else tuple(stop),
-            presence_penalty=given(body, "presence_penalty"), frequency_penalty=given(body, "frequency_penalty"),
-            repetition_penalty=given(body, "repetition_penalty"),
-            logit_bias=tuple(given(body, "logit_bias", {}).items()), min_tokens=given(body, "min_tokens", 0),
-            ignore_eos=bool(given(body, "ignore_eos", False)), n=given(body, "n", 1),
-            draft_max=given(body, "speculative", {}).get("n_max"),
-        )
 
     def to_params(self, *, prompt_tokens: int, prompt_param: str, model: ModelInfo, settings: Settings,
                   logprobs: int | None = None, guidance: tuple[str, str] | None = None,
@@ -167,22 +143,6 @@ class ChatRequest:
 
     prompt_param: ClassVar[str] = "messages"
 
-    @classmethod
-    def from_openai(cls, body: dict[str, Any], known_fields: set[str]) -> ChatRequest:
-        """A schema-valid ``/v1/chat/completions`` body (``known_fields``: its schema's, for the log)."""
-        features.check_supported(body, features.CHAT_GATES, known_fields)
-        return cls(
-            model=body["model"], messages=tuple(body["messages"]), sampling=Sampling.from_openai(body),
-            stream=bool(given(body, "stream", False)), include_usage=_include_usage(body),
-            logprobs=_chat_logprobs(body), **constraint_fields(body),
-            tools=tool_plan(given(body, "tools", []), given(body, "tool_choice"),
-                            bool(given(body, "parallel_tool_calls", True))),
-            priority=given(body, "priority"), cache_salt=given(body, "cache_salt"),
-            reasoning_effort=given(body, "reasoning_effort"), template_variables=_template_variables(body),
-            thinking_budget=given(body, "thinking_token_budget"),
-        )
-
-
 @dataclass(frozen=True)
 class CompletionRequest:
     """A (legacy) completion: the prompt as it is, text or token ids."""
@@ -203,17 +163,6 @@ class CompletionRequest:
 
     prompt_param: ClassVar[str] = "prompt"
 
-    @classmethod
-    def from_openai(cls, body: dict[str, Any], known_fields: set[str]) -> CompletionRequest:
-        """A schema-valid ``/v1/completions`` body (``known_fields``: its schema's, for the log)."""
-        features.check_supported(body, features.COMPLETION_GATES, known_fields)
-        return cls(model=body["model"], prompt=body["prompt"], sampling=Sampling.from_openai(body),
-                   stream=bool(given(body, "stream", False)), include_usage=_include_usage(body),
-                   logprobs=given(body, "logprobs"), echo=bool(given(body, "echo", False)),
-                   infill=_infill(body), **constraint_fields(body), priority=given(body, "priority"),
-                   cache_salt=given(body, "cache_salt"))
-
-
 GenerationRequest = ChatRequest | CompletionRequest
 
 
@@ -224,36 +173,3 @@ class Infill:
     suffix: str  # the text after the hole
     extra: str = ""  # context before everything (llama.cpp's input_extra: other files' text)
     tail: str = ""  # text the answer starts with, after the middle token (llama.cpp's prompt)
-
-
-def _infill(body: dict[str, Any]) -> Infill | None:
-    """OpenAI's ``suffix``: the text after the hole; an empty one is a plain completion (the hole is at the end)."""
-    suffix = given(body, "suffix")
-    if not suffix:
-        return None
-    if given(body, "echo", False):
-        raise InvalidParameterError("echo cannot be combined with suffix.", param="echo")
-    return Infill(suffix)
-
-
-def _template_variables(body: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's ``chat_template_kwargs``: variables for the chat template, none of them one the conversation fills."""
-    variables = given(body, "chat_template_kwargs", {})
-    taken = sorted(set(variables) & RESERVED)
-    if taken:
-        raise InvalidParameterError(f"chat_template_kwargs may not set {taken[0]}: the conversation fills it.",
-                                    param="chat_template_kwargs")
-    return dict(variables)
-
-
-def _include_usage(body: dict[str, Any]) -> bool:
-    return bool(given(body, "stream_options", {}).get("include_usage"))
-
-
-def _chat_logprobs(body: dict[str, Any]) -> int | None:
-    top = given(body, "top_logprobs")
-    if not given(body, "logprobs", False):
-        if top is not None:
-            raise InvalidParameterError("top_logprobs needs logprobs set to true.", param="top_logprobs")
-        return None
-    return top or 0

@@ -13,7 +13,7 @@ A batch's life (OpenAI's statuses): ``validating`` (created; its file's lines ar
 files are being written), ``completed``; or ``failed`` (its file has bad lines: none runs), ``expired`` (its
 ``completion_window`` passed: the lines that had not run are reported so), ``cancelling`` then ``cancelled``.
 
-No Flask here: the routes (:mod:`phi_api.api.batches`) and the runner (:mod:`phi_api.batch.runner`) use it.
+No Flask here: the routes (:mod:`phi_api.api.batches`) and the runner (:mod:`phi_api.batches.runner`) use it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from phi_api import jsontext
 from phi_api.errors import BatchError
 from phi_api.storage.database import Database, Migration, create_tables, mine, off_the_hub, owner_column
 from phi_api.storage.files import (
@@ -215,7 +216,8 @@ class BatchStore(FileStore):
                   {"status_code": status_code, "request_id": request_id, "body": body},
                   "error": error}
         with self.database.begin() as db:
-            if not db.execute(_held(line).values(state="done", result=json.dumps(result), ok=int(ok))).rowcount:
+            text = jsontext.dumps_in_slices(result)  # in slices: an answer with log-probabilities may be large
+            if not db.execute(_held(line).values(state="done", result=text, ok=int(ok))).rowcount:
                 return False
             batch = _batch_in(db, line.batch_id)
             batch["request_counts"]["completed" if ok else "failed"] += 1

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from flask import Flask, g, request
 
-from phi_api.batch.runner import BATCH_LINE, BATCH_OWNER
 from phi_api.errors import AuthenticationError, PermissionDeniedError
 from phi_api.limits.keys import Key, Keys
 
@@ -43,12 +42,6 @@ def register_auth(app: Flask, keys: Keys, query: bool = True) -> None:
     @app.before_request
     def _authenticate() -> None:
         if request.method == "OPTIONS" or request.path in EXEMPT_PATHS or request.path.startswith(EXEMPT_PREFIXES):
-            return
-        if request.environ.get(BATCH_LINE):  # a line of a batch an authenticated client created: runs as its key
-            owner = keys.named(request.environ.get(BATCH_OWNER, ""))
-            if owner is None:
-                raise AuthenticationError("The key that created this batch is no longer accepted.")
-            g.api_key = owner
             return
         supplied = supplied_key(query)
         if supplied is None:

@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from phi_api.api.batches import runner
-from phi_api.batch.runner import alive, owner_id
+from phi_api.batches.lines import Answer
+from phi_api.batches.runner import alive, owner_id, runner_of
 from phi_api.service.admission import BATCH_PRIORITY
 from phi_api.storage.batches import BatchStore
-from phi_api.web.resources import get_batches, get_limiter
+from phi_api.web.resources import get_batches, get_limiter, get_resources
 from tests.support.fakes import fake_engine, text_pieces
 
 CHAT = "/v1/chat/completions"
@@ -56,6 +56,10 @@ def create(client, data: bytes, endpoint: str = CHAT) -> dict:
                                                "completion_window": "24h", "metadata": {"job": "nightly"}})
     assert answer.status_code == 200, answer.get_json()
     return answer.get_json()
+
+
+def runner(app):
+    return runner_of(get_resources(app))
 
 
 def run_all(app) -> None:
@@ -258,7 +262,7 @@ def test_a_line_the_server_cannot_take_now_goes_back_to_the_queue(app):
     client = app.test_client()
     batch = create(client, jsonl(line("a")))
     work = runner(app)
-    work.dispatch = lambda line: (503, {"error": {"message": "shutting down"}}, "r", "")
+    work.dispatch = lambda line: Answer(503, {"error": {"message": "shutting down"}}, "r", unavailable=True)
     work.run_line(get_batches(app).claim(work.owner))
     assert client.get(f"/v1/batches/{batch['id']}").get_json()["request_counts"]["failed"] == 0
     run_all(app)  # the real dispatch now

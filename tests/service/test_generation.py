@@ -1,37 +1,15 @@
-"""The one generation path's accounting: usage (the prompt counted once, cached tokens), OpenArc's figures, and
-the error for a generation that gave no answer."""
+"""The one generation path: the error for a generation that gave no answer."""
 
 from __future__ import annotations
 
 from phi_api.engine import Finished
 from phi_api.errors import ContextLengthExceededError, GenerationTimeoutError, InternalError
-from phi_api.service.generation import failure, openarc_metrics, usage
+from phi_api.service.generation import failure
 
 
 def choice(completion: int, cached: int = 0, ttft: float | None = 0.5, decode: float = 2.0, index: int = 0,
            first: bool = True, prompt: int = 100) -> Finished:
     return Finished("stop", prompt, completion, ttft, decode, cached_tokens=cached, index=index, first_of_prompt=first)
-
-
-def test_usage_counts_the_prompt_once_and_every_choice_s_tokens():
-    assert usage([choice(10, cached=64), choice(5, cached=32, index=1, first=False)]) == {
-        "prompt_tokens": 100, "completion_tokens": 15, "total_tokens": 115,
-        "prompt_tokens_details": {"cached_tokens": 64}}
-
-
-def test_usage_of_several_prompts_counts_each_prompt_once_whatever_order_the_choices_end_in():
-    finished = [choice(3, cached=0, index=2, prompt=40), choice(10, cached=64, index=0),
-                choice(4, cached=16, index=3, first=False, prompt=40), choice(5, cached=32, index=1, first=False)]
-    assert usage(finished) == {"prompt_tokens": 140, "completion_tokens": 22, "total_tokens": 162,
-                               "prompt_tokens_details": {"cached_tokens": 64 + 16}}
-    assert openarc_metrics(finished)["input_token"] == 140
-
-
-def test_openarc_metrics_compute_only_the_prompt_tokens_not_reused():
-    metrics = openarc_metrics([choice(11, cached=60, ttft=0.4, decode=2.0)])
-    assert metrics["prefill_throughput"] == 100.0  # 40 computed tokens in 0.4 s
-    assert metrics["decode_throughput"] == 5.0 and metrics["tpot"] == 0.2  # 10 tokens after the first, in 2 s
-    assert (metrics["input_token"], metrics["new_token"], metrics["total_token"]) == (100, 11, 111)
 
 
 def test_a_timeout_is_a_timeout_error_a_request_that_no_longer_fits_a_400_and_anything_else_an_internal_one():

@@ -6,7 +6,7 @@ import pytest
 
 from phi_api.engine import ModelInfo
 from phi_api.errors import ContextLengthExceededError, InvalidParameterError
-from phi_api.service.requests import Sampling
+from phi_api.protocols.openai.parse import sampling
 from phi_api.settings import Settings
 
 MODEL = ModelInfo(path="/m", model_type="llama", context_length=100, vocab_size=50, eos_token_ids=frozenset({2}),
@@ -15,8 +15,8 @@ SETTINGS = Settings(DEFAULT_MAX_TOKENS=30, DEFAULT_TEMPERATURE=0.7)
 
 
 def params(body, prompt_tokens=10):
-    return Sampling.from_openai(body).to_params(prompt_tokens=prompt_tokens, prompt_param="messages", model=MODEL,
-                                                settings=SETTINGS)[0]
+    return sampling(body).to_params(prompt_tokens=prompt_tokens, prompt_param="messages", model=MODEL,
+                                   settings=SETTINGS)[0]
 
 
 def test_defaults_come_from_the_settings():

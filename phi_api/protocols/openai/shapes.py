@@ -1,22 +1,15 @@
-"""OpenAI's shapes of a run: the whole response (JSON), or its chunks (for server-sent events).
-
-Chat completions and (legacy) completions share the envelope, the usage and
-the event loop; they differ only in their object names, the shape of a
-choice, the log-probability format and what the stream opens with, which a
-:class:`Shape` says for each.
-"""
+"""What differs between OpenAI's chat completions and (legacy) completions, a :class:`Shape` for each: their object
+names, the shape of a choice, the log-probability format and what a stream opens with; and the envelope they
+share."""
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from phi_api.errors import APIError, openai_body
 from phi_api.service.choices import Calls, ChoiceResult, Done, Prompt, Text, Thinking
-from phi_api.service.generation import KEEPALIVE, Run, events, openarc_metrics, usage
+from phi_api.service.generation import Run
 
 
 def _token_text(token_bytes: Callable[[int], bytes], token: int) -> str:
@@ -222,57 +215,3 @@ class CompletionShape(Shape):
     def _choice(self, index: int, text: str, logprobs: Any, finish_reason: str | None) -> dict[str, Any]:
         return {"text": text, "index": index, "logprobs": logprobs if self.logprobs else None,
                 "finish_reason": finish_reason}
-
-
-class Answer:
-    """A run's answer in OpenAI's shape: :meth:`whole` for JSON, :meth:`chunks` for a stream."""
-
-    def __init__(self, shape: Shape, model: str, fingerprint: str) -> None:
-        self.shape = shape
-        self.envelope = Envelope(f"{shape.id_prefix}-{uuid.uuid4().hex}", int(time.time()), model, fingerprint)
-
-    def whole(self, results: list[ChoiceResult]) -> dict[str, Any]:
-        """The response object of a finished run."""
-        finished = [result.ended.finished for result in results]
-        return self.envelope.wrap(self.shape.object, [self.shape.whole(result) for result in results],
-                                  usage=usage(finished), metrics=openarc_metrics(finished))
-
-    def chunks(self) -> Iterator[Any]:
-        """The stream's chunks (and ``KEEPALIVE``); a failure ends it with the error object."""
-        shape, run = self.shape, self.shape.run
-        include_usage = run.request.include_usage
-        extra = {"usage": None} if include_usage else {}
-
-        def chunk(choice: dict[str, Any], **more: Any) -> dict[str, Any]:
-            return self.envelope.wrap(shape.chunk_object, [choice], **{**extra, **more})
-
-        for index in range(len(run.plan.params)):
-            for choice in shape.opening(index):
-                yield chunk(choice)
-        finished = []
-        try:
-            for event in events(run):
-                if event is KEEPALIVE:
-                    yield KEEPALIVE
-                elif isinstance(event, Text):
-                    yield chunk(shape.chunk_text(event))
-                elif isinstance(event, Calls):
-                    for choice in shape.chunk_calls(event):
-                        yield chunk(choice)
-                elif isinstance(event, Thinking):
-                    for choice in shape.chunk_thinking(event):
-                        yield chunk(choice)
-                elif isinstance(event, Prompt):
-                    for choice in shape.chunk_prompt(event):
-                        yield chunk(choice)
-                else:
-                    finished.append(event.finished)
-                    last = len(finished) == len(run.plan.params) and not include_usage
-                    # The very last chunk also carries the request's metrics (OpenArc's).
-                    yield chunk(shape.chunk_done(event), **({"metrics": openarc_metrics(finished)} if last else {}))
-        except APIError as error:
-            yield openai_body(error)
-            return
-        if include_usage:
-            ordered = sorted(finished, key=lambda done: done.index)
-            yield self.envelope.wrap(shape.chunk_object, [], usage=usage(ordered), metrics=openarc_metrics(ordered))

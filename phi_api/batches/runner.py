@@ -1,6 +1,6 @@
 """Each worker's batch runner: it takes the queued lines of batches, one at a time per free place, and runs each
-through the app itself, as a live request to the batch's endpoint (validation, the one generation path, the
-answer's rendering), at the lowest priority and outside ``MAX_CONCURRENT_REQUESTS``.
+as a request of its batch's key (:mod:`phi_api.batches.lines`: the endpoint's reading of its body, the one
+generation path, the answer's rendering), at the lowest priority and outside ``MAX_CONCURRENT_REQUESTS``.
 
 So a live request never gets 429 because of batch work, and the engine admits and prefills every live request
 before any batch line (:mod:`engine.scheduler`); a batch line holds at most one place of ``BATCH_CONCURRENCY``
@@ -11,32 +11,28 @@ are queued again by its neighbours on the same machine at once, by any replica o
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
 import os
 import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import gevent
 from gevent.pool import Pool
 
-from phi_api.errors import KeyRequestTooLargeError
+from phi_api.batches.lines import Answer, answer_line
 from phi_api.storage.batches import BatchStore, Line
 from phi_api.storage.database import DatabaseError
+from phi_api.web.resources import Resources
 
 log = logging.getLogger(__name__)
 
-BATCH_LINE = "phi_api.batch_line"  # set in the environ of a batch line's request: no client can set it
-BATCH_OWNER = "phi_api.batch_owner"  # ... with the name of the key that created the batch: the line runs as its
-SERVICE_UNAVAILABLE = 503
 POLL_SECONDS = 0.5  # how soon a new batch's first line is taken
 RECOVER_SECONDS = 10.0  # how often lines of dead workers are looked for
 RETRY_SECONDS = 5.0  # how soon a database that could not be reached is tried again
-Dispatch = Callable[[Line], tuple[int, Any, str, str]]  # a line -> (status, body, request id, Retry-After)
-RATE_LIMITED = 429
+Dispatch = Callable[[Line], Answer]  # a line -> its answer
 
 
 def owner_id(pid: int | None = None) -> str:
@@ -99,22 +95,21 @@ class BatchRunner:
         place of the runner meanwhile."""
         renewer = gevent.spawn(self._renew, line)
         try:
-            status, body, request_id, retry_after = self.dispatch(line)
+            answer = self.dispatch(line)
         except Exception as error:  # a bug of ours: the line fails, the runner goes on
             log.exception("batch %s line %d failed", line.batch_id, line.line)
             self.store.finish(line, None, None, None, {"code": "server_error", "message": type(error).__name__})
             return
         finally:
             renewer.kill()
-        if status == RATE_LIMITED and not _never_fits(body):  # the key rests until its window opens; others go on
-            wait = float(retry_after) if retry_after.isdigit() else POLL_SECONDS
-            self.store.rest(line, time.time() + max(wait, POLL_SECONDS))
+        if answer.wait is not None:  # its key's limits: the key rests until its window opens; the others go on
+            self.store.rest(line, time.time() + max(answer.wait, POLL_SECONDS))
             return
-        if status == SERVICE_UNAVAILABLE:  # shutting down, or its model not ready: back in the queue, a moment
+        if answer.unavailable:  # shutting down, or its model not ready: back in the queue, a moment
             self.store.release(line)
             gevent.sleep(POLL_SECONDS)
             return
-        if not self.store.finish(line, status, body, request_id):
+        if not self.store.finish(line, answer.status, answer.body, answer.request_id):
             log.warning("batch %s line %d: its lease ran out while it ran; another worker's answer counts",
                         line.batch_id, line.line)
 
@@ -129,15 +124,7 @@ class BatchRunner:
                 log.warning("batch %s line %d: its lease could not be renewed", line.batch_id, line.line)
 
 
-def _never_fits(body: Any) -> bool:
-    """Whether a 429 says the line can never run as it is (its worst case exceeds its key's token limit whole): its
-    answer, not a wait."""
-    error = body.get("error") if isinstance(body, dict) else None
-    return isinstance(error, dict) and error.get("code") == KeyRequestTooLargeError.code
-
-
-def parse_body(data: bytes) -> Any:
-    try:
-        return json.loads(data)
-    except ValueError:
-        return {"error": {"message": data.decode("utf-8", "replace")[:1000], "type": "server_error"}}
+def runner_of(resources: Resources) -> BatchRunner:
+    """The batch runner of an app's resources (a worker runs its ``run_forever`` in a greenlet)."""
+    return BatchRunner(resources.batches, functools.partial(answer_line, resources),
+                       resources.settings.BATCH_CONCURRENCY)

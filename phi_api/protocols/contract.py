@@ -1,0 +1,52 @@
+"""What every protocol gives the one generation path: a typed request parsed from its body, and a renderer of the
+run with the same two methods, the whole answer (:meth:`Renderer.whole`) and its stream (:meth:`Renderer.stream`),
+framed on the wire as the protocol frames its streams (:class:`Framing`). The web layer's one ``respond``
+(:mod:`phi_api.web.respond`) starts a run, then streams or collects it through these, for every protocol.
+
+Adding a protocol is a parser, a renderer and a thin blueprint.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from phi_api.service.choices import ChoiceResult
+from phi_api.service.generation import Run
+from phi_api.service.requests import GenerationRequest
+
+
+class Framing(enum.Enum):
+    """How a protocol's stream goes on the wire."""
+
+    SSE = "sse"  # server-sent events, a JSON object each, ended by ``data: [DONE]`` (OpenAI's)
+    SSE_UNTERMINATED = "sse-unterminated"  # the same, ended by its last object (llama.cpp's server)
+    NAMED_SSE = "named-sse"  # ``event: name`` then its JSON (Anthropic's, the Responses API's)
+    NDJSON = "ndjson"  # one JSON object a line (Ollama's)
+
+
+class Renderer(Protocol):
+    """A protocol's answer for one run: whole, or streamed (objects, ``(name, object)`` pairs for named events,
+    and ``KEEPALIVE`` in silences; a failure ends a stream with the protocol's error object)."""
+
+    framing: ClassVar[Framing]
+    run: Run
+
+    def whole(self, results: list[ChoiceResult]) -> dict[str, Any]: ...
+    def stream(self) -> Iterator[Any]: ...
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A body read for the one generation path: its typed request, and the renderer its run is answered with."""
+
+    request: GenerationRequest
+    renderer: Callable[[Run], Renderer]
+
+
+def given(body: dict[str, Any], key: str, default: Any = None) -> Any:
+    """``body[key]``, where an explicit ``null`` counts as not given (as in OpenAI's API)."""
+    value = body.get(key)
+    return default if value is None else value

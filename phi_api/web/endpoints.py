@@ -1,0 +1,61 @@
+"""The generation endpoints a Batch API line may name, and how a body sent to each is read: checked against its JSON
+Schema, parsed into its typed request, and paired with its renderer. The routes read their bodies so, and a
+batch's lines too (:mod:`phi_api.batches.lines`): one reading for both."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from phi_api.protocols.contract import Reading
+from phi_api.protocols.openai.answer import Answer
+from phi_api.protocols.openai.parse import chat_request, completion_request
+from phi_api.protocols.openai.shapes import ChatShape, CompletionShape
+from phi_api.protocols.responses import ResponseRenderer, ResponsesRequest, history_of, output_messages
+from phi_api.storage.responses import ResponseStore
+from phi_api.web.schemas import RequestValidator
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What reading a body needs besides it: the schemas, the stored responses, and whose request it is (the key's
+    name, and the owner whose stored responses it sees: None for every owner's)."""
+
+    validator: RequestValidator
+    store: ResponseStore
+    owner: str
+    scope: str | None
+
+
+def chat(body: dict[str, Any], needs: Needs) -> Reading:
+    """A ``/v1/chat/completions`` body."""
+    needs.validator.validate("chat_completion", body)
+    return Reading(chat_request(body, needs.validator.known_fields("chat_completion")),
+                   lambda run: Answer(run, ChatShape))
+
+
+def completion(body: dict[str, Any], needs: Needs) -> Reading:
+    """A ``/v1/completions`` body."""
+    needs.validator.validate("completion", body)
+    return Reading(completion_request(body, needs.validator.known_fields("completion")),
+                   lambda run: Answer(run, CompletionShape))
+
+
+def response(body: dict[str, Any], needs: Needs) -> Reading:
+    """A ``/v1/responses`` body: after its predecessor's conversation (``previous_response_id``), and stored for
+    follow-ups once answered unless ``store`` is false."""
+    needs.validator.validate("responses", body)
+    request = ResponsesRequest.from_openai(body)
+    store = needs.store
+    history = history_of(request, store, needs.scope)
+
+    def keep(answered: dict[str, Any]) -> None:
+        if request.store and store.max_items:
+            store.put(answered, list(history or []) + list(request.input) + output_messages(answered), needs.owner)
+
+    return Reading(request.chat(history), lambda run: ResponseRenderer(request, run, keep))
+
+
+BATCHABLE: dict[str, Callable[[dict[str, Any], Needs], Reading]] = {
+    "/v1/chat/completions": chat, "/v1/completions": completion, "/v1/responses": response}
