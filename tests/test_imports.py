@@ -126,8 +126,50 @@ def test_no_module_imports_a_layer_above_its_own():
 
 
 def test_the_layer_check_sees_an_upward_import():
-    assert upward({"phi_api.engine.kv.pool": {"phi_api.web.respond"}, "phi_api.web.respond": {"phi_api.engine"}}) == [
-        "phi_api.engine.kv.pool -> phi_api.web.respond"]
+    assert upward({"phi_api.engine.runtime.pool": {"phi_api.web.respond"}, "phi_api.web.respond": {"phi_api.engine"}}
+                  ) == ["phi_api.engine.runtime.pool -> phi_api.web.respond"]
+
+
+# The engine's rooms, bottom to top: each imports only its own room and the rooms below (its face, phi_api.engine
+# and phi_api.engine.facade, on top).
+ENGINE_ROOMS = (
+    ("phi_api.engine.threads", "phi_api.engine.kernels", "phi_api.engine.params", "phi_api.engine.config",
+     "phi_api.engine.choice"),
+    ("phi_api.engine.sampling",),
+    ("phi_api.engine.runtime",),
+    ("phi_api.engine.kv",),
+    ("phi_api.engine.sched",),
+    ("phi_api.engine.facade", "phi_api.engine"),
+)
+
+
+def engine_room(module: str) -> int:
+    """The index in :data:`ENGINE_ROOMS` of an engine module's room (the package's own face counts as the top)."""
+    if module == "phi_api.engine":
+        return len(ENGINE_ROOMS) - 1
+    found = [index for index, prefixes in enumerate(ENGINE_ROOMS) for prefix in prefixes
+             if prefix != "phi_api.engine" and (module == prefix or module.startswith(prefix + "."))]
+    assert found, f"{module} belongs to no room of the engine: add it to ENGINE_ROOMS"
+    return found[0]
+
+
+def engine_upward(graph: dict[str, set[str]]) -> list[str]:
+    """The imports between the engine's rooms that run from a lower room to a higher one (a loop between rooms has
+    at least one)."""
+    inside = {module: {target for target in targets if target.startswith("phi_api.engine")}
+              for module, targets in graph.items() if module.startswith("phi_api.engine")}
+    return sorted(f"{module} -> {target}" for module, targets in inside.items() for target in targets
+                  if engine_room(target) > engine_room(module))
+
+
+def test_each_room_of_the_engine_imports_only_the_rooms_below_it():
+    assert engine_upward(import_graph()) == []
+
+
+def test_the_engine_check_sees_a_loop_between_two_rooms():
+    loop = {"phi_api.engine.kv.cache": {"phi_api.engine.sched.scheduler"},
+            "phi_api.engine.sched.scheduler": {"phi_api.engine.kv.cache"}}
+    assert engine_upward(loop) == ["phi_api.engine.kv.cache -> phi_api.engine.sched.scheduler"]
 
 
 def reaches(graph: dict[str, set[str]], start: str, framework: dict[str, bool]) -> bool:

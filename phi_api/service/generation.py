@@ -179,12 +179,12 @@ class Run:
                 done()
 
     def close(self) -> None:
-        """Stop whatever still runs and give the slot back (idempotent); the ends nobody read are observed when the
-        engine reports them."""
-        self.generation.close(then=self.observe)
+        """Stop whatever still runs and give the slot back (idempotent). ``on_close`` is told first, while the ends
+        observed are those the request side read; the others are observed when the engine reports them."""
         self.slot.release()
         for closed in self.on_close:
             closed()
+        self.generation.close(then=self.observe)
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,8 @@ class RequestSpan:
     finished: list[Finished] = field(default_factory=list)
 
     def observe(self, finished: Finished) -> None:
+        if not self.span.is_recording():  # closed already: its client went before this end was read
+            return
         self.finished.append(finished)
         if len(self.finished) == self.choices:
             self.end()

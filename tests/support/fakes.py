@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from phi_api.engine import Engine, EngineConfig, ModelInfo
-from phi_api.engine.kv.pool import KVPool
+from phi_api.engine.runtime.pool import KVPool
 from phi_api.engine.runtime.session import DecoderSpec
 
 EOS = 0

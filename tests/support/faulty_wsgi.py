@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from phi_api.engine.sched import batch, sequence
+from phi_api.engine.kv import sequence
+from phi_api.engine.sched import continuous
 from phi_api.server.serving import build_wsgi_app
 from tests.support.faults import FAIL_AFTER_TOKENS, FAIL_SEED, FAIL_START_SEED
 
@@ -23,15 +24,15 @@ class FailingSampler(sequence.Sampler):
         return super().observe(token)
 
 
-_start_running = batch.Batch.start_running
+_start_running = continuous.ContinuousBatch.start_running
 
 
-def failing_start(self: batch.Batch, request: Any, logits: Any) -> None:
+def failing_start(self: continuous.ContinuousBatch, request: Any, logits: Any) -> None:
     if request.choices[0].params.seed == FAIL_START_SEED:
         raise RuntimeError("injected failure as a prompt's choices start, at /internal/path/rows.py")
     _start_running(self, request, logits)
 
 
 sequence.Sampler = FailingSampler
-batch.Batch.start_running = failing_start  # type: ignore[method-assign]
+continuous.ContinuousBatch.start_running = failing_start  # type: ignore[method-assign]
 app = build_wsgi_app()

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from phi_api.engine.sched.sequence import Kept
+from phi_api.engine.kv.sequence import Kept
 from phi_api.engine.threads.native import new_rlock
 
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 from phi_api.engine.kv.disk import PrefixStore
 from phi_api.engine.kv.ledger import Ledger
-from phi_api.engine.kv.pool import KVPool
-from phi_api.engine.kv.reuse import MIN_REUSED_TOKENS, ReusePolicy
+from phi_api.engine.kv.reuse import MIN_REUSED_TOKENS, Occupant, ReusePolicy
 from phi_api.engine.kv.rows import RowTable
-from phi_api.engine.sched.sequence import Kept, Occupant, Request, Sequence, row_of
+from phi_api.engine.kv.sequence import Kept, Request, Sequence, row_of
+from phi_api.engine.runtime.pool import KVPool
 from phi_api.errors import RowsFull
 
 

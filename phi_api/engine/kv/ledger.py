@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from phi_api.engine.kv.budget import Account, SharedBudget
-from phi_api.engine.kv.pool import PAGE
-from phi_api.engine.sched.sequence import Kept
+from phi_api.engine.kv.sequence import Kept
+from phi_api.engine.runtime.pool import PAGE
 from phi_api.errors import CapacityError
 
 

@@ -31,10 +31,25 @@ are) and only the rest of the prompt is computed.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 import numpy as np
 
-from phi_api.engine.sched.sequence import Occupant
+
+class Occupant(Protocol):
+    """Anything that holds a row: its place, how many tokens its row holds, and which of them can be reused."""
+
+    slot: int | None
+    length: int
+    reusable: int
+    exact_upto: int  # leading tokens computed exactly as a cold prompt alone is (prefill chunks on the grid)
+    cache_key: str  # only a request of the same cache key may reuse its keys and values
+
+    @property
+    def regime(self) -> str: ...
+
+    def prefix(self) -> np.ndarray: ...
+
 
 MODES = ("on", "exact", "off")
 MIN_REUSED_TOKENS = 16  # below this, reuse saves nothing worth a copy

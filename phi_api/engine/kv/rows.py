@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from phi_api.engine.kv.pool import KVPool
-from phi_api.engine.sched.sequence import LONG, Kept, Occupant, Phase, Sequence
+from phi_api.engine.kv.reuse import Occupant
+from phi_api.engine.kv.sequence import LONG, Kept, Phase, Sequence
+from phi_api.engine.runtime.pool import KVPool
 from phi_api.errors import RowsFull
 
 

@@ -10,7 +10,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from phi_api.engine.runtime.template import reads
 from phi_api.engine.runtime.template import render as render_template
 from phi_api.engine.threads.native import new_lock
 from phi_api.errors import ChatTemplateError
+
+if TYPE_CHECKING:
+    from phi_api.engine.runtime.session import Decoder, DecoderSpec
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +146,28 @@ def _fingerprint(root: Path, config: dict[str, Any]) -> str:
     return "fp_" + digest.hexdigest()[:12]
 
 
+class Model(Protocol):
+    """The one seam between the engine and a model: what the engine needs from one (:class:`LanguageModel`, or the
+    tests' fake): facts about its folder, the layout of its decoder's keys and values, decoder sessions (one per
+    engine thread), its tokenizer, chat template and grammars."""
+
+    info: ModelInfo
+    spec: DecoderSpec
+    longest_token_bytes: int
+
+    @property
+    def identity(self) -> str: ...
+    @property
+    def token_bytes(self) -> dict[int, bytes]: ...
+    def new_decoder(self, threads: int) -> Decoder: ...
+    def create_stream(self) -> LockedStream: ...
+    def encode(self, text: str) -> np.ndarray: ...
+    def decode(self, tokens: Any) -> str: ...
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                    add_generation_prompt: bool, variables: dict[str, Any] | None = None) -> str: ...
+    def guide(self, grammar: tuple[str, str]) -> Any: ...
+
+
 class LanguageModel:
     """A model folder: its tokenizer (shared, loaded once before gunicorn forks) and its decoder graph.
 
@@ -154,9 +179,9 @@ class LanguageModel:
     """
 
     def __init__(self, folder: str, *, cache_dir: Path, kv_dtype: str = "float32", int4_kernel: str = "auto") -> None:
-        from phi_api.engine.kernels.rewrite import MODEL_FILE as OWN_MODEL_FILE
-        from phi_api.engine.kernels.rewrite import own_kernel_graph
         from phi_api.engine.runtime.prepack import prepacked_model
+        from phi_api.engine.runtime.rewrite import MODEL_FILE as OWN_MODEL_FILE
+        from phi_api.engine.runtime.rewrite import own_kernel_graph
         from phi_api.engine.runtime.session import Decoder, DecoderSpec
         from phi_api.engine.sampling.guidance import GuideFactory
 
@@ -182,7 +207,7 @@ class LanguageModel:
         self.decoder_file = prepacked_model(source, decoder_file, cache_dir / "prepacked", spec)
         self.spec = Decoder(self.decoder_file, spec, threads=1).spec
         if self._int8_wanted(kv_dtype, root):
-            from phi_api.engine.kv.quant import int8_model
+            from phi_api.engine.runtime.quant import int8_model
 
             self.decoder_file = int8_model(self.decoder_file, self.spec, self._calibration_ids(),
                                            threads=os.cpu_count() or 1)
@@ -201,7 +226,7 @@ class LanguageModel:
         return f"{self.decoder_file}:{stat.st_size}:{stat.st_mtime_ns}"
 
     def _int8_wanted(self, kv_dtype: str, root: Path) -> bool:
-        from phi_api.engine.kv.quant import wants_int8
+        from phi_api.engine.runtime.quant import wants_int8
 
         if not wants_int8(kv_dtype, self.spec.kv_bytes_per_token):
             return False
@@ -215,7 +240,7 @@ class LanguageModel:
 
     def _calibration_ids(self) -> np.ndarray:
         """Token ids that show the model the kinds of text it meets: prose, code, tables, languages, a chat."""
-        from phi_api.engine.kv.quant import CALIBRATION_TEXT
+        from phi_api.engine.runtime.quant import CALIBRATION_TEXT
 
         chat = self.render_chat([{"role": "system", "content": "You are a helpful assistant."},
                                  {"role": "user", "content": "What is the capital of France?"},
@@ -224,7 +249,7 @@ class LanguageModel:
         text = CALIBRATION_TEXT.read_text(encoding="utf-8")
         return np.concatenate([self.encode(chat), self.encode(text)]).astype(np.int64)
 
-    def new_decoder(self, threads: int) -> Any:
+    def new_decoder(self, threads: int) -> Decoder:
         """A session of the decoder graph computing with ``threads`` threads (make it where it will run)."""
         from phi_api.engine.runtime.session import Decoder
 

@@ -141,7 +141,7 @@ def _differs(original: Path, prepacked: Path, spec: DecoderSpec) -> str | None:
     """Why ``prepacked`` cannot stand for the original graph (its logits of a prompt chunk differ), or None."""
     import numpy as np
 
-    from phi_api.engine.kv.pool import KVPool
+    from phi_api.engine.runtime.pool import KVPool
     from phi_api.engine.runtime.session import Decoder
 
     prompt = (np.arange(16, dtype=np.int64) * 7919 + 11) % max(2, spec.vocab_size)

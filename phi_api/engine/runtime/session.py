@@ -9,7 +9,7 @@ value at that row's own offset. So every sequence owns a row of one key and
 one value buffer per layer (:class:`KVCache`), and a step binds the rows it
 advances, which must be contiguous.
 
-The rows live in a :class:`~phi_api.engine.kv.pool.KVPool`, reserved once,
+The rows live in a :class:`~phi_api.engine.runtime.pool.KVPool`, reserved once,
 so the bindings of a set of rows are made once and kept. A step is either a
 prompt chunk of one row (the kernel takes several new tokens on top of past
 context only for a batch of one), or one new token for each of ``count``
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from phi_api.engine.kv.pool import KVPool
+from phi_api.engine.runtime.pool import KVPool
 
 
 def _ort_errors() -> tuple[type[BaseException], ...]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
+from phi_api.engine.choice import Finished
 from phi_api.engine.kv.cache import KVCache
-from phi_api.engine.sched.choice import Finished
+from phi_api.engine.kv.sequence import Phase, Request, Sequence
 from phi_api.engine.sched.outputs import Outputs, Publish
-from phi_api.engine.sched.sequence import Phase, Request, Sequence
 
 
 @dataclass(frozen=True)

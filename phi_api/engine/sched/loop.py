@@ -22,43 +22,31 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from phi_api.engine.choice import Choice, Finished
 from phi_api.engine.config import EngineConfig
 from phi_api.engine.kv.budget import SharedBudget
 from phi_api.engine.kv.disk import BlockLayout, DiskStats, PrefixStore, store_key
 from phi_api.engine.kv.ledger import Ledger
-from phi_api.engine.kv.pool import KVPool
 from phi_api.engine.kv.reuse import ReusePolicy
+from phi_api.engine.kv.sequence import Request
+from phi_api.engine.runtime.model import Model
+from phi_api.engine.runtime.pool import KVPool
 from phi_api.engine.runtime.prepack import cpu_features
-from phi_api.engine.sched.batch import Batch, Decoder
-from phi_api.engine.sched.choice import Choice, Finished
+from phi_api.engine.runtime.session import Decoder
+from phi_api.engine.sched.continuous import ContinuousBatch
 from phi_api.engine.sched.prefill import ChunkPlanner
-from phi_api.engine.sched.sequence import Request
 from phi_api.engine.sched.stepcost import StepCosts
 from phi_api.engine.threads.native import Signal, give_back_memory, start_thread
 from phi_api.engine.threads.wakeup import HubRelay
 from phi_api.errors import CapacityError, RetiredError
 
-__all__ = ["CapacityError", "EngineLoad", "EngineLoop", "Model", "RetiredError"]
+__all__ = ["CapacityError", "EngineLoad", "EngineLoop", "RetiredError"]
 
 log = logging.getLogger(__name__)  # used on the hub's thread only
 _THREAD_ENDED = object()  # the engine thread's last message to the hub (see HubRelay.close)
 Report = Callable[[Choice, Finished], None]
-
-
-class Model(Protocol):
-    """What the engine loop needs from a model (``LanguageModel``, or a fake in tests)."""
-
-    info: Any
-    spec: Any  # the decoder's layout, key/value type included
-
-    @property
-    def identity(self) -> str:
-        """What the numbers its graph computes depend on: its file and how it was made (engine.kv.disk)."""
-
-    def new_decoder(self, threads: int) -> Decoder: ...
-    def create_stream(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -104,7 +92,7 @@ class EngineLoop:
         self._retiring = False
         self._arrivals = 0
         self.load = EngineLoad(kv_budget=config.kv_budget_bytes)
-        self.batch: Batch | None = None  # the engine thread's, for a look from tests
+        self.batch: ContinuousBatch | None = None  # the engine thread's, for a look from tests
         self.failure: str | None = None  # why the engine thread could not start, for the log
 
     # The hub's side ---------------------------------------------------------------------------------
@@ -194,17 +182,17 @@ class EngineLoop:
         pool.close()  # ... and the pool's reservations
         self._send(_THREAD_ENDED)
 
-    def _new_batch(self, decoder: Decoder) -> Batch:
+    def _new_batch(self, decoder: Decoder) -> ContinuousBatch:
         """The batch of this engine thread, its pool reserved: rows for the running and starting sequences, as many
         for kept prefixes, and a spare for moves."""
         config = self.config
         ledger = Ledger(decoder.spec, config.kv_budget_bytes, config.max_rows, self._model.info.context_length,
                         shared=self.memory, name=config.name, wake=self._signal.set)
-        # One token more than a row holds: a padding row writes at its occupant's length (engine.sched.batch).
+        # One token more than a row holds: a padding row writes at its occupant's length (engine.sched.continuous).
         pool = KVPool(decoder.spec, 2 * config.max_rows + 1, ledger.row_tokens + 1)
         planner = ChunkPlanner(config.prefill_chunk, grid=self._policy.exact or config.batch_invariant,
                                slice_seconds=config.prefill_slice, costs=StepCosts(config.clock))
-        return Batch(self._model, decoder, pool, ledger, self._policy, planner, self._publish,
+        return ContinuousBatch(self._model, decoder, pool, ledger, self._policy, planner, self._publish,
                      draft_max=config.draft_max, disk=self._disk_tier(decoder.spec), invariant=config.batch_invariant)
 
     def _disk_tier(self, spec: Any) -> PrefixStore | None:
@@ -223,7 +211,7 @@ class EngineLoop:
         batch = self.batch
         return batch.kv.disk.stats if batch is not None and batch.kv.disk is not None else None
 
-    def _iterate(self, batch: Batch) -> bool:
+    def _iterate(self, batch: ContinuousBatch) -> bool:
         """Take new requests in, then one iteration of the batch; False when there was nothing to do."""
         while self._inbox:
             self._arrivals += 1
@@ -235,7 +223,7 @@ class EngineLoop:
         self._observe(batch)
         return worked
 
-    def _observe(self, batch: Batch) -> None:
+    def _observe(self, batch: ContinuousBatch) -> None:
         """What the engine holds now, for the hub to read (one assignment: never half-updated)."""
         self.load = EngineLoad(waiting=len(batch.waiting) + len(self._inbox),
                                running=len(batch.prefilling) + batch.rows.running, kv_reserved=batch.ledger.reserved,

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from phi_api.engine.choice import Choice, Finished, TextDelta
 from phi_api.engine.kv.cache import KVCache
-from phi_api.engine.sched.choice import Choice, Finished, TextDelta
-from phi_api.engine.sched.sequence import Phase, Request, Sequence
+from phi_api.engine.kv.sequence import Phase, Request, Sequence
 
 Publish = Callable[[Choice, Finished], None]
 

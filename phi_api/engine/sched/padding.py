@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from phi_api.engine.kv.rows import RowTable
-from phi_api.engine.sched.sequence import Phase
+from phi_api.engine.kv.sequence import Phase
 
 PAD_TOKEN = 0  # any token id of the vocabulary: its result is thrown away
 

@@ -25,10 +25,10 @@ import time
 from typing import Any, NamedTuple
 
 from phi_api.engine.kv.cache import KVCache, OnDisk
-from phi_api.engine.kv.reuse import common_prefix
+from phi_api.engine.kv.reuse import Occupant, common_prefix
+from phi_api.engine.kv.sequence import LONG, Request, Sequence
 from phi_api.engine.sched.outputs import Outputs, trace
 from phi_api.engine.sched.prefill import ChunkPlanner
-from phi_api.engine.sched.sequence import LONG, Occupant, Request, Sequence
 
 # A prompt that has waited this long is prefilled in whole chunks: in time slices between decode steps, a long
 # prompt at Phi-3.5-mini's size waited minutes under a mixed load (docs/engine.md).

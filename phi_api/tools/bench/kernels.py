@@ -185,8 +185,8 @@ def time_steps(model_path: str, rows: list[int], reps: int, context: int, thread
     """Milliseconds per decode step of each row count, every row holding ``context`` tokens, with the 4-bit kernel
     ``int4_kernel`` (INT4_KERNEL's values); and under "prompt", ms per token of the rows' prompts, in chunks of 64.
     Also the first row's logits in a step of each row count (every step computes the same position)."""
-    from phi_api.engine.kv.pool import KVPool
     from phi_api.engine.runtime.model import LanguageModel
+    from phi_api.engine.runtime.pool import KVPool
     from phi_api.settings import cache_root
 
     model = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype="auto", int4_kernel=int4_kernel)

@@ -65,7 +65,7 @@ def run(args: Any) -> dict[str, Any]:
 
 def teacher_forced(model: Any, ids: np.ndarray, threads: int) -> np.ndarray:
     """Log-probabilities of the whole vocabulary before each token of ``ids`` after the first: ``[len - 1, vocab]``."""
-    from phi_api.engine.kv.pool import KVPool
+    from phi_api.engine.runtime.pool import KVPool
 
     decoder = model.new_decoder(threads)
     pool = KVPool(decoder.spec, 1, len(ids))

@@ -59,7 +59,7 @@ def read_ids(model: Any, text_file: Path, tokens: int) -> np.ndarray:
 
 def position_logprobs(model: Any, ids: np.ndarray, threads: int) -> np.ndarray:
     """Log-probabilities of the vocabulary after each token of ``ids`` but the last: ``[len - 1, vocab]``."""
-    from phi_api.engine.kv.pool import KVPool
+    from phi_api.engine.runtime.pool import KVPool
 
     decoder = model.new_decoder(threads)
     pool = KVPool(decoder.spec, 1, len(ids))
@@ -97,7 +97,7 @@ def compare(reference: np.ndarray, build: np.ndarray, ids: np.ndarray) -> Qualit
 
 def greedy_answer(model: Any, question: str, threads: int, tokens: int = ANSWER_TOKENS) -> list[int]:
     """The first ``tokens`` token ids of the greedy answer to ``question`` (a one-message chat)."""
-    from phi_api.engine.kv.pool import KVPool
+    from phi_api.engine.runtime.pool import KVPool
 
     prompt = np.asarray(model.encode(model.render_chat([{"role": "user", "content": question}])), dtype=np.int64)
     decoder = model.new_decoder(threads)
@@ -123,7 +123,7 @@ def answer_agreement(reference: list[list[int]], build: list[list[int]]) -> floa
 
 def decode_rate(model: Any, ids: np.ndarray, threads: int, steps: int = DECODE_STEPS) -> float:
     """Tokens per second of one row decoding ``steps`` tokens (teacher-forced from ``ids``) after a short prompt."""
-    from phi_api.engine.kv.pool import KVPool
+    from phi_api.engine.runtime.pool import KVPool
 
     decoder = model.new_decoder(threads)
     prompt = 16

@@ -93,7 +93,7 @@ class EngineBatch:
 
     def aggregate_rate(self, prompt: np.ndarray, max_tokens: int, rows: int) -> float:
         """Aggregate decode tokens/s of ``rows`` copies of ``prompt`` advanced together for ``max_tokens``."""
-        from phi_api.engine.kv.pool import KVPool
+        from phi_api.engine.runtime.pool import KVPool
 
         kv = KVPool(self._decoder.spec, rows, len(prompt) + max_tokens)
         tokens = np.zeros((rows, 1), dtype=np.int64)

@@ -186,7 +186,7 @@ def replay(prompt: list[int], answer: list[int], draft_max: int) -> list[tuple[i
     """The engine's steps for a greedy ``answer`` to ``prompt`` with drafts of at most ``draft_max`` tokens:
     per step, the draft's length (0: a plain step) and how many of it were kept. The first answer token comes
     from the prompt's step and is not counted; every step gives its kept tokens and one more."""
-    from phi_api.engine.speculation.draft import Drafter
+    from phi_api.engine.sampling.draft import Drafter
 
     drafter = Drafter(prompt, draft_max)
     drafter.extend(answer[:1])
@@ -219,8 +219,8 @@ def step_costs(model_path: str, max_k: int, reps: int = 7) -> dict[str, list[flo
       more than one row, so it is stood in for by one row taking ``8 (k + 1)`` tokens: the same matrix products
       (attention, a small part at this context, differs).
     """
-    from phi_api.engine.kv.pool import KVPool
     from phi_api.engine.runtime.model import LanguageModel
+    from phi_api.engine.runtime.pool import KVPool
     from phi_api.settings import cache_root
 
     model = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype="auto")

@@ -14,7 +14,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from phi_api.engine.kernels import native, op, rewrite
+from phi_api.engine.kernels import native, op
+from phi_api.engine.runtime import rewrite
 from phi_api.engine.kernels.reference import BLOCK, matmul, repack
 from phi_api.errors import KernelError
 from phi_api.settings import cache_root
@@ -156,7 +157,7 @@ def test_the_native_kernel_gives_the_reference_s_product(rows, k, n):
 def test_without_avx512_vnni_auto_keeps_mlas_and_phi_api_is_refused_saying_why(model_path, tmp_path, monkeypatch,
                                                                                 caplog):
     monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})
-    with caplog.at_level("INFO", logger="phi_api.engine.kernels.rewrite"):
+    with caplog.at_level("INFO", logger="phi_api.engine.runtime.rewrite"):
         assert rewrite.own_kernel_graph(Path(model_path), "model.onnx", tmp_path, "auto") is None
     assert "this CPU lacks avx512bw, avx512cd, avx512dq, avx512vl, avx512_vnni" in caplog.text
     with pytest.raises(KernelError, match=r"INT4_KERNEL is phi-api.*lacks avx512bw"):

@@ -9,8 +9,8 @@ import numpy as np
 
 from phi_api.engine.kv.budget import SharedBudget
 from phi_api.engine.kv.ledger import row_bytes
-from phi_api.engine.sched.sequence import Kept
-from tests.engine.sched.test_batch import Bench, bench
+from phi_api.engine.kv.sequence import Kept
+from tests.engine.sched.test_continuous import Bench, bench
 from tests.support.fakes import EOS, FakeDecoder, Script
 
 SPEC = FakeDecoder(Script([])).spec

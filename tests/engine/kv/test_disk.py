@@ -14,16 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from phi_api.engine.choice import Choice, TextDelta
 from phi_api.engine.kv.budget import SharedBudget
 from phi_api.engine.kv.disk import BlockLayout, PrefixStore, chain, store_key
 from phi_api.engine.kv.ledger import Ledger
-from phi_api.engine.kv.pool import KVPool
 from phi_api.engine.kv.reuse import ReusePolicy
-from phi_api.engine.sched.batch import Batch
-from phi_api.engine.sched.choice import Choice, TextDelta
+from phi_api.engine.runtime.pool import KVPool
+from phi_api.engine.sched.continuous import ContinuousBatch
 from phi_api.engine.sched.prefill import ChunkPlanner
 from phi_api.engine.sched.stepcost import StepCosts
-from tests.engine.sched.test_batch import PIECES, Bench
+from tests.engine.sched.test_continuous import PIECES, Bench
 from tests.support.fakes import FakeModel, Script
 from tests.support.server import wait_until
 
@@ -50,7 +50,7 @@ def disk_bench(root: Path, mode: str = "on", *, budget: int = 1 << 20, chunk: in
     planner = ChunkPlanner(chunk, grid=policy.exact, slice_seconds=0.2, costs=StepCosts(script.clock))
     disk = store(root, budget=shared, chunk=chunk, **options)
     made = Bench(None, script, chunk)  # type: ignore[arg-type]
-    made.batch = Batch(model, decoder, pool, ledger, policy, planner,
+    made.batch = ContinuousBatch(model, decoder, pool, ledger, policy, planner,
                        lambda choice, finished: made.finished.append((choice, finished)), disk=disk)
     return made
 

@@ -12,7 +12,7 @@ import pytest
 from phi_api.engine import SamplingParams
 from phi_api.engine.kv.ledger import row_bytes
 from phi_api.engine.kv.reuse import MIN_REUSED_TOKENS, ReusePolicy, common_prefix
-from phi_api.engine.sched.sequence import Kept
+from phi_api.engine.kv.sequence import Kept
 from tests.support.fakes import FakeDecoder, Script, fake_engine, text_pieces
 from tests.support.generations import collect, generate
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from phi_api.engine.kv.pool import KVPool
+from phi_api.engine.runtime.pool import KVPool
 from phi_api.engine.runtime.session import Decoder, DecoderSpec
 
 ROWS = 8

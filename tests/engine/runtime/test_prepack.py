@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phi_api.engine.kv.pool import KVPool
 from phi_api.engine.runtime import prepack
+from phi_api.engine.runtime.pool import KVPool
 from phi_api.engine.runtime.session import Decoder, DecoderSpec
 
 

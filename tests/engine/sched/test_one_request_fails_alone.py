@@ -14,9 +14,9 @@ import traceback
 
 import numpy as np
 
-from phi_api.engine.sched.choice import Choice, Finished
-from phi_api.engine.sched.sequence import Kept
-from tests.engine.sched.test_batch import Bench, bench
+from phi_api.engine.choice import Choice, Finished
+from phi_api.engine.kv.sequence import Kept
+from tests.engine.sched.test_continuous import Bench, bench
 from tests.support.fakes import FakeDecoder, Script
 
 

@@ -8,8 +8,8 @@ import threading
 import numpy as np
 
 from phi_api.engine import SamplingParams
-from phi_api.engine.sched.sequence import Kept
-from tests.engine.sched.test_batch import bench
+from phi_api.engine.kv.sequence import Kept
+from tests.engine.sched.test_continuous import bench
 from tests.support.fakes import EOS, fake_engine, text_pieces
 from tests.support.generations import collect
 

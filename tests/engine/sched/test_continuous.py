@@ -1,8 +1,8 @@
 """The batch driven iteration by iteration, synchronously, on the fake model: no engine thread, no gevent.
 
-Each test builds a :class:`Batch` as the engine loop does, queues requests, calls :meth:`Batch.iterate` and
+Each test builds a :class:`ContinuousBatch` as the engine loop does, queues requests, calls :meth:`ContinuousBatch.iterate` and
 looks at what the fake decoder was asked (``script.steps``, ``script.chunks``) and what was published. The
-batch's invariants (:meth:`Batch.check`) are checked after every iteration.
+batch's invariants (:meth:`ContinuousBatch.check`) are checked after every iteration.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from phi_api.engine.choice import Choice, Finished
 from phi_api.engine.kv.budget import SharedBudget
 from phi_api.engine.kv.ledger import Ledger, row_bytes
-from phi_api.engine.kv.pool import KVPool
 from phi_api.engine.kv.reuse import ReusePolicy
+from phi_api.engine.kv.sequence import Kept, Phase, Request
 from phi_api.engine.params import SamplingParams
-from phi_api.engine.sched.batch import Batch
-from phi_api.engine.sched.choice import Choice, Finished
+from phi_api.engine.runtime.pool import KVPool
+from phi_api.engine.sched.continuous import ContinuousBatch
 from phi_api.engine.sched.prefill import ChunkPlanner
-from phi_api.engine.sched.sequence import Kept, Phase, Request
 from phi_api.engine.sched.stepcost import StepCosts
 from tests.support.fakes import EOS, FakeModel, Script, text_pieces
 
@@ -32,7 +32,7 @@ PIECES = text_pieces(b"a", b"b", b"c")
 class Bench:
     """A batch, its fake model's script, and what it published."""
 
-    batch: Batch
+    batch: ContinuousBatch
     script: Script
     chunk: int
     finished: list[tuple[Choice, Finished]] = field(default_factory=list)
@@ -76,7 +76,7 @@ def bench(tokens=(1, 2, 3), *, chunk: int = 4, budget: int = 1 << 20, max_rows: 
     policy = ReusePolicy(mode, chunk)
     planner = ChunkPlanner(chunk, grid=policy.exact or invariant, slice_seconds=0.2, costs=StepCosts(script.clock))
     made = Bench(None, script, chunk)  # type: ignore[arg-type]
-    made.batch = Batch(model, decoder, pool, ledger, policy, planner,
+    made.batch = ContinuousBatch(model, decoder, pool, ledger, policy, planner,
                        lambda choice, finished: made.finished.append((choice, finished)), draft_max=draft_max,
                        invariant=invariant)
     return made

@@ -61,7 +61,7 @@ def int8_model(model_file: Path, spec: Any, calibration_ids: np.ndarray, threads
 def calibrate(model_file: Path, spec: Any, ids: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
     """Per layer, head and channel, the largest magnitude of the keys and values the float32 graph computes for
     ``ids``: two arrays of ``[layers, kv_heads, head_size]``."""
-    from phi_api.engine.kv.pool import KVPool
+    from phi_api.engine.runtime.pool import KVPool
     from phi_api.engine.runtime.session import Decoder
 
     decoder = Decoder(model_file, spec, threads)

@@ -6,8 +6,8 @@ import threading
 
 import numpy as np
 
+from phi_api.engine.choice import Choice, Finished, TextDelta
 from phi_api.engine.params import SamplingParams
-from phi_api.engine.sched.choice import Choice, Finished, TextDelta
 
 
 def test_events_come_out_in_the_order_they_were_emitted_and_each_notifies():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from phi_api.engine.kv.ledger import row_bytes
-from phi_api.engine.kv.pool import PAGE, KVPool
+from phi_api.engine.runtime.pool import PAGE, KVPool
 from phi_api.engine.runtime.session import DecoderSpec
 
 SPEC = DecoderSpec(layers=2, kv_heads=4, head_size=64, vocab_size=8)  # 256 bytes a token and head

@@ -1,6 +1,6 @@
 """One engine's continuous batch: what one iteration of the engine thread does.
 
-Each iteration (:meth:`Batch.iterate`) is decided, then executed, then its
+Each iteration (:meth:`ContinuousBatch.iterate`) is decided, then executed, then its
 results applied, each by a module of its own:
 
 1. the decisions (:mod:`engine.scheduler`): the waiting requests start, in
@@ -10,7 +10,7 @@ results applied, each by a module of its own:
 2. execution (here): the chunk is computed, then every running sequence
    advances by one token in one batched step (rows with a draft check it in a
    step of their own first: :mod:`engine.speculation`), every step through
-   :meth:`Batch.step`, which times it into the cost model;
+   :meth:`ContinuousBatch.step`, which times it into the cost model;
 3. the results (:mod:`engine.outputs`): tokens chosen, text streamed,
    generations ended and reported.
 
@@ -33,40 +33,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
 
 import numpy as np
 
+from phi_api.engine.choice import PromptLogprobs
 from phi_api.engine.kv.cache import KVCache
 from phi_api.engine.kv.disk import PrefixStore
 from phi_api.engine.kv.ledger import Ledger
-from phi_api.engine.kv.pool import KVPool
 from phi_api.engine.kv.reuse import ReusePolicy
-from phi_api.engine.runtime.session import ORT_ERRORS
+from phi_api.engine.kv.sequence import Phase, Request, Sequence, row_of
+from phi_api.engine.runtime.model import Model
+from phi_api.engine.runtime.pool import KVPool
+from phi_api.engine.runtime.session import ORT_ERRORS, Decoder
 from phi_api.engine.sampling.logits import prompt_records
-from phi_api.engine.sched.choice import PromptLogprobs
 from phi_api.engine.sched.endings import Endings
 from phi_api.engine.sched.outputs import Outputs, Publish, trace
 from phi_api.engine.sched.padding import PAD_TOKEN, Padding
 from phi_api.engine.sched.prefill import ChunkPlanner
 from phi_api.engine.sched.scheduler import Chunk, Scheduler
-from phi_api.engine.sched.sequence import Phase, Request, Sequence, row_of
-from phi_api.engine.speculation.verify import Speculation
+from phi_api.engine.sched.verify import Speculation
 
 
-class Decoder(Protocol):
-    """What a batch needs from a decoder session (:class:`runtime.Decoder`, or a fake in tests)."""
-
-    spec: Any
-
-    def step(self, pool: KVPool, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool,
-             every_position: bool = False) -> np.ndarray: ...
-
-
-class Batch:
+class ContinuousBatch:
     """The rows, the waiting and prefilling requests, and the steps that advance them."""
 
-    def __init__(self, model: Any, decoder: Decoder, pool: KVPool, ledger: Ledger, policy: ReusePolicy,
+    def __init__(self, model: Model, decoder: Decoder, pool: KVPool, ledger: Ledger, policy: ReusePolicy,
                  planner: ChunkPlanner, publish: Publish, draft_max: int = 0, disk: PrefixStore | None = None,
                  invariant: bool = False) -> None:
         """``planner``'s cost model (:mod:`engine.stepcost`) is the batch's: every step is timed into it; ``disk``:
@@ -87,9 +78,10 @@ class Batch:
         self.prefilling = self.scheduler.prefilling
         self._switch = decoder.spec.rope_switch
         self.costs = planner.costs
-        self.speculation = Speculation(self)
         self.padding = Padding(self.rows, self._switch)
         self.endings = Endings(self.waiting, self.prefilling, self.kv, self.outputs, publish)
+        self.speculation = Speculation(self.rows, policy, self.costs, self.outputs, self.endings, self.step,
+                                       self._switch, invariant)
 
     @property
     def idle(self) -> bool:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from phi_api.engine import SamplingParams
+from phi_api.engine.sampling.draft import Drafter
 from phi_api.engine.sampling.logits import Sampler, distribution
 from phi_api.engine.sched.stepcost import StepCosts
-from phi_api.engine.speculation.draft import Drafter
 from tests.support.fakes import EOS, fake_engine, text_pieces
 from tests.support.generations import collect, generate
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phi_api.engine.kv import quant as kvquant
+from phi_api.engine.runtime import quant as kvquant
 
 
 @pytest.mark.parametrize("setting,bytes_per_token,wanted", [

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any, Protocol
 
 import numpy as np
 
+from phi_api.engine.choice import Choice
+from phi_api.engine.kv.reuse import Occupant, ReusePolicy
+from phi_api.engine.runtime.model import Model
+from phi_api.engine.sampling.draft import Drafter
 from phi_api.engine.sampling.logits import Sampler
 from phi_api.engine.sampling.text import TextAssembler
-from phi_api.engine.sched.choice import Choice
-from phi_api.engine.speculation.draft import Drafter
 
 SHORT, LONG = "short", "long"  # LongRoPE regimes (every sequence is short in other models)
 
@@ -36,37 +37,6 @@ class Phase(enum.Enum):
     PREFILLING = "prefilling"  # the request's leader: its prompt goes into its row chunk by chunk
     RUNNING = "running"  # among the running rows: one token (or a draft's) per iteration
     FINISHED = "finished"  # ended; its row was kept for reuse or freed
-
-
-class Reuse(Protocol):
-    """What a sequence asks the reuse mode (:class:`engine.reuse.ReusePolicy`): which of its tokens are reusable."""
-
-    def prompt_reusable(self, prefilled: int, exact_upto: int) -> int: ...
-    def exact_after(self, exact_upto: int, start: int, end: int, prompt_length: int) -> int: ...
-    def decoded_reusable(self, length: int, exact_upto: int) -> int: ...
-
-
-class Model(Protocol):
-    """What sequences need from a model (``LanguageModel``, or a fake in tests)."""
-
-    info: Any
-
-    def create_stream(self) -> Any: ...
-
-
-class Occupant(Protocol):
-    """Anything that holds a row: its place, how many tokens its row holds, and which of them can be reused."""
-
-    slot: int | None
-    length: int
-    reusable: int
-    exact_upto: int  # leading tokens computed exactly as a cold prompt alone is (prefill chunks on the grid)
-    cache_key: str  # only a request of the same cache key may reuse its keys and values
-
-    @property
-    def regime(self) -> str: ...
-
-    def prefix(self) -> np.ndarray: ...
 
 
 def row_of(occupant: Occupant) -> int:
@@ -113,7 +83,7 @@ class Sequence:
 
     # How a sequence moves: these keep length, cached, exact_upto and reusable in agreement.
 
-    def resume(self, point: int, exact_upto: int, policy: Reuse) -> None:
+    def resume(self, point: int, exact_upto: int, policy: ReusePolicy) -> None:
         """Its row now holds its prompt's first ``point`` tokens, taken from another row (``exact_upto`` of them
         computed as a cold prompt alone is): they count as cached. The leader of a starting request begins its
         prefill so."""
@@ -123,7 +93,7 @@ class Sequence:
         self.exact_upto = exact_upto
         self.reusable = policy.prompt_reusable(point, exact_upto)
 
-    def prefilled(self, start: int, end: int, policy: Reuse) -> None:
+    def prefilled(self, start: int, end: int, policy: ReusePolicy) -> None:
         """A prompt chunk ``[start, end)`` is in its row."""
         assert self.phase is Phase.PREFILLING and start == self.length, (self.phase, start, self.length)
         self.length = end
@@ -135,7 +105,7 @@ class Sequence:
         self.length, self.cached, self.long = leader.length, leader.cached, leader.long
         self.exact_upto, self.reusable = leader.exact_upto, leader.reusable
 
-    def fed(self, policy: Reuse, rows_in_step: int = 1) -> None:
+    def fed(self, policy: ReusePolicy, rows_in_step: int = 1) -> None:
         """Its pending token is in: the step just taken (of ``rows_in_step`` rows) wrote its key and value."""
         assert self.pending is not None and self.phase is Phase.RUNNING
         self.tokens.append(self.pending)
@@ -144,7 +114,7 @@ class Sequence:
         self.steps += 1
         self.step_rows += rows_in_step
 
-    def prefilled_again(self, policy: Reuse) -> None:
+    def prefilled_again(self, policy: ReusePolicy) -> None:
         """LongRoPE: every token and the pending one were prefilled again whole, with the long factors (not on the
         grid: nothing of it is exact any more)."""
         assert self.pending is not None

@@ -1,1 +1,0 @@
-"""Speculative decoding from the prompt: drafts by n-gram lookup, checked in one step."""
