@@ -12,7 +12,7 @@ from flask import Flask
 
 from phi_api.app import create_app
 from phi_api.engine import Engine
-from phi_api.web.resources import get_limiter, get_models
+from phi_api.web.resources import teardown
 from tests.support.fakes import fake_engine, text_pieces
 
 HELLO_PIECES = text_pieces(b"Hello", b",", b" world", b"!", b" How", b" are", b" you", b"?")
@@ -69,8 +69,7 @@ def make_app(tmp_path: Path) -> Callable[..., Flask]:
 
     yield build
     for app in built:
-        get_models(app).stop()
-        get_limiter(app).remove_file()
+        teardown(app)
 
 
 @pytest.fixture

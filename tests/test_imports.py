@@ -97,7 +97,7 @@ LAYERS = (
     ("phi_api.api",),
     ("phi_api.app",),
     ("phi_api.server",),
-    ("phi_api.tools", "phi_api.__main__"),
+    ("phi_api.tools", "phi_api.bench", "phi_api.__main__"),
 )
 # Up to this layer (the protocols included), nothing reaches Flask or werkzeug, directly or not.
 FLASK_FREE_UP_TO = "phi_api.protocols"

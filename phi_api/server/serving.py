@@ -192,11 +192,14 @@ def worker_exit(server: Any, worker: Any) -> None:
 
 
 def on_exit(server: Any) -> None:
-    """gunicorn hook, in the master at shutdown: remove the shared lock file and metrics folder."""
+    """gunicorn hook, in the master at shutdown: release the app's resources (the shared lock file among them) and
+    remove the metrics folder."""
     if server.cfg.preload_app:
         app = _flask_app(server.app.wsgi())
         if app is not None:
-            _resources(app).limiter.remove_file()
+            from phi_api.web.resources import teardown
+
+            teardown(app)
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
     if os.environ.get(_OWN_METRICS_DIR) == folder and os.path.isdir(folder):
         shutil.rmtree(folder, ignore_errors=True)

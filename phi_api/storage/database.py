@@ -116,6 +116,12 @@ class Database:
             self._pid, self._engine = os.getpid(), engine
         return self._engine
 
+    def close(self) -> None:
+        """Close this process's connections (the app's teardown); a later call opens them again."""
+        if self._engine is not None and self._pid == os.getpid():
+            self._engine.dispose()
+        self._engine = None
+
     def _new_engine(self) -> sa.Engine:
         if not self.is_sqlite:
             return sa.create_engine(self.url, pool_pre_ping=True, pool_size=4, max_overflow=4, hide_parameters=True,

@@ -30,29 +30,29 @@ COMMANDS = {
 
 # phi-api bench <name> -> (its module, what it measures)
 BENCHES = {
-    "serving": ("phi_api.tools.bench.serving", "a server against the raw engine (and other servers): first token, "
+    "serving": ("phi_api.bench.serving", "a server against the raw engine (and other servers): first token, "
                 "decode, concurrent streams, prompt reuse, static batches, memory"),
-    "spec": ("phi_api.tools.bench.speculative", "speculative decoding on against off: copying, chat, 8 streams, "
+    "spec": ("phi_api.bench.speculative", "speculative decoding on against off: copying, chat, 8 streams, "
              "step costs and the projected speed-up"),
-    "disk": ("phi_api.tools.bench.prefixdisk", "prompts read from disk against computed: across a restart, across "
+    "disk": ("phi_api.bench.prefixdisk", "prompts read from disk against computed: across a restart, across "
              "workers, and decoding while the disk tier writes"),
-    "batch": ("phi_api.tools.bench.batches", "a live request's first token while a batch runs, against idle and "
+    "batch": ("phi_api.bench.batches", "a live request's first token while a batch runs, against idle and "
               "against the same load sent live"),
-    "tenants": ("phi_api.tools.bench.tenants", "the gevent hub's longest stall while several keys stream, chain "
+    "tenants": ("phi_api.bench.tenants", "the gevent hub's longest stall while several keys stream, chain "
                 "stored responses and run a batch"),
-    "replicas": ("phi_api.tools.bench.replicas", "two replicas behind nginx (the shipped site) against one, and "
+    "replicas": ("phi_api.bench.replicas", "two replicas behind nginx (the shipped site) against one, and "
                  "cache affinity"),
-    "database": ("phi_api.tools.bench.database", "what PostgreSQL (DATABASE_URL) adds to a request with a key, "
+    "database": ("phi_api.bench.database", "what PostgreSQL (DATABASE_URL) adds to a request with a key, "
                  "against SQLite"),
-    "cpu": ("phi_api.tools.bench.cpu", "where the CPU goes while concurrent streams run (Linux)"),
-    "kv": ("phi_api.tools.bench.kv", "int8 keys and values against float32: accuracy and memory"),
-    "quality": ("phi_api.tools.bench.quality", "a build's perplexity and top-1 agreement against the float32 build "
+    "cpu": ("phi_api.bench.cpu", "where the CPU goes while concurrent streams run (Linux)"),
+    "kv": ("phi_api.bench.kv", "int8 keys and values against float32: accuracy and memory"),
+    "quality": ("phi_api.bench.quality", "a build's perplexity and top-1 agreement against the float32 build "
                 "of the same source, and its decode speed"),
-    "structured": ("phi_api.tools.bench.structured", "forced tool calls and json_schema answers: the share that "
+    "structured": ("phi_api.bench.structured", "forced tool calls and json_schema answers: the share that "
                    "comes out whole and valid (greedy)"),
-    "kernels": ("phi_api.tools.bench.kernels", "ONNX Runtime's 4-bit matrix kernel at 1 to 16 rows: alone at "
+    "kernels": ("phi_api.bench.kernels", "ONNX Runtime's 4-bit matrix kernel at 1 to 16 rows: alone at "
                 "Phi-3.5-mini's weight shapes, and in a model's decode steps"),
-    "load": ("phi_api.tools.bench.load", "bursts far beyond the concurrency limit, a soak (--minutes), or a mixed "
+    "load": ("phi_api.bench.load", "bursts far beyond the concurrency limit, a soak (--minutes), or a mixed "
              "load (--mixed)"),
 }
 

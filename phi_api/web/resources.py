@@ -1,34 +1,27 @@
-"""The app's resources: built once by :func:`init_app`, kept on the Flask app, reached through one accessor each.
+"""The app's resources: made by the app factory (:mod:`phi_api.app`, the composition root), kept on the Flask app
+(:func:`init_app`), reached through one accessor each, and released by :func:`teardown`.
 
-This is Flask's tutorial's ``init_app``/``get_db`` pattern, in one place for every
+This is Flask's tutorial's ``init_app``/``get_db``/``close_db`` pattern, for every
 resource: the classes themselves (the limiter, the keys, the stores, the models,
-...) know nothing of Flask; the app factory calls :func:`init_app`, and the web
-layer reaches a resource with its accessor (``get_models()``, ``get_keys()``, ...),
-which fails loudly when an app was built without it.
+...) know nothing of Flask, and the web layer reaches a resource with its accessor
+(``get_models()``, ``get_keys()``, ...), which fails loudly when an app was built
+without it.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from flask import Flask, current_app
 
-from phi_api.engine import Engine, SharedBudget
-from phi_api.engine.threads.native import give_back_memory
-from phi_api.limits.keys import Keys, Usage, read_keys
+from phi_api.limits.keys import Keys
 from phi_api.limits.line import KeyCaps, WaitingLine
 from phi_api.limits.slots import ConcurrencyLimiter
-from phi_api.models.memory import ServerMemory, measured_here
+from phi_api.models.memory import ServerMemory
 from phi_api.models.registry import Models
-from phi_api.models.specs import ModelSpec, declared
-from phi_api.models.state import state_dir
 from phi_api.settings import Settings
 from phi_api.storage.batches import BatchStore
-from phi_api.storage.database import sqlite_url
-from phi_api.storage.files import Quota
 from phi_api.storage.responses import ResponseStore
 from phi_api.telemetry.metrics import Metrics
 from phi_api.telemetry.tracing import Tracing
@@ -56,51 +49,20 @@ class Resources:
     document: dict[str, Any] = field(default_factory=dict)  # the OpenAPI document, once the routes are registered
 
 
-def init_app(app: Flask, settings: Settings, load: Callable[[ModelSpec, SharedBudget], Engine]) -> Resources:
-    """Build ``app``'s resources from ``settings``; ``load`` makes a model's engine, its keys and values in the
-    worker's budget it is given; the declared models are loaded now.
-
-    The slots' lock file and the model registry live in the server's state folder (one run's, shared by its
-    processes); the keys' usage, the stored responses and the batches in the database (kept across restarts):
-    ``DATABASE_URL``'s, or SQLite files in the data folder.
-    The declared models must fit the memory budget with room for one request (else
-    :class:`phi_api.errors.InsufficientMemoryError`: start-up stops); what this process then takes is measured.
-    """
-    folder = state_dir()
-    resources = Resources(
-        settings=settings, validator=RequestValidator(),
-        limiter=ConcurrencyLimiter(settings.MAX_CONCURRENT_REQUESTS, os.path.join(folder, "slots.lock")),
-        keys=Keys(read_keys(settings.API_KEYS_FILE, settings.api_keys), Usage(database_url(settings, "keys"))),
-        responses=ResponseStore(database_url(settings, "responses"), settings.RESPONSES_STORE_MAX,
-                                settings.RESPONSES_STORE_SECONDS),
-        batches=BatchStore(database_url(settings, "batches"), settings.batch_dir, settings.BATCH_LEASE_SECONDS,
-                           Quota(settings.FILES_MAX_PER_KEY, int(settings.FILES_MAX_MB_PER_KEY * 2**20))),
-        metrics=Metrics(), tracing=Tracing(),
-        memory=ServerMemory(settings.memory_limit_bytes, settings.workers,
-                            shared=SharedBudget(0, settings.KV_IDLE_SECONDS)),
-        caps=KeyCaps(folder), line=WaitingLine(settings.MAX_QUEUED_REQUESTS, settings.QUEUE_TIMEOUT))
+def init_app(app: Flask, resources: Resources) -> None:
+    """Keep ``resources`` on ``app``: the accessors reach them there."""
     app.extensions[_EXTENSION] = resources
 
-    def engine_of(spec: ModelSpec) -> Engine:
-        engine = load(spec, resources.memory.shared)
-        engine.observers.append(resources.metrics.observe_generation)
-        return engine
 
-    models = resources.models = Models(settings, folder, engine_of, resources.memory)
-    models.declare(declared(settings))
-    give_back_memory()  # what loading (a prepack, say) freed goes back to the system before it is measured
-    resources.memory.master_private = measured_here()
-    models.check_memory("the declared models")
-    resources.memory.refresh(models.weights())  # the workers' first share, until each measures its own memory
-    return resources
-
-
-def database_url(settings: Settings, store: str) -> str:
-    """Where ``store`` (keys, responses, batches) keeps its data: ``DATABASE_URL``, or its SQLite file of old."""
-    if settings.DATABASE_URL:
-        return settings.DATABASE_URL
-    folder = settings.batch_dir if store == "batches" else settings.data_dir
-    return sqlite_url(folder / f"{store}.sqlite3")
+def teardown(app: Flask) -> None:
+    """Release what ``app`` holds, each resource in turn, the last made first: its models' engines stop, its slots'
+    lock file goes, its databases' connections close."""
+    resources = get_resources(app)
+    if resources.models is not None:
+        resources.models.stop()
+    resources.limiter.remove_file()
+    for database in (resources.batches.database, resources.responses.database, resources.keys.usage.database):
+        database.close()
 
 
 def get_resources(app: Flask | None = None) -> Resources:

@@ -74,7 +74,7 @@ def test_recycled_workers_exit_and_lose_no_request(logs_dir, model_path):
 
 
 def test_recycling_under_concurrent_load_loses_no_request(logs_dir, model_path):
-    from phi_api.tools.bench.load import burst
+    from phi_api.bench.load import burst
 
     server = Server(logs_dir, args=("--max-requests", "4", "--max-requests-jitter", "0"), MODEL_PATH=model_path,
                     MODEL_ID=MODEL_ID, WEB_CONCURRENCY=2, MAX_CONCURRENT_REQUESTS=64).start()

@@ -5,7 +5,7 @@ The same code as ``python -m phi_api bench load`` (which also soaks, outside the
 
 from __future__ import annotations
 
-from phi_api.tools.bench.load import burst, free_slots
+from phi_api.bench.load import burst, free_slots
 from tests.integration.conftest import MODEL_ID
 
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from phi_api.tools.bench.replicas import Nginx, nginx_binary
+from phi_api.bench.replicas import Nginx, nginx_binary
 from tests.integration.conftest import MODEL_ID
 from tests.support.server import Server, wait_until
 

@@ -15,8 +15,8 @@ import pytest
 import requests
 from openai import OpenAI
 
+from phi_api.bench.server import free_port
 from phi_api.settings import SETTING_NAMES
-from phi_api.tools.bench.server import free_port
 from tests.support.server import answers_health, wait_until
 
 CHECKOUT = Path(__file__).resolve().parents[2]

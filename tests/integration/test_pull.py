@@ -123,7 +123,7 @@ def test_make_serve_with_a_model_name_pulls_it_and_serves_it(hub, tmp_path):
 
     import requests
 
-    from phi_api.tools.bench.server import REPO, free_port
+    from phi_api.bench.server import REPO, free_port
     from tests.support.server import answers_health, wait_until
 
     port = free_port()

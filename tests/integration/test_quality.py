@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phi_api.tools.bench import quality
+from phi_api.bench import quality
 from phi_api.tools.prepare import DEFAULT_RECIPE, check_quantization, default_model_dir, prepare_default_model
 
 TOKENS = 1024

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from phi_api.tools.bench.server import free_port
+from phi_api.bench.server import free_port
 from tests.support.readme import section, sh_blocks, shell_commands
 from tests.support.server import answers_health, wait_until
 from tests.support.terminal import read_until

@@ -20,7 +20,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from phi_api.tools.bench.postgres import Postgres
+from phi_api.bench.postgres import Postgres
 from tests.integration.conftest import MODEL_ID
 from tests.support.server import Server, wait_until
 

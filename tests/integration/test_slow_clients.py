@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from phi_api.tools.bench.load import free_slots
+from phi_api.bench.load import free_slots
 from tests.integration.conftest import MODEL_ID
 from tests.support.server import Server, wait_until
 

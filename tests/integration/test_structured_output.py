@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from phi_api.tools.bench import structured
+from phi_api.bench import structured
 from tests.integration.conftest import MODEL_ID
 
 

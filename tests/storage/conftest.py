@@ -7,8 +7,8 @@ import itertools
 import pytest
 import sqlalchemy as sa
 
+from phi_api.bench.postgres import Postgres
 from phi_api.storage.database import driver_url, sqlite_url
-from phi_api.tools.bench.postgres import Postgres
 
 _NAMES = itertools.count()
 

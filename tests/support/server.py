@@ -8,8 +8,8 @@ from typing import Any
 
 import requests
 
+from phi_api.bench.server import Server, free_port, poll
 from phi_api.errors import ServerError
-from phi_api.tools.bench.server import Server, free_port, poll
 
 __all__ = ["Server", "ServerError", "answers_health", "failed_start", "free_port", "wait_until"]
 

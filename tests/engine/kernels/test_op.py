@@ -15,8 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from phi_api.engine.kernels import native, op
-from phi_api.engine.runtime import rewrite
 from phi_api.engine.kernels.reference import BLOCK, matmul, repack
+from phi_api.engine.runtime import rewrite
 from phi_api.errors import KernelError
 from phi_api.settings import cache_root
 

@@ -1,8 +1,8 @@
 """The batch driven iteration by iteration, synchronously, on the fake model: no engine thread, no gevent.
 
-Each test builds a :class:`ContinuousBatch` as the engine loop does, queues requests, calls :meth:`ContinuousBatch.iterate` and
-looks at what the fake decoder was asked (``script.steps``, ``script.chunks``) and what was published. The
-batch's invariants (:meth:`ContinuousBatch.check`) are checked after every iteration.
+Each test builds a :class:`ContinuousBatch` as the engine loop does, queues requests, calls
+:meth:`ContinuousBatch.iterate` and looks at what the fake decoder was asked (``script.steps``, ``script.chunks``)
+and what was published. The batch's invariants (:meth:`ContinuousBatch.check`) are checked after every iteration.
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import requests
 
-from phi_api.tools.bench.client import LoadResult, StreamResult, concurrent_streams, stream_completion, unique
-from phi_api.tools.bench.server import Server
+from phi_api.bench.client import LoadResult, StreamResult, concurrent_streams, stream_completion, unique
+from phi_api.bench.server import Server
 
 MODEL_ID = "bench-model"
 CHAT_PATH = "/v1/chat/completions"

@@ -9,8 +9,8 @@ from typing import Any
 
 import requests
 
-from phi_api.tools.bench.client import stream_completion, unique
-from phi_api.tools.bench.common import (
+from phi_api.bench.client import stream_completion, unique
+from phi_api.bench.common import (
     LONG_PROMPT,
     PREFILLING_PROMPT,
     PROMPT,
@@ -19,8 +19,8 @@ from phi_api.tools.bench.common import (
     completion_body,
     median,
 )
-from phi_api.tools.bench.raw import RawReference
-from phi_api.tools.bench.server import Server
+from phi_api.bench.raw import RawReference
+from phi_api.bench.server import Server
 
 
 def measure_prompt_ttft(target: Target, runs: int, raw: RawReference | None) -> dict[str, Any]:

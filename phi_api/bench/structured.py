@@ -19,7 +19,7 @@ from typing import Any
 import jsonschema
 import requests
 
-from phi_api.tools.bench.common import needs_server
+from phi_api.bench.common import needs_server
 
 DEFAULT_CASES = Path(__file__).resolve().parents[3] / "tests" / "data" / "structured-cases.json"
 MAX_TOKENS = 160
@@ -86,7 +86,7 @@ def measure(url: str, model: str, cases: dict[str, list[dict[str, Any]]],
 def run(args: Any) -> dict[str, Any]:
     import tempfile
 
-    from phi_api.tools.bench.server import Server
+    from phi_api.bench.server import Server
 
     cases = read_cases(Path(args.cases))
     if args.url:

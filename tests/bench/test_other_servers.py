@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 import requests
 
-from phi_api.tools.bench import probes, serving
-from phi_api.tools.bench.client import StreamResult
-from phi_api.tools.bench.common import Target
-from phi_api.tools.bench.report import print_report
+from phi_api.bench import probes, serving
+from phi_api.bench.client import StreamResult
+from phi_api.bench.common import Target
+from phi_api.bench.report import print_report
 
 
 def _results() -> dict[str, Any]:
@@ -83,7 +83,7 @@ def test_a_server_that_fails_is_reported_and_the_others_are_kept(monkeypatch: py
 
 
 def test_the_models_probe_counts_a_server_that_does_not_answer() -> None:
-    from phi_api.tools.bench.client import LatencyProbe
+    from phi_api.bench.client import LatencyProbe
     from tests.support.server import free_port, wait_until
 
     with LatencyProbe(f"http://127.0.0.1:{free_port()}") as probe:  # nothing listens there
@@ -108,7 +108,7 @@ def test_one_stream_is_paired_with_the_raw_run_before_it() -> None:
 
 def test_the_models_probe_runs_during_a_batch_of_its_own_not_the_measured_ones(monkeypatch) -> None:
     # Polling /v1/models takes CPU from the engine, and the ceiling the batches are set against runs without it.
-    from phi_api.tools.bench.client import LoadResult
+    from phi_api.bench.client import LoadResult
 
     probing: list[bool] = []
     batches: list[tuple[int, bool]] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from phi_api.tools.bench.client import LoadResult, StreamResult
+from phi_api.bench.client import LoadResult, StreamResult
 
 
 def _stream(first: float, rate: float, count: int, tokens_per_piece: int = 1) -> StreamResult:
@@ -41,7 +41,7 @@ def test_streams_that_never_decode_together_have_no_steady_rate():
 
 
 def test_a_run_s_ratios_pair_its_rates_with_the_raw_stream_and_the_ceiling():
-    from phi_api.tools.bench.serving import _ratios
+    from phi_api.bench.serving import _ratios
 
     both = LoadResult(2, [_stream(first=0.0, rate=50, count=51), _stream(first=0.0, rate=50, count=51)], 1.0)
     ratios = _ratios(both, reference=50.0, ceiling=125.0)

@@ -16,10 +16,10 @@ from typing import Any
 
 import requests
 
+from phi_api.bench.client import concurrent_streams, stream_completion
+from phi_api.bench.common import add_stream_args
+from phi_api.bench.server import REPO, Server, free_port, poll
 from phi_api.errors import ServerError
-from phi_api.tools.bench.client import concurrent_streams, stream_completion
-from phi_api.tools.bench.common import add_stream_args
-from phi_api.tools.bench.server import REPO, Server, free_port, poll
 
 SHIPPED_SITE = REPO / "deploy" / "nginx" / "phi-api.conf"
 SHIPPED_REPLICA_PORTS = ("8001", "8002")

@@ -22,7 +22,7 @@ from typing import Any
 
 import requests
 
-from phi_api.tools.bench.common import needs_server
+from phi_api.bench.common import needs_server
 
 OK_OUTCOMES = frozenset({"200", "429"})
 
@@ -115,7 +115,7 @@ def free_slots(url: str, model: str, wanted: int, timeout: float = 30.0) -> bool
 
 def tree_rss_bytes(pid: int) -> int:
     """Resident memory of ``pid`` and its children (gunicorn's master and workers)."""
-    from phi_api.tools.bench.server import children
+    from phi_api.bench.server import children
 
     total = 0
     for each in [pid, *children(pid)]:
@@ -140,7 +140,7 @@ class SoakSample:
 def soak(url: str, model: str, minutes: float, concurrency: int, pid: int | None, window: float = 30.0,
          max_tokens: int = 64) -> list[SoakSample]:
     """Stream steadily from ``concurrency`` clients for ``minutes``; one sample per ``window`` seconds."""
-    from phi_api.tools.bench.client import stream_completion
+    from phi_api.bench.client import stream_completion
 
     lock = threading.Lock()
     tokens = [0]
@@ -197,7 +197,7 @@ def soak_summary(samples: list[SoakSample], warmup: int = 2) -> dict[str, Any]:
 
 def run(args: Any) -> int:
     """The ``load`` command: bursts (default) or a soak (``--minutes``), against ``--url`` or a server it starts."""
-    from phi_api.tools.bench.server import Server
+    from phi_api.bench.server import Server
 
     server = None
     url, pid = args.url, args.pid
@@ -212,7 +212,7 @@ def run(args: Any) -> int:
         url, pid = server.url, server.master.pid
     try:
         if args.mixed:
-            from phi_api.tools.bench.mixed import report, run_mixed
+            from phi_api.bench.mixed import report, run_mixed
 
             if pid is None:
                 print("load --mixed with --url needs --pid (the gunicorn master's)", flush=True)

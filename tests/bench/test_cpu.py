@@ -6,8 +6,8 @@ import os
 import threading
 import time
 
+from phi_api.bench.cpu import thread_seconds
 from phi_api.engine.threads.native import ENGINE_THREAD_NAME, start_thread
-from phi_api.tools.bench.cpu import thread_seconds
 
 
 def test_a_named_thread_s_cpu_time_is_counted_under_its_name():

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from phi_api.tools.bench.common import say
+from phi_api.bench.common import say
 
 # Phi-3.5-mini's matrices, (name, K, N): K inputs, N outputs
 SHAPES = (("qkv", 3072, 9216), ("o", 3072, 3072), ("gate-up", 3072, 16384), ("down", 8192, 3072))
@@ -223,7 +223,7 @@ def memory(model_path: str) -> dict[str, dict[str, float]]:
     """The whole server's PSS with 1 and 2 workers, with each kernel (INT4_KERNEL mlas, then phi-api)."""
     import tempfile
 
-    from phi_api.tools.bench.probes import measure_memory
+    from phi_api.bench.probes import measure_memory
 
     found = {}
     with tempfile.TemporaryDirectory(prefix="phi-api-kernels-") as logs:

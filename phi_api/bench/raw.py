@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from phi_api.tools.bench.common import PROMPT, median
+from phi_api.bench.common import PROMPT, median
 
 
 @dataclass(frozen=True)

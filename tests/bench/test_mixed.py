@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from phi_api.tools.bench.mixed import KINDS, body, report, tree_pss
+from phi_api.bench.mixed import KINDS, body, report, tree_pss
 
 
 def test_every_kind_is_a_streamed_chat_and_long_prompts_are_long():

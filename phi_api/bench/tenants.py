@@ -19,8 +19,8 @@ from typing import Any
 
 import requests
 
-from phi_api.tools.bench.common import say
-from phi_api.tools.bench.server import Server
+from phi_api.bench.common import say
+from phi_api.bench.server import Server
 
 KEYS = {"team-a": "sk-bench-team-a", "team-b": "sk-bench-team-b", "ops": "sk-bench-ops-admin"}
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import requests
 
-from phi_api.tools.bench.client import StreamResult, stream_completion
-from phi_api.tools.bench.common import median, say
-from phi_api.tools.bench.server import Server
+from phi_api.bench.client import StreamResult, stream_completion
+from phi_api.bench.common import median, say
+from phi_api.bench.server import Server
 
 MODEL_ID = "bench-model"
 CHAT = "/v1/chat/completions"
@@ -125,7 +125,7 @@ def decoding_while_writing(model_path: str, log_dir: Path, runs: int, tokens: in
 def first_token_on_off(model_path: str, log_dir: Path, runs: int) -> dict[str, Any]:
     """A ~300-token prompt's first token (each run a prompt of its own: nothing to read), the tier on against off,
     the two servers asked in turn: what storing costs a prompt."""
-    from phi_api.tools.bench.common import LONG_PROMPT
+    from phi_api.bench.common import LONG_PROMPT
 
     times: dict[str, list[float]] = {"on": [], "off": []}
     folder = Path(tempfile.mkdtemp(prefix="phi-api-disk-"))

@@ -1,6 +1,6 @@
 """phi-api bench disk reports the prompts-on-disk issue's goals, met or not, for what it measured."""
 
-from phi_api.tools.bench.prefixdisk import goals
+from phi_api.bench.prefixdisk import goals
 
 
 def test_goals_are_reported_met_or_not_for_what_was_measured():

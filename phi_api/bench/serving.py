@@ -15,7 +15,7 @@ from typing import Any
 
 import requests
 
-from phi_api.tools.bench.client import (
+from phi_api.bench.client import (
     LatencyProbe,
     LoadResult,
     StreamResult,
@@ -23,7 +23,7 @@ from phi_api.tools.bench.client import (
     stream_completion,
     unique,
 )
-from phi_api.tools.bench.common import (
+from phi_api.bench.common import (
     PROMPT,
     Target,
     completion_body,
@@ -33,7 +33,7 @@ from phi_api.tools.bench.common import (
     percentile,
     say,
 )
-from phi_api.tools.bench.probes import (
+from phi_api.bench.probes import (
     kv_capacity,
     measure_feature_costs,
     measure_head_of_line,
@@ -41,8 +41,8 @@ from phi_api.tools.bench.probes import (
     measure_prompt_reuse,
     measure_prompt_ttft,
 )
-from phi_api.tools.bench.raw import RawReference, summarize_raw
-from phi_api.tools.bench.server import Server
+from phi_api.bench.raw import RawReference, summarize_raw
+from phi_api.bench.server import Server
 
 
 def measure_single(target: Target, max_tokens: int, runs: int, raw: RawReference | None) -> dict[str, Any]:
@@ -174,7 +174,7 @@ def measure_target(target: Target, options: Any, levels: list[int], raw: RawRefe
 
 def run(options: Any) -> dict[str, Any]:
     """Run every measurement the options ask for; returns the report (also printed and written)."""
-    from phi_api.tools.bench.report import print_report, write_chart, write_json
+    from phi_api.bench.report import print_report, write_chart, write_json
 
     levels = [int(level) for level in options.concurrency.split(",")]
     log_dir = Path(tempfile.mkdtemp(prefix="phi-api-bench-"))

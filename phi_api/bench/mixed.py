@@ -24,7 +24,7 @@ from typing import Any
 
 import requests
 
-from phi_api.tools.bench.server import children, pss_bytes
+from phi_api.bench.server import children, pss_bytes
 
 KINDS = ("long", "conversation", "short", "n3", "abandoned", "schema", "hostile", "burst")
 # Bodies no client should send: each must be refused with a 4xx, and leave the server whole.

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from phi_api.bench.client import concurrent_streams
+from phi_api.bench.common import add_stream_args
+from phi_api.bench.server import Server, threads
 from phi_api.engine.threads.native import ENGINE_THREAD_NAME
-from phi_api.tools.bench.client import concurrent_streams
-from phi_api.tools.bench.common import add_stream_args
-from phi_api.tools.bench.server import Server, threads
 
 MODEL_ID = "bench-model"
 PROMPT = "Write a long story about a robot who learns to paint, with many characters and places."

@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from phi_api.bench.server import free_port
 from phi_api.errors import ServerError
-from phi_api.tools.bench.server import free_port
 
 SYSTEM_USER = "postgres"
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import requests
 
-from phi_api.tools.bench.client import stream_completion, unique
-from phi_api.tools.bench.common import LONG_PROMPT, SHORT_PROMPT, median, say
-from phi_api.tools.bench.server import Server
+from phi_api.bench.client import stream_completion, unique
+from phi_api.bench.common import LONG_PROMPT, SHORT_PROMPT, median, say
+from phi_api.bench.server import Server
 
 MODEL_ID = "bench-model"
 CHAT = "/v1/chat/completions"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from phi_api.tools.bench.speculative import project, projected_speedup, replay, shared_start
+from phi_api.bench.speculative import project, projected_speedup, replay, shared_start
 
 
 def test_a_copied_answer_replays_as_checks_that_keep_its_tokens():

@@ -17,9 +17,9 @@ from typing import Any
 
 import requests
 
-from phi_api.tools.bench.common import median, percentile, say
-from phi_api.tools.bench.postgres import Postgres
-from phi_api.tools.bench.server import Server
+from phi_api.bench.common import median, percentile, say
+from phi_api.bench.postgres import Postgres
+from phi_api.bench.server import Server
 
 KEY = {"name": "bench", "key": "sk-bench-database", "requests_per_minute": 1_000_000, "tokens_per_day": 10**12}
 
