@@ -11,11 +11,11 @@ import collections
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from phi_api.engine.params import SamplingParams
+from phi_api.engine.sampling.guidance import Guide
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class Choice:
     """One choice of a generation request, handed to the engine loop."""
 
     def __init__(self, prompt: np.ndarray, params: SamplingParams, *, timeout: float,
-                 notify: Callable[[], None], request_id: str = "-", index: int = 0, guide: Any = None,
+                 notify: Callable[[], None], request_id: str = "-", index: int = 0, guide: Guide | None = None,
                  priority: int = 0, cache_key: str = "", first_of_prompt: bool = True) -> None:
         self.prompt = prompt
         self.first_of_prompt = first_of_prompt  # its prompt's tokens count with it (once per prompt)

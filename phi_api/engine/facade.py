@@ -18,6 +18,7 @@ import numpy as np
 from phi_api.engine.choice import Choice, Event, Finished
 from phi_api.engine.config import EngineConfig
 from phi_api.engine.kv.budget import SharedBudget
+from phi_api.engine.kv.disk import DiskStats
 from phi_api.engine.params import SamplingParams
 from phi_api.engine.runtime.model import Model, ModelInfo
 from phi_api.engine.sched.loop import EngineLoad, EngineLoop
@@ -170,7 +171,7 @@ class Engine:
         return self.loop.load
 
     @property
-    def disk_stats(self) -> Any:
+    def disk_stats(self) -> DiskStats | None:
         """What this worker's disk tier of prefix reuse did for this model (None: it has none)."""
         return self.loop.disk_stats
 

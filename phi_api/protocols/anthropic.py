@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from phi_api.engine import Finished
 from phi_api.errors import APIError, UnsupportedParameterError, anthropic_body
 from phi_api.protocols.contract import Framing, given
 from phi_api.service.choices import Calls, ChoiceResult, Done, Text, Thinking
@@ -254,7 +255,7 @@ def _stop_sequence(done: Done | None) -> str | None:
     return done.finished.stop_string if done is not None and done.reason == "stop" else None
 
 
-def _usage(prompt_tokens: int, finished: Any, output_tokens: int) -> dict[str, Any]:
+def _usage(prompt_tokens: int, finished: Finished | None, output_tokens: int) -> dict[str, Any]:
     cached = finished.cached_tokens if finished else 0
     return {"input_tokens": prompt_tokens - cached, "output_tokens": finished.completion_tokens if finished
             else output_tokens, "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}

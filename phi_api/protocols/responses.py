@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from phi_api.engine import Finished
 from phi_api.errors import APIError, InvalidParameterError, PreviousResponseNotFoundError, UnsupportedParameterError
 from phi_api.protocols.contract import Framing, given
 from phi_api.service.choices import Calls, ChoiceResult, Done, Text, Thinking
@@ -32,6 +33,7 @@ from phi_api.service.constraints import output_fields
 from phi_api.service.generation import KEEPALIVE, Run, events
 from phi_api.service.requests import ChatRequest, Sampling
 from phi_api.service.tools import ToolCall, tool_plan
+from phi_api.storage.responses import ResponseStore
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 _IGNORED_INCLUDES = ("reasoning.encrypted_content",)  # there is no reasoning to include
@@ -176,7 +178,8 @@ class ResponsesRequest:
                            cache_salt=given(self.body, "cache_salt"))
 
 
-def history_of(request: ResponsesRequest, store: Any, scope: str | None = None) -> list[dict[str, Any]] | None:
+def history_of(request: ResponsesRequest, store: ResponseStore,
+               scope: str | None = None) -> list[dict[str, Any]] | None:
     """The predecessor's conversation, or OpenAI's error when it is not (or no longer) stored, or not ``scope``'s:
     another key's response is answered exactly as one that never was."""
     if request.previous_response_id is None:
@@ -358,7 +361,7 @@ def _echoed(tool: dict[str, Any]) -> dict[str, Any]:
             "parameters": tool.get("parameters"), "strict": tool.get("strict")}
 
 
-def _usage(finished: Any) -> dict[str, Any]:
+def _usage(finished: Finished) -> dict[str, Any]:
     return {"input_tokens": finished.prompt_tokens,
             "input_tokens_details": {"cached_tokens": finished.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": finished.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},

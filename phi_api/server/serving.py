@@ -17,7 +17,7 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import gevent
 from flask import Flask
@@ -27,6 +27,13 @@ from phi_api.models.registry import expire_idle
 from phi_api.settings import Settings, load_settings
 from phi_api.telemetry import tracing
 from phi_api.telemetry.logs import startup_error
+
+if TYPE_CHECKING:  # imported by the functions that need them: prometheus_client must see its folder first
+    from phi_api.limits.line import WaitingLine
+    from phi_api.models.memory import ServerMemory
+    from phi_api.models.registry import Models
+    from phi_api.telemetry.metrics import Metrics
+    from phi_api.web.resources import Resources
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +87,7 @@ def _flask_app(wsgi: Any) -> Flask | None:
     return wsgi if isinstance(wsgi, Flask) else None
 
 
-def _resources(app: Flask) -> Any:
+def _resources(app: Flask) -> Resources:
     """``app``'s resources (imported here, not at the top: prometheus_client must see its folder first)."""
     from phi_api.web.resources import get_resources
 
@@ -111,7 +118,7 @@ def post_worker_init(worker: Any) -> None:
             signal.signal(signum, _draining_then(models, previous))
 
 
-def _watch_hub(metrics: Any) -> None:
+def _watch_hub(metrics: Metrics) -> None:
     """Measure how late the hub runs a timer due every ``HUB_TICK`` seconds: a stall of the hub (work done on it
     instead of off it) delays every stream of the worker by as much."""
     longest = 0.0
@@ -125,7 +132,7 @@ def _watch_hub(metrics: Any) -> None:
             metrics.hub_longest_stall.set(late)
 
 
-def _keep_in_step(models: Any) -> None:
+def _keep_in_step(models: Models) -> None:
     """Load and unload what other workers did, within a second, even when no request asks."""
     while True:
         gevent.sleep(RECONCILE_SECONDS)
@@ -136,7 +143,7 @@ def _keep_in_step(models: Any) -> None:
             log.exception("could not catch up with the server's models")
 
 
-def _publish_load(models: Any, metrics: Any, memory: Any, line: Any) -> None:
+def _publish_load(models: Models, metrics: Metrics, memory: ServerMemory, line: WaitingLine) -> None:
     """Keep this worker's key/value share of the memory budget, and its share of the gateway and memory metrics
     (waiting, running, key/value memory), current."""
     while True:
@@ -155,7 +162,7 @@ def _publish_load(models: Any, metrics: Any, memory: Any, line: Any) -> None:
             log.exception("could not publish the engines' load")
 
 
-def _draining_then(models: Any, handler: Any) -> Any:
+def _draining_then(models: Models, handler: Any) -> Any:
     def on_signal(signum: int, frame: Any) -> None:
         models.drain()  # /health answers 503; new generations get 503 while in-flight ones finish
         handler(signum, frame)

@@ -21,7 +21,7 @@ import numpy as np
 
 from phi_api.engine import Engine, EngineConfig, ModelInfo
 from phi_api.engine.runtime.pool import KVPool
-from phi_api.engine.runtime.session import DecoderSpec
+from phi_api.engine.runtime.spec import DecoderSpec
 
 EOS = 0
 VOCAB = 64

@@ -51,10 +51,11 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from phi_api.engine.runtime.pool import KVPool
+from phi_api.engine.runtime.spec import DecoderSpec
 from phi_api.engine.threads.native import Signal, new_lock, start_thread
 
 FORMAT = 2  # bump when the file layout or what goes into a key changes
@@ -67,7 +68,7 @@ RESCAN_SECONDS = 10.0  # how stale the writer's view of the folder's size may ge
 STALE_TEMP_SECONDS = 600.0  # a temporary file this old was left by a process that died while writing
 
 
-def store_key(identity: str, spec: Any, block: int, threads: int, cpu: str, mode: str = "on") -> str:
+def store_key(identity: str, spec: DecoderSpec, block: int, threads: int, cpu: str, mode: str = "on") -> str:
     """The folder of one model's files: everything that changes the numbers a chunk's keys and values hold, and the
     reuse mode (``exact`` stores only exact chunks)."""
     layout = f"{spec.layers}x{spec.kv_heads}x{spec.head_size}:{np.dtype(spec.kv_dtype).name}"
@@ -92,13 +93,13 @@ class DiskStats:
 class BlockLayout:
     """One chunk of ``block`` tokens of a pool's row, as a file holds it: ``[2, layers, kv_heads, block, head]``."""
 
-    def __init__(self, spec: Any, block: int) -> None:
+    def __init__(self, spec: DecoderSpec, block: int) -> None:
         self.block = block
         self.shape = (2, spec.layers, spec.kv_heads, block, spec.head_size)
         self.dtype = np.dtype(spec.kv_dtype)
         self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
 
-    def gather(self, pool: Any, row: int, start: int) -> np.ndarray:
+    def gather(self, pool: KVPool, row: int, start: int) -> np.ndarray:
         """A copy of tokens ``[start, start + block)`` of ``row``."""
         out = np.empty(self.shape, dtype=self.dtype)
         for kind, buffers in enumerate((pool.keys, pool.values)):
@@ -106,7 +107,7 @@ class BlockLayout:
                 out[kind, layer] = buffer[row, :, start:start + self.block]
         return out
 
-    def scatter(self, data: np.ndarray, pool: Any, row: int, start: int) -> None:
+    def scatter(self, data: np.ndarray, pool: KVPool, row: int, start: int) -> None:
         """Write a chunk read back into tokens ``[start, start + block)`` of ``row``."""
         for kind, buffers in enumerate((pool.keys, pool.values)):
             for layer, buffer in enumerate(buffers):
@@ -158,7 +159,7 @@ class PrefixStore:
                 return index
         return most
 
-    def load(self, pool: Any, row: int, prompt: np.ndarray, regime: str, count: int) -> tuple[int, int]:
+    def load(self, pool: KVPool, row: int, prompt: np.ndarray, regime: str, count: int) -> tuple[int, int]:
         """Read ``prompt``'s first ``count`` chunks into ``row``; the tokens read (fewer when a file is missing or
         fails a check: it is removed), and how many of them lead computed as a cold prompt's."""
         started = time.perf_counter()
@@ -177,7 +178,7 @@ class PrefixStore:
         self.stats.load_seconds.append(time.perf_counter() - started)
         return loaded * self.block, exact * self.block
 
-    def save(self, pool: Any, row: int, prompt: np.ndarray, regime: str, first: int, end: int, used_ns: int,
+    def save(self, pool: KVPool, row: int, prompt: np.ndarray, regime: str, first: int, end: int, used_ns: int,
              exact_end: int = 0) -> int:
         """Store chunks ``[first, end)`` of ``prompt``, which ``row`` holds (those before ``exact_end`` computed as a
         cold prompt's), unless they are stored already; returns the first chunk that could not be staged now
@@ -266,7 +267,7 @@ class PrefixStore:
 
     # Reading --------------------------------------------------------------------------------------------
 
-    def _read(self, path: Path, pool: Any, row: int, start: int) -> int | None:
+    def _read(self, path: Path, pool: KVPool, row: int, start: int) -> int | None:
         """Copy one stored chunk into ``row`` at ``start``; its flags, or None (and the file removed if it is bad)
         if it cannot."""
         expected = _HEADER.size + self.layout.nbytes

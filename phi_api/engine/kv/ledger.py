@@ -13,28 +13,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from phi_api.engine.kv.budget import Account, SharedBudget
 from phi_api.engine.kv.sequence import Kept
 from phi_api.engine.runtime.pool import PAGE
+from phi_api.engine.runtime.spec import DecoderSpec
 from phi_api.errors import CapacityError
 
 
-def row_bytes(spec: Any, length: int) -> int:
+def row_bytes(spec: DecoderSpec, length: int) -> int:
     """Memory a row of ``length`` tokens takes in a pool of ``spec``'s layout (whole pages of every head)."""
     token_bytes = spec.head_size * _itemsize(spec)
     pages = -(-length * token_bytes // PAGE) if length > 0 else 0
     return 2 * spec.layers * spec.kv_heads * pages * PAGE
 
 
-def tokens_within(spec: Any, budget: int) -> int:
+def tokens_within(spec: DecoderSpec, budget: int) -> int:
     """The most tokens one row may hold within ``budget`` bytes."""
     pages = budget // (2 * spec.layers * spec.kv_heads * PAGE)
     return pages * PAGE // (spec.head_size * _itemsize(spec))
 
 
-def _itemsize(spec: Any) -> int:
+def _itemsize(spec: DecoderSpec) -> int:
     import numpy as np
 
     return np.dtype(spec.kv_dtype).itemsize
@@ -45,7 +45,7 @@ class Ledger:
     this engine, and within the worker's budget shared by every engine (:mod:`engine.memory`; a budget of its own
     when none is given)."""
 
-    def __init__(self, spec: Any, budget: int, max_rows: int, context_length: int, *,
+    def __init__(self, spec: DecoderSpec, budget: int, max_rows: int, context_length: int, *,
                  shared: SharedBudget | None = None, name: str = "", wake: Callable[[], None] = lambda: None,
                  open_account: bool = True) -> None:
         self.spec = spec

@@ -29,7 +29,9 @@ from phi_api.engine.threads.native import new_lock
 from phi_api.errors import ChatTemplateError
 
 if TYPE_CHECKING:
-    from phi_api.engine.runtime.session import Decoder, DecoderSpec
+    from phi_api.engine.runtime.session import Decoder
+    from phi_api.engine.runtime.spec import DecoderSpec
+    from phi_api.engine.sampling.guidance import Guide
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +167,7 @@ class Model(Protocol):
     def decode(self, tokens: Any) -> str: ...
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                     add_generation_prompt: bool, variables: dict[str, Any] | None = None) -> str: ...
-    def guide(self, grammar: tuple[str, str]) -> Any: ...
+    def guide(self, grammar: tuple[str, str]) -> Guide: ...
 
 
 class LanguageModel:
@@ -182,7 +184,8 @@ class LanguageModel:
         from phi_api.engine.runtime.prepack import prepacked_model
         from phi_api.engine.runtime.rewrite import MODEL_FILE as OWN_MODEL_FILE
         from phi_api.engine.runtime.rewrite import own_kernel_graph
-        from phi_api.engine.runtime.session import Decoder, DecoderSpec
+        from phi_api.engine.runtime.session import Decoder
+        from phi_api.engine.runtime.spec import DecoderSpec
         from phi_api.engine.sampling.guidance import GuideFactory
 
         root = Path(folder)
@@ -290,7 +293,7 @@ class LanguageModel:
                  "template engine failed on it: %s)", failure)
         return rendered
 
-    def guide(self, grammar: tuple[str, str]) -> Any:
+    def guide(self, grammar: tuple[str, str]) -> Guide:
         """A fresh grammar state for one sequence (compiling takes a while: call off the hub)."""
         return self.guides.guide(*grammar)
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import math
 import mmap
-from typing import Any
 
 import numpy as np
 
+from phi_api.engine.runtime.spec import DecoderSpec
 from phi_api.errors import PoolError
 
 PAGE = mmap.PAGESIZE
@@ -36,7 +36,7 @@ TOKEN_GRANULE = 256  # the buffers' length is a multiple of this many tokens
 class KVPool:
     """``rows`` rows of up to ``tokens`` tokens of keys and values for a decoder of ``spec``'s layout."""
 
-    def __init__(self, spec: Any, rows: int, tokens: int) -> None:
+    def __init__(self, spec: DecoderSpec, rows: int, tokens: int) -> None:
         self.spec = spec
         self.rows = rows
         self.itemsize = np.dtype(spec.kv_dtype).itemsize

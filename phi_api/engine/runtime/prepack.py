@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 from phi_api.errors import PrepackError
 
 if TYPE_CHECKING:
-    from phi_api.engine.runtime.session import DecoderSpec
+    from phi_api.engine.runtime.spec import DecoderSpec
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def prepacked_model(source: Path, decoder_file: str, cache_dir: Path, spec: Deco
     does not exist yet; the original file when the copy proved unusable. ``spec``: the graph's layout, when
     ``source`` is not the model's folder (the layout read from its ``genai_config.json`` otherwise)."""
     if spec is None:
-        from phi_api.engine.runtime.session import DecoderSpec
+        from phi_api.engine.runtime.spec import DecoderSpec
 
         spec = DecoderSpec.read(source)
     folder = cache_dir / host_key(source, decoder_file)

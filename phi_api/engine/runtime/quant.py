@@ -26,9 +26,10 @@ import fcntl
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+
+from phi_api.engine.runtime.spec import DecoderSpec
 
 VERSION = 1  # bump when calibration or the rewrite changes
 HEADROOM = 1.2  # over the largest magnitude seen: text unlike the calibration's reaches a bit further
@@ -44,7 +45,7 @@ def wants_int8(kv_dtype: str, float32_bytes_per_token: int) -> bool:
     return kv_dtype == "int8"
 
 
-def int8_model(model_file: Path, spec: Any, calibration_ids: np.ndarray, threads: int) -> Path:
+def int8_model(model_file: Path, spec: DecoderSpec, calibration_ids: np.ndarray, threads: int) -> Path:
     """The int8-cache graph beside ``model_file`` (a float32-cache graph in the host's prepacked folder), made now
     if missing."""
     target = model_file.parent / QUANT_FILE
@@ -58,7 +59,7 @@ def int8_model(model_file: Path, spec: Any, calibration_ids: np.ndarray, threads
     return target
 
 
-def calibrate(model_file: Path, spec: Any, ids: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
+def calibrate(model_file: Path, spec: DecoderSpec, ids: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
     """Per layer, head and channel, the largest magnitude of the keys and values the float32 graph computes for
     ``ids``: two arrays of ``[layers, kv_heads, head_size]``."""
     from phi_api.engine.runtime.pool import KVPool
@@ -86,7 +87,7 @@ def calibrate(model_file: Path, spec: Any, ids: np.ndarray, threads: int) -> tup
     return np.array(keys), np.array(values)
 
 
-def _write(model_file: Path, target: Path, keys: np.ndarray, values: np.ndarray, spec: Any) -> None:
+def _write(model_file: Path, target: Path, keys: np.ndarray, values: np.ndarray, spec: DecoderSpec) -> None:
     """``model_file``'s graph with int8 caches and these scales, written to ``target`` (same folder: the weights'
     external data stays where the graph refers to it)."""
     import onnx

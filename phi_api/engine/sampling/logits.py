@@ -23,11 +23,11 @@ import collections
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from phi_api.engine.params import SamplingParams, ThinkingBudget
+from phi_api.engine.sampling.guidance import Guide
 
 _TOP_P_CANDIDATES = 1024  # top-p usually keeps far fewer: sort these first, all only if they do not reach p
 _DRAW_BLOCK = 256  # weights summed per block when drawing (49k tokens: 192 blocks)
@@ -138,7 +138,7 @@ class Sampler:
     """Chooses one sequence's tokens, step by step (see the module's docstring for the order)."""
 
     def __init__(self, params: SamplingParams, prompt: np.ndarray, eos_ids: frozenset[int], *,
-                 guide: Any = None, seed: int | None = None) -> None:
+                 guide: Guide | None = None, seed: int | None = None) -> None:
         self.params = params
         self._editor = LogitsEditor(params, prompt) if params.edits_logits else None
         self._eos = np.array(sorted(eos_ids), dtype=np.int64)

@@ -35,6 +35,7 @@ from phi_api.engine.runtime.model import Model
 from phi_api.engine.runtime.pool import KVPool
 from phi_api.engine.runtime.prepack import cpu_features
 from phi_api.engine.runtime.session import Decoder
+from phi_api.engine.runtime.spec import DecoderSpec
 from phi_api.engine.sched.continuous import ContinuousBatch
 from phi_api.engine.sched.prefill import ChunkPlanner
 from phi_api.engine.sched.stepcost import StepCosts
@@ -195,7 +196,7 @@ class EngineLoop:
         return ContinuousBatch(self._model, decoder, pool, ledger, self._policy, planner, self._publish,
                      draft_max=config.draft_max, disk=self._disk_tier(decoder.spec), invariant=config.batch_invariant)
 
-    def _disk_tier(self, spec: Any) -> PrefixStore | None:
+    def _disk_tier(self, spec: DecoderSpec) -> PrefixStore | None:
         """The disk tier under the kept prefixes (``PREFIX_CACHE_DIR``), if it is set and prefixes are reused."""
         config = self.config
         if not config.prefix_disk_dir or not self._policy.enabled:

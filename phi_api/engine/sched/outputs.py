@@ -21,6 +21,7 @@ import numpy as np
 from phi_api.engine.choice import Choice, Finished, TextDelta
 from phi_api.engine.kv.cache import KVCache
 from phi_api.engine.kv.sequence import Phase, Request, Sequence
+from phi_api.engine.sampling.logits import TokenLogprob
 
 Publish = Callable[[Choice, Finished], None]
 
@@ -60,7 +61,7 @@ class Outputs:
             return False
         return True
 
-    def accept(self, row: Sequence, token: int, record: Any) -> bool:
+    def accept(self, row: Sequence, token: int, record: TokenLogprob | None) -> bool:
         """The row's next token is chosen: its text, or the end of the generation. True while the row goes on (the
         token is then its pending one, to be fed to the model)."""
         try:

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from phi_api.engine.kv.cache import KVCache, OnDisk
 from phi_api.engine.kv.reuse import Occupant, common_prefix
 from phi_api.engine.kv.sequence import LONG, Request, Sequence
+from phi_api.engine.runtime.model import Model
 from phi_api.engine.sched.outputs import Outputs, trace
 from phi_api.engine.sched.prefill import ChunkPlanner
 
@@ -46,7 +47,7 @@ class Chunk(NamedTuple):
 class Scheduler:
     """The waiting and prefilling requests of a batch, and the decisions about them."""
 
-    def __init__(self, model: Any, kv: KVCache, planner: ChunkPlanner, outputs: Outputs, draft_max: int = 0) -> None:
+    def __init__(self, model: Model, kv: KVCache, planner: ChunkPlanner, outputs: Outputs, draft_max: int = 0) -> None:
         self.model = model
         self.kv = kv
         self.planner = planner

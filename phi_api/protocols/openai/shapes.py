@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from phi_api.engine.sampling.logits import TokenLogprob
 from phi_api.service.choices import Calls, ChoiceResult, Done, Prompt, Text, Thinking
 from phi_api.service.generation import Run
 
@@ -128,7 +129,7 @@ class ChatShape(Shape):
                ) -> dict[str, Any]:
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def _entry(self, text: str, record: Any) -> dict[str, Any]:
+    def _entry(self, text: str, record: TokenLogprob) -> dict[str, Any]:
         token_bytes = self.token_bytes
         return {
             "token": text,
@@ -198,10 +199,10 @@ class CompletionShape(Shape):
             self._append(lists, index, text, record)
         return lists
 
-    def _append(self, lists: dict[str, list[Any]], index: int, text: str, record: Any) -> None:
+    def _append(self, lists: dict[str, list[Any]], index: int, text: str, record: TokenLogprob | None) -> None:
         self._offsets[index] = self._append_at(lists, self._offsets[index], text, record)
 
-    def _append_at(self, lists: dict[str, list[Any]], offset: int, text: str, record: Any) -> int:
+    def _append_at(self, lists: dict[str, list[Any]], offset: int, text: str, record: TokenLogprob | None) -> int:
         """Append a token's entries at text ``offset``; the offset after it."""
         top = None
         if record is not None:

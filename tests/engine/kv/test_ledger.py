@@ -8,7 +8,7 @@ import pytest
 from phi_api.engine.kv.ledger import Ledger, row_bytes, tokens_within
 from phi_api.engine.kv.sequence import SHORT, Kept
 from phi_api.engine.runtime.pool import PAGE
-from phi_api.engine.runtime.session import DecoderSpec
+from phi_api.engine.runtime.spec import DecoderSpec
 from phi_api.errors import CapacityError
 
 SPEC = DecoderSpec(layers=2, kv_heads=2, head_size=16, vocab_size=64)  # 64 bytes a token of a head

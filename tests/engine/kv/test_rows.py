@@ -10,7 +10,7 @@ import pytest
 from phi_api.engine.kv.rows import RowTable
 from phi_api.engine.kv.sequence import Kept
 from phi_api.engine.runtime.pool import KVPool
-from phi_api.engine.runtime.session import DecoderSpec
+from phi_api.engine.runtime.spec import DecoderSpec
 from phi_api.errors import RowsFull
 
 SPEC = DecoderSpec(layers=2, kv_heads=2, head_size=16, vocab_size=8)

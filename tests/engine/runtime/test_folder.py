@@ -78,7 +78,7 @@ def test_the_tokens_a_tokenizer_puts_before_a_text_are_read_from_its_post_proces
 
 
 def test_the_sliding_window_is_read_from_genai_config(tmp_path):
-    from phi_api.engine.runtime.session import DecoderSpec
+    from phi_api.engine.runtime.spec import DecoderSpec
 
     decoder = {"num_hidden_layers": 2, "num_key_value_heads": 1, "head_size": 8}
     config = {"model": {"type": "gemma3_text", "vocab_size": 16, "context_length": 64, "decoder": decoder}}

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from phi_api.engine.runtime.pool import KVPool
-from phi_api.engine.runtime.session import Decoder, DecoderSpec
+from phi_api.engine.runtime.session import Decoder
+from phi_api.engine.runtime.spec import DecoderSpec
 
 ROWS = 8
 TARGET = [5, 8, 17, 29, 101, 7, 64, 12, 300, 41, 9, 77]  # the row under test: its prompt, then its next token

@@ -7,7 +7,7 @@ import pytest
 
 from phi_api.engine.kv.ledger import row_bytes
 from phi_api.engine.runtime.pool import PAGE, KVPool
-from phi_api.engine.runtime.session import DecoderSpec
+from phi_api.engine.runtime.spec import DecoderSpec
 
 SPEC = DecoderSpec(layers=2, kv_heads=4, head_size=64, vocab_size=8)  # 256 bytes a token and head
 

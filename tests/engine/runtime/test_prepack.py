@@ -10,7 +10,8 @@ import pytest
 
 from phi_api.engine.runtime import prepack
 from phi_api.engine.runtime.pool import KVPool
-from phi_api.engine.runtime.session import Decoder, DecoderSpec
+from phi_api.engine.runtime.session import Decoder
+from phi_api.engine.runtime.spec import DecoderSpec
 
 
 def logits_of(model_file: Path, folder: Path) -> np.ndarray:

@@ -24,7 +24,8 @@ def graph(model_path, tmp_path_factory):
     """The default model's float32-cache decoder graph, prepacked in a folder of the test's own."""
     from phi_api.engine.runtime.model import ModelInfo
     from phi_api.engine.runtime.prepack import prepacked_model
-    from phi_api.engine.runtime.session import Decoder, DecoderSpec
+    from phi_api.engine.runtime.session import Decoder
+    from phi_api.engine.runtime.spec import DecoderSpec
 
     info = ModelInfo.read(model_path)
     model_file = prepacked_model(Path(model_path), info.decoder_file, tmp_path_factory.mktemp("prepacked"))

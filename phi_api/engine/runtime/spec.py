@@ -1,0 +1,62 @@
+"""A decoder graph's layout: its inputs and outputs, and how its keys and values are shaped and typed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """The decoder graph's inputs and outputs, and its key/value layout."""
+
+    layers: int
+    kv_heads: int
+    head_size: int
+    vocab_size: int
+    input_ids: str = "input_ids"
+    attention_mask: str = "attention_mask"
+    past_key: str = "past_key_values.%d.key"
+    past_value: str = "past_key_values.%d.value"
+    logits: str = "logits"
+    present_key: str = "present.%d.key"
+    present_value: str = "present.%d.value"
+    kv_dtype: Any = np.float32
+    ids_dtype: Any = np.int64
+    mask_dtype: Any = np.int64
+    rope_switch: int | None = None  # LongRoPE: a sequence longer than this uses the long factors
+    # Sliding-window layers (Gemma 3): ONNX Runtime's attention masks what lies past the window itself, but wants
+    # every key/value buffer to hold at least a window's tokens.
+    window: int = 0
+    # The custom-operator library the graph needs (phi-api's 4-bit kernel), registered with every session of it.
+    custom_ops: str = ""
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of keys and values one token takes in every layer."""
+        return 2 * self.layers * self.kv_heads * self.head_size * np.dtype(self.kv_dtype).itemsize
+
+    @classmethod
+    def read(cls, folder: Path, rope_switch: int | None = None) -> DecoderSpec:
+        """The layout ``genai_config.json`` describes (tensor types are read from the graph when it loads)."""
+        from phi_api.engine.runtime.folder import ModelFolder
+
+        read = ModelFolder.read(folder)
+        model, decoder = read.model, read.decoder
+        inputs, outputs = decoder.get("inputs", {}), decoder.get("outputs", {})
+        return cls(
+            layers=int(decoder["num_hidden_layers"]), kv_heads=int(decoder["num_key_value_heads"]),
+            head_size=int(decoder["head_size"]), vocab_size=int(model["vocab_size"]),
+            input_ids=inputs.get("input_ids", "input_ids"),
+            attention_mask=inputs.get("attention_mask", "attention_mask"),
+            past_key=inputs.get("past_key_names", "past_key_values.%d.key"),
+            past_value=inputs.get("past_value_names", "past_key_values.%d.value"),
+            logits=outputs.get("logits", "logits"),
+            present_key=outputs.get("present_key_names", "present.%d.key"),
+            present_value=outputs.get("present_value_names", "present.%d.value"),
+            rope_switch=rope_switch,
+            window=int((decoder.get("sliding_window") or {}).get("window_size", 0)),
+        )
