@@ -133,9 +133,9 @@ def test_the_layer_check_sees_an_upward_import():
 # The engine's rooms, bottom to top: each imports only its own room and the rooms below (its face, phi_api.engine
 # and phi_api.engine.facade, on top).
 ENGINE_ROOMS = (
-    ("phi_api.engine.threads", "phi_api.engine.kernels", "phi_api.engine.params", "phi_api.engine.config",
-     "phi_api.engine.choice"),
+    ("phi_api.engine.threads", "phi_api.engine.kernels", "phi_api.engine.params", "phi_api.engine.config"),
     ("phi_api.engine.sampling",),
+    ("phi_api.engine.choice",),  # what the request side and the engine share: a choice, its grammar, its events
     ("phi_api.engine.runtime",),
     ("phi_api.engine.kv",),
     ("phi_api.engine.sched",),

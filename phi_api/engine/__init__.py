@@ -4,9 +4,9 @@ model, a :class:`Generation` per request); below it, rooms that each import only
 - :mod:`.sched`: the engine thread's loop, its continuous batch, the scheduling decisions, drafts' checks;
 - :mod:`.kv`: the rows of keys and values, the budget's books, prefix reuse, prompts on disk, the sequences;
 - :mod:`.runtime`: a model folder, the loaded model, the decoder session and its buffers, the graph's rewrites;
+- :mod:`.choice`: what the request side and the engine thread share of a choice, and the events it tells;
 - :mod:`.sampling`: choosing tokens, grammar masks, tokens to text, drafts from the prompt;
-- :mod:`.kernels`, :mod:`.threads`, and what a generation asks and tells (:mod:`.params`, :mod:`.choice`,
-  :mod:`.config`).
+- :mod:`.kernels`, :mod:`.threads`, and what a generation asks (:mod:`.params`) and an engine is (:mod:`.config`).
 """
 
 from phi_api.engine.choice import Event, Finished, PromptLogprobs, TextDelta
