@@ -7,5 +7,5 @@ setup(
     packages=[*find_packages(include=["phi_api", "phi_api.*"]), "phi_api.schemas"],
     package_dir={"phi_api.schemas": "schemas"},
     package_data={"phi_api.schemas": ["*.json"], "phi_api.web": ["playground/*.*", "playground/vendor/*"],
-                  "phi_api.engine.kv": ["data/*.txt"], "phi_api.engine.kernels": ["*.cpp", "*.h"]},
+                  "phi_api.engine.runtime": ["data/*.txt"], "phi_api.engine.kernels": ["*.cpp", "*.h"]},
 )

@@ -3,7 +3,7 @@ as a request of its batch's key (:mod:`phi_api.batches.lines`: the endpoint's re
 generation path, the answer's rendering), at the lowest priority and outside ``MAX_CONCURRENT_REQUESTS``.
 
 So a live request never gets 429 because of batch work, and the engine admits and prefills every live request
-before any batch line (:mod:`engine.scheduler`); a batch line holds at most one place of ``BATCH_CONCURRENCY``
+before any batch line (:mod:`engine.sched.scheduler`); a batch line holds at most one place of ``BATCH_CONCURRENCY``
 per worker. The lines are claimed in the store (:mod:`phi_api.storage.batches`), so each runs once however many
 workers and replicas there are; a claim is a lease, renewed while the line runs: the lines of a worker that died
 are queued again by its neighbours on the same machine at once, by any replica once the lease runs out.

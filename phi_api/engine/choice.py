@@ -89,11 +89,11 @@ class Choice:
         self.cache_key = cache_key  # whose prefixes it may reuse and leave: only those of the same key
         self.priority = priority  # lower is sooner (vLLM's); batch lines come after every live request
         self.params = params
-        self.guide = guide  # this choice's grammar state (engine.guidance.Guide), when constrained
+        self.guide = guide  # this choice's grammar state (engine.sampling.guidance.Guide), when constrained
         self.request_id = request_id
         self.index = index
         self.submitted_at = time.monotonic()
-        self.started_at: float | None = None  # when its request was admitted (engine.scheduler)
+        self.started_at: float | None = None  # when its request was admitted (engine.sched.scheduler)
         self.deadline = self.submitted_at + timeout
         self.cancelled = False
         self._events: collections.deque[Event] = collections.deque()

@@ -23,13 +23,13 @@ class EngineConfig:
     threads: int = 1  # INTRA_OP_THREADS: ONNX Runtime threads of the engine thread's session
     kv_budget_bytes: int = 1 << 30  # this model's keys and values in this worker at most (KV_CACHE_MB)
     max_rows: int = 64  # MAX_BATCH_ROWS: sequences advanced together at most
-    prefix_cache: str = "on"  # PREFIX_CACHE: on, exact or off (engine.reuse)
+    prefix_cache: str = "on"  # PREFIX_CACHE: on, exact or off (engine.kv.reuse)
     prefill_slice: float = 0.2  # PREFILL_SLICE_SECONDS: the longest a prompt chunk holds others up
     batch_invariant: bool = False  # BATCH_INVARIANT: a row's numbers do not depend on the other rows of its steps
-    draft_max: int = 0  # SPECULATIVE_DRAFT_MAX: how far a sequence may draft (engine.speculation)
+    draft_max: int = 0  # SPECULATIVE_DRAFT_MAX: how far a sequence may draft (engine.sched.verify)
     tool_parser: str = "auto"  # TOOL_PARSER: how the model writes tool calls (read by the service, not the engine)
     reasoning_parser: str = "auto"  # REASONING_PARSER: how its thinking is told apart (read by the service)
-    prefix_disk_dir: str = ""  # PREFIX_CACHE_DIR: the disk tier's folder ("": none; engine.prefixdisk)
+    prefix_disk_dir: str = ""  # PREFIX_CACHE_DIR: the disk tier's folder ("": none; engine.kv.disk)
     prefix_disk_bytes: int = 0  # PREFIX_CACHE_DISK_MB: the most the folder holds
     idle_wait: float = 1.0  # seconds the engine thread sleeps without work before it looks again
     checked: bool = False  # tests: check the batch's invariants after every iteration

@@ -98,7 +98,7 @@ class Engine:
         return self.model.info
 
     def encode(self, text: str) -> np.ndarray:
-        """Token ids of ``text`` (tokenized off the hub: see :func:`native.off_hub`)."""
+        """Token ids of ``text`` (tokenized off the hub: see :func:`engine.threads.native.off_hub`)."""
         return off_hub(self.model.encode, text)
 
     def decode(self, tokens: Any) -> str:
@@ -130,7 +130,7 @@ class Engine:
         return off_hub(self.model.render_chat, messages, tools, add_generation_prompt, variables)
 
     def check_capacity(self, prompt_tokens: int, max_tokens: int, choices: int) -> None:
-        """Raise :class:`CapacityError` for a request the key/value budget could never hold."""
+        """Raise :class:`phi_api.errors.CapacityError` for a request the key/value budget could never hold."""
         self.loop.check_capacity(prompt_tokens, max_tokens, choices)
 
     def submit(self, prompt: np.ndarray, params: SamplingParams | list[SamplingParams],

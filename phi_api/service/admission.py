@@ -62,7 +62,7 @@ class Gate:
 
 def admit(gate: Gate, caller: Caller, request: GenerationRequest) -> generation.Run:
     """Let ``caller``'s ``request`` onto the generation path, or refuse it (403, 429, and every error of
-    :func:`generation.prepare` and :func:`generation.launch`)."""
+    :func:`phi_api.service.generation.prepare` and :func:`phi_api.service.generation.launch`)."""
     request = dataclasses.replace(request, priority=_priority(caller, request))
     span = _span(gate.tracing, caller, request)
     services = generation.Services(gate.models, Unlimited() if caller.batch else _Slots(gate, caller), gate.settings)

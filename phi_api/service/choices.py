@@ -1,14 +1,12 @@
 """One choice of an answer, as the engine's events turn into what a client is told, in no protocol's shape.
 
-The engine reports text; a chat choice may turn out to be a tool call. A
-:class:`ChoiceAssembler` receives its choice's engine events and says what
-can be told now: :class:`Text` (with each token's log-probability record),
-:class:`Calls`, and :class:`Done` last. Text that may still become a call is
-held back (``tool_choice`` ``auto``: until it cannot start one; forced
-calls: to the end). A forced call cut by ``max_tokens`` is told as far as it
-got, ending with ``length``, as OpenAI does. A reasoning model's thinking is told apart, as
-:class:`Thinking` (:mod:`.reasoning`); only the answer after it may be a call. The renderers (:mod:`openai`,
-:mod:`ollama`, ...) shape these for their protocols.
+The engine reports text; a chat choice may turn out to be a tool call. A :class:`ChoiceAssembler` receives its choice's
+engine events and says what can be told now: :class:`Text` (with each token's log-probability record), :class:`Calls`,
+and :class:`Done` last. Text that may still become a call is held back (``tool_choice`` ``auto``: until it cannot start
+one; forced calls: to the end). A forced call cut by ``max_tokens`` is told as far as it got, ending with ``length``, as
+OpenAI does. A reasoning model's thinking is told apart, as :class:`Thinking` (:mod:`.reasoning`); only the answer after
+it may be a call. The renderers (:mod:`phi_api.protocols.openai`, :mod:`phi_api.protocols.ollama`, ...) shape these for
+their protocols.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One key/value budget for every model a worker serves: the running requests and kept prefixes of all of them.
 
-Each model has its own engine thread, pool and ledger (:mod:`engine.ledger`);
+Each model has its own engine thread, pool and ledger (:mod:`engine.kv.ledger`);
 the ledgers of one worker share a :class:`SharedBudget`. A request is admitted
 when the running requests of every model, with it, fit the worker's budget
 (and its own model's cap, ``KV_CACHE_MB``). Kept prefixes of every model fill
@@ -99,7 +99,7 @@ class SharedBudget:
             return max(0, self.reserved + self.kept_bytes + self.staged + extra - self.budget)
 
     def stage(self, nbytes: int) -> bool:
-        """Book ``nbytes`` for a copy on its way to disk (:mod:`engine.prefixdisk`), if the budget has room beside
+        """Book ``nbytes`` for a copy on its way to disk (:mod:`engine.kv.disk`), if the budget has room beside
         the running requests and kept prefixes; such copies never make anything else leave."""
         with self.lock:
             if self.reserved + self.kept_bytes + self.staged + nbytes > self.budget:

@@ -1,16 +1,16 @@
 """The key/value memory manager of one engine: rows of the pool, the budget's books, and kept prefixes.
 
-The batch (:mod:`engine.batch`) decides what runs and runs it; this module
+The batch (:mod:`engine.sched.continuous`) decides what runs and runs it; this module
 says where a request's keys and values come from and whether they fit:
 
 - which row gives a new prompt the longest reusable prefix
-  (:mod:`engine.reuse` says what may be reused);
-- whether a request fits the budget (:mod:`engine.ledger`), and which kept
+  (:mod:`engine.kv.reuse` says what may be reused);
+- whether a request fits the budget (:mod:`engine.kv.ledger`), and which kept
   prefixes leave, least recently used first, to make it fit: running
   sequences are never evicted;
 - which finished rows are kept for later requests, and which kept rows they
   replace;
-- with a disk tier (:mod:`engine.prefixdisk`): which prompts start from
+- with a disk tier (:mod:`engine.kv.disk`): which prompts start from
   chunks stored on disk, and which computed chunks are stored.
 
 Everything here runs on the engine thread.
@@ -141,7 +141,7 @@ class KVCache:
     def make_room(self, request: Request, source: Occupant | OnDisk | None, promised: int = 0) -> bool:
         """Give up kept prefixes (the request's own source last) until ``request`` fits this engine's cap and the
         worker's budget; whether it does now. Kept prefixes of other engines, least recently used first, are asked
-        for (:mod:`engine.memory`): their engines give them up at their next iteration, and wake this one. Call it
+        for (:mod:`engine.kv.budget`): their engines give them up at their next iteration, and wake this one. Call it
         with the shared budget's lock held until the request is booked. ``promised``: free rows already promised to
         the other choices of requests still prefilling (they take them when their prompt is in); the request's own
         choices need rows beyond those."""

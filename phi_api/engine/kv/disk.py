@@ -24,7 +24,7 @@ any restart.
   setting never finds an old file; old files age out.
 - Writing: the engine thread copies a finished chunk out of its row (a few
   milliseconds) into memory booked in the worker's key/value budget
-  (:meth:`SharedBudget.stage`); a writer thread of the store writes it to a
+  (:meth:`phi_api.engine.kv.budget.SharedBudget.stage`); a writer thread of the store writes it to a
   temporary file and renames it into place, so two workers writing the same
   chunk at once both leave a whole file. No room to stage, a full disk or no
   permission: the chunk is not stored, which is counted; no request fails.

@@ -3,7 +3,7 @@
 A request is admitted only if every one of its choices can grow to its whole
 reserve (prompt + ``max_tokens``) within the budget (``KV_CACHE_MB``), so a
 running generation never runs out of room. Kept prefixes (see
-:mod:`engine.reuse`) live in the same budget, in the memory running requests
+:mod:`engine.kv.reuse`) live in the same budget, in the memory running requests
 do not use yet, and leave, least recently used first, when a request needs
 the room: the way vLLM's prefix cache shares its block pool. Every amount is
 in whole pages, as the pool holds them (:func:`row_bytes`).
@@ -42,7 +42,7 @@ def _itemsize(spec: DecoderSpec) -> int:
 
 class Ledger:
     """Bytes reserved by running requests, and the kept prefixes, within ``budget`` bytes and ``max_rows`` rows of
-    this engine, and within the worker's budget shared by every engine (:mod:`engine.memory`; a budget of its own
+    this engine, and within the worker's budget shared by every engine (:mod:`engine.kv.budget`; a budget of its own
     when none is given)."""
 
     def __init__(self, spec: DecoderSpec, budget: int, max_rows: int, context_length: int, *,

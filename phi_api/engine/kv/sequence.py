@@ -1,8 +1,8 @@
 """What the engine thread knows of each request: its prompt, its choices' rows, and the prefixes it keeps.
 
-Three kinds of things occupy rows of the key/value pool (:mod:`engine.rows`),
+Three kinds of things occupy rows of the key/value pool (:mod:`engine.kv.rows`),
 and each says which of its tokens' keys and values another request may reuse
-(``reusable``; :mod:`engine.reuse` sets it by the reuse mode):
+(``reusable``; :mod:`engine.kv.reuse` sets it by the reuse mode):
 
 - a :class:`Sequence`: one choice of a request, prefilling (its request's
   leader) or running;
@@ -53,10 +53,10 @@ class Sequence:
         self.cache_key = choice.cache_key
         self.request = request  # the order of the request it is a choice of (its n choices share it)
         self.reserve = min(model.info.context_length, len(choice.prompt) + choice.params.max_tokens)
-        self.booked = 0  # bytes of the key/value budget booked for it (engine.ledger)
+        self.booked = 0  # bytes of the key/value budget booked for it (engine.kv.ledger)
         self.tokens: list[int] = [int(token) for token in choice.prompt]  # prompt, then every fed token
         self.length = 0  # tokens whose keys and values the row holds
-        self.reusable = 0  # of those, how many another request may reuse (see engine.reuse)
+        self.reusable = 0  # of those, how many another request may reuse (see engine.kv.reuse)
         self.exact_upto = 0  # of those, how many were computed exactly as a cold prompt alone is
         self.slot: int | None = None
         self.pending: int | None = None  # chosen, not yet fed to the model
@@ -153,7 +153,7 @@ class Request:
         self.prefilled = 0
         self.order = order  # arrival order: of two requests sharing a prefix, the older computes it
         self.priority = choices[0].priority  # lower is sooner: admitted and prefilled before others
-        self.arrived_ns = time.time_ns()  # the stored chunks of its prompt were last used then (engine.prefixdisk)
+        self.arrived_ns = time.time_ns()  # the stored chunks of its prompt were last used then (engine.kv.disk)
         self.stored_chunks = 0  # chunks of its prompt stored on disk, or on their way there
         # Log-probabilities of the prompt's own tokens (echo): computed from every position of every chunk, so
         # such a request reuses no prefix.

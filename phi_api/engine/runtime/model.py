@@ -175,7 +175,7 @@ class LanguageModel:
 
     Loading checks everything a worker will need: the tokenizer and chat
     template, the host's prepacked copy of the graph (made now if missing,
-    see :mod:`engine.prepack`), a session on it, and the guidance tokenizer.
+    see :mod:`engine.runtime.prepack`), a session on it, and the guidance tokenizer.
     The sessions that compute are made by each worker's engine thread
     (:meth:`new_decoder`), after the fork.
     """
@@ -223,7 +223,7 @@ class LanguageModel:
     @property
     def identity(self) -> str:
         """The graph file that computes (its path names the source model's and the host's prepacking key) and its
-        size and modification time: keys and values stored on disk (:mod:`engine.prefixdisk`) are only ever read
+        size and modification time: keys and values stored on disk (:mod:`engine.kv.disk`) are only ever read
         back by the same graph."""
         stat = self.decoder_file.stat()
         return f"{self.decoder_file}:{stat.st_size}:{stat.st_mtime_ns}"

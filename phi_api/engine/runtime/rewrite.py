@@ -1,9 +1,9 @@
 """The decoder graph with phi-api's 4-bit operator in place of ONNX Runtime's MatMulNBits, made once per model.
 
-A MatMulNBits node is replaced when the kernel computes exactly what it does: 4 bits, blocks of 128, no zero
-points, bias or group index, accuracy level 4 (activations as int8 per block), K a multiple of 128 and N of 16,
-weights and scales stored in the graph. Its weights are repacked (:func:`.reference.repack`) into the new graph's
-data file, each tensor at a page-aligned offset, so that ONNX Runtime memory-maps them and the workers share one
+A MatMulNBits node is replaced when the kernel computes exactly what it does: 4 bits, blocks of 128, no zero points,
+bias or group index, accuracy level 4 (activations as int8 per block), K a multiple of 128 and N of 16, weights and
+scales stored in the graph. Its weights are repacked (:func:`phi_api.engine.kernels.reference.repack`) into the new
+graph's data file, each tensor at a page-aligned offset, so that ONNX Runtime memory-maps them and the workers share one
 copy in the page cache. Every other node and initializer is kept as it is.
 """
 

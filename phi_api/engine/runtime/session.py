@@ -6,7 +6,7 @@ step: ``GroupQueryAttention`` reads each row's length from the attention
 mask (``seqlens_k`` = its sum - 1, the total length = its width) and, with
 past and present bound to the same buffer, writes each row's new key and
 value at that row's own offset. So every sequence owns a row of one key and
-one value buffer per layer (:class:`KVCache`), and a step binds the rows it
+one value buffer per layer (:class:`phi_api.engine.kv.cache.KVCache`), and a step binds the rows it
 advances, which must be contiguous.
 
 The rows live in a :class:`~phi_api.engine.runtime.pool.KVPool`, reserved once,

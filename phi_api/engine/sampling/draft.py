@@ -5,7 +5,7 @@ of code, a passage answered from, a reformatted table). A sequence's tokens so
 far (prompt, then answer) are indexed by their n-grams; the tokens that
 followed the latest earlier occurrence of the sequence's last n-gram are a
 draft of what comes next. One model step then checks the whole draft
-(:meth:`engine.logits.Sampler.verify`), and keeps the longest accepted run.
+(:meth:`engine.sampling.logits.Sampler.verify`), and keeps the longest accepted run.
 
 :class:`Drafter` decides, per sequence, whether to draft and how far: only when
 an n-gram matches; up to ``max_tokens`` tokens: one more than the last draft

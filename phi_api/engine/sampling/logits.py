@@ -11,7 +11,7 @@ its own :class:`Sampler`, in this order:
    GenAI and Hugging Face (over prompt and completion: a positive logit is
    divided by it, a negative one multiplied);
 3. masks: end-of-sequence ids below ``min_tokens`` (always, with
-   ``ignore_eos``), and a grammar's allowed tokens (:mod:`engine.guidance`);
+   ``ignore_eos``), and a grammar's allowed tokens (:mod:`engine.sampling.guidance`);
 4. vLLM's ``min_p`` at the request's temperature; then greedy (temperature
    0 or top-k 1: the most likely token) or sampling: temperature, top-k,
    top-p, drawn from the row's own seeded generator.

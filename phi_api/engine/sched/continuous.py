@@ -3,20 +3,20 @@
 Each iteration (:meth:`ContinuousBatch.iterate`) is decided, then executed, then its
 results applied, each by a module of its own:
 
-1. the decisions (:mod:`engine.scheduler`): the waiting requests start, in
-   order, while the key/value budget has room for them (:mod:`engine.kvcache`
+1. the decisions (:mod:`engine.sched.scheduler`): the waiting requests start, in
+   order, while the key/value budget has room for them (:mod:`engine.kv.cache`
    gives up kept prefixes to make it), each from the longest prefix any row
    holds; and one prompt chunk is planned;
 2. execution (here): the chunk is computed, then every running sequence
    advances by one token in one batched step (rows with a draft check it in a
-   step of their own first: :mod:`engine.speculation`), every step through
+   step of their own first: :mod:`engine.sched.verify`), every step through
    :meth:`ContinuousBatch.step`, which times it into the cost model;
-3. the results (:mod:`engine.outputs`): tokens chosen, text streamed,
+3. the results (:mod:`engine.sched.outputs`): tokens chosen, text streamed,
    generations ended and reported.
 
 A sequence joins the running rows as soon as its prompt is in and leaves them
 as soon as it finishes, is cancelled or times out; its row is then kept for
-reuse, or freed (:mod:`engine.rows`).
+reuse, or freed (:mod:`engine.kv.rows`).
 
 LongRoPE (Phi-3.5): the graph switches to its long rotary factors when a
 step's attention mask is wider than ``original_max_position_embeddings``.
@@ -60,9 +60,9 @@ class ContinuousBatch:
     def __init__(self, model: Model, decoder: Decoder, pool: KVPool, ledger: Ledger, policy: ReusePolicy,
                  planner: ChunkPlanner, publish: Publish, draft_max: int = 0, disk: PrefixStore | None = None,
                  invariant: bool = False) -> None:
-        """``planner``'s cost model (:mod:`engine.stepcost`) is the batch's: every step is timed into it; ``disk``:
-        the disk tier under the kept prefixes, if any (:mod:`engine.prefixdisk`); ``invariant``: a row's numbers do
-        not depend on the other rows of its steps (``BATCH_INVARIANT``, :mod:`engine.sched.padding`)."""
+        """``planner``'s cost model (:mod:`engine.sched.stepcost`) is the batch's: every step is timed into it;
+        ``disk``: the disk tier under the kept prefixes, if any (:mod:`engine.kv.disk`); ``invariant``: a row's numbers
+        do not depend on the other rows of its steps (``BATCH_INVARIANT``, :mod:`engine.sched.padding`)."""
         self.invariant = invariant
         self.model = model
         self.decoder = decoder
@@ -89,9 +89,9 @@ class ContinuousBatch:
 
     def iterate(self, after_admission: Callable[[], None] = lambda: None) -> bool:
         """One iteration, decided then executed: the waiting requests that fit start, and one prompt chunk is planned
-        (:mod:`engine.scheduler`), the chunk is computed (:meth:`prefill`), then every running sequence advances
-        (:meth:`decode`); the outputs of each step go through :class:`engine.outputs.Outputs`. False when there was
-        nothing to do."""
+        (:mod:`engine.sched.scheduler`), the chunk is computed (:meth:`prefill`), then every running sequence advances
+        (:meth:`decode`); the outputs of each step go through :class:`engine.sched.outputs.Outputs`. False when there
+        was nothing to do."""
         self.kv.upkeep(time.monotonic())
         self.scheduler.admit()
         after_admission()
@@ -191,7 +191,7 @@ class ContinuousBatch:
 
     def decode(self) -> None:
         """Advance every running sequence: rows with a draft first, by as many tokens as their draft keeps
-        (:mod:`engine.speculation`), then every row by one token in one batched step per LongRoPE group, long
+        (:mod:`engine.sched.verify`), then every row by one token in one batched step per LongRoPE group, long
         first; a group whose every row advanced by its draft is not stepped again."""
         if self._switch is not None:
             for row in [row for row in self.rows.group(0, self.rows.short) if row.length >= self._switch]:

@@ -2,8 +2,8 @@
 
 One native OS thread per worker owns the decoder session (made in that
 thread, after the fork, so it computes with every core the worker is given),
-the key/value pool (:mod:`engine.kvpool`) and the continuous batch
-(:mod:`engine.batch`), and runs the batch's iterations while there is work.
+the key/value pool (:mod:`engine.runtime.pool`) and the continuous batch
+(:mod:`engine.sched.continuous`), and runs the batch's iterations while there is work.
 Requests come in through a thread-safe inbox; finished generations go back
 to the hub's thread through a relay, because the engine thread never logs
 (under gevent a logging handler's lock is a gevent lock, unsafe from another

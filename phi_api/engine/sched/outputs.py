@@ -1,6 +1,6 @@
 """What a step's results do to the sequences: tokens chosen, text streamed, generations ended and reported.
 
-The batch (:mod:`engine.batch`) and speculation (:mod:`engine.speculation`)
+The batch (:mod:`engine.sched.continuous`) and speculation (:mod:`engine.sched.verify`)
 both hand the logits they computed here: one token at a time, every token goes
 through the same checks (cancellation, deadline, end of sequence, stop
 strings, ``max_tokens``, the grammar), so a token from a draft's check ends a
@@ -117,8 +117,8 @@ class Outputs:
 
     def end_request(self, request: Request, reason: str, error: str | None = None) -> None:
         """End every choice of a request that never reached the running rows; of one whose start failed half-way
-        (:meth:`Endings.fail_request`), those not ended yet: those that joined the running rows as :meth:`finish`
-        ends them, the others (a row placed or not, booked) here."""
+        (:meth:`phi_api.engine.sched.endings.Endings.fail_request`), those not ended yet: those that joined the running
+        rows as :meth:`finish` ends them, the others (a row placed or not, booked) here."""
         ended = set()
         for sequence in request.sequences:
             if sequence.phase is Phase.RUNNING:

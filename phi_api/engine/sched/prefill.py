@@ -6,7 +6,7 @@ as long as it computes: at Phi-3.5-mini's size a chunk of 64 tokens takes
 1.3-1.8 s on two cores, against 0.1 s for a decode step.
 
 - ``exact`` prefix reuse: chunks of ``chunk`` tokens on a fixed grid (what
-  makes reuse exact; see :mod:`engine.reuse`).
+  makes reuse exact; see :mod:`engine.kv.reuse`).
 - Otherwise, when nothing else waits or runs: chunks of ``chunk`` tokens
   (fewer, larger steps compute a prompt fastest, and a request alone is cut
   the same way every time); when something else waits or runs: as many tokens
@@ -27,7 +27,7 @@ MIN_TOKENS = MIN_TIMED_TOKENS  # below this a chunk costs nearly a full step and
 
 
 class ChunkPlanner:
-    """Chunk ends for prompts, planned from the engine's measured step costs (:mod:`engine.stepcost`)."""
+    """Chunk ends for prompts, planned from the engine's measured step costs (:mod:`engine.sched.stepcost`)."""
 
     def __init__(self, chunk: int, *, grid: bool, slice_seconds: float, costs: StepCosts) -> None:
         self.chunk = max(1, chunk)

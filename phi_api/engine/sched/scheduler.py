@@ -4,7 +4,7 @@
   start, and the prefilling get their chunks, by priority first, then as
   below; running sequences all advance together whatever their priority.
 - Admission: waiting requests start in arrival order while they fit the
-  key/value budget (:mod:`engine.kvcache` makes room by giving up kept
+  key/value budget (:mod:`engine.kv.cache` makes room by giving up kept
   prefixes); each starts from the longest prefix any row holds. One that can
   never fit, with nothing else in progress, ends with an error (the service
   refuses those before they are queued); one that could fit later waits, and
@@ -13,7 +13,7 @@
   row ahead of the oldest, so that no prompt waits forever behind a stream of
   shorter ones; a prompt that has waited ``WHOLE_CHUNKS_AFTER`` seconds goes
   in whole chunks rather than time slices; a request waiting for an older one to compute the prefix it
-  will copy is passed over; how long the chunk is, :mod:`engine.prefill` says.
+  will copy is passed over; how long the chunk is, :mod:`engine.sched.prefill` says.
 
 Everything here runs on the engine thread.
 """
@@ -59,7 +59,7 @@ class Scheduler:
 
     def plan_chunk(self) -> Chunk | None:
         """The prompt chunk this iteration computes: the next prompt's (:meth:`next_prompt`), from the longest prefix
-        any row now holds, as long as :mod:`engine.prefill` says; None when that request has ended meanwhile."""
+        any row now holds, as long as :mod:`engine.sched.prefill` says; None when that request has ended meanwhile."""
         request = self.next_prompt()
         self.prefilling.remove(request)
         ended = request.over()

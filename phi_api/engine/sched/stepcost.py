@@ -3,13 +3,13 @@
 Every step the engine takes is timed here (:meth:`StepCosts.timed`): a
 batched decode step by its rows, a prompt chunk by its tokens, a draft's
 check by the draft's length. Two decisions read these running averages: how
-long a prompt chunk may be while others wait (:mod:`engine.prefill`, from a
+long a prompt chunk may be while others wait (:mod:`engine.sched.prefill`, from a
 one-row step's cost and the cost of a prompt token), and whether checking a
 draft pays (below).
 
 A drafting row checks its draft in a step of its own (the attention kernel
 takes several new tokens on top of past context only for a batch of one;
-see :mod:`engine.speculation`). Alone, a row's check replaces its decode
+see :mod:`engine.sched.verify`). Alone, a row's check replaces its decode
 step and gives the kept tokens and one more for little more than a step's
 price. Among many rows the batched step gives every row a token for far
 less than that many one-row steps (at 8 rows, 2.4x to 3.5x one row's
@@ -17,7 +17,7 @@ tokens per second here), and a check costs time the whole batch waits.
 
 So among several rows a draft is checked when the tokens it is expected to
 give per second of its check (its row's recent acceptance,
-:attr:`engine.draft.Drafter.expected`, plus the model's own token) beat what
+:attr:`engine.sampling.draft.Drafter.expected`, plus the model's own token) beat what
 the batched step of that many rows gives per second, and only as far as
 pays best: a check's cost grows with its tokens (int4 kernels compute
 several rows as a matrix product, not one as a matrix-vector one), so
@@ -27,7 +27,7 @@ no check is made at that size (the first step tells the price to beat), and
 a draft length not yet timed is tried once.
 
 The rows of a request alone always check their drafts (the drafter's back-off
-alone decides, :class:`engine.speculation.Speculation`): a request alone then
+alone decides, :class:`engine.sched.verify.Speculation`): a request alone then
 takes the same steps every time, whatever the timings, so it gets the same
 answer every time (docs/identical-answers.md).
 """

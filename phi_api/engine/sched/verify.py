@@ -2,19 +2,19 @@
 
 On a CPU one decode step of one row costs almost as much as checking a few
 tokens of that row in one step: the step reads every weight whatever it
-computes. A row with a draft (:mod:`engine.draft`) therefore feeds its pending
+computes. A row with a draft (:mod:`engine.sampling.draft`) therefore feeds its pending
 token and the ``k`` draft tokens in one step, gets the logits after each of
 them, and keeps the longest accepted run plus one token of the model's own
-(:meth:`engine.logits.Sampler.verify`): between 1 and ``k + 1`` tokens for
+(:meth:`engine.sampling.logits.Sampler.verify`): between 1 and ``k + 1`` tokens for
 about the price of one step.
 
 The attention kernel takes several new tokens on top of past context only
 for a batch of one, so a drafting row's check is a step of its own, before the
 batched step of every row; a LongRoPE group whose every row advanced this way
-is not stepped again (:meth:`engine.continuous.ContinuousBatch.decode`). Among many rows a
+is not stepped again (:meth:`engine.sched.continuous.ContinuousBatch.decode`). Among many rows a
 check costs time the whole batch waits: a draft is checked only where and as
-far as that pays (:mod:`engine.stepcost`), and otherwise scored against the tokens that
-come (:meth:`engine.draft.Drafter.decline`); batch-invariant (``BATCH_INVARIANT``), every
+far as that pays (:mod:`engine.sched.stepcost`), and otherwise scored against the tokens that
+come (:meth:`engine.sampling.draft.Drafter.decline`); batch-invariant (``BATCH_INVARIANT``), every
 row checks its drafts as it does alone, whatever the timings. Every token a check
 keeps goes through the same checks as a token from the batched step (end of
 sequence, stop strings, ``max_tokens``, grammar, cancellation), one at a

@@ -30,8 +30,8 @@ def usage(finished: list[Finished]) -> dict[str, Any]:
 
 
 class Answer:
-    """A run's answer in OpenAI's shape (``kind``: :class:`ChatShape` or :class:`CompletionShape`): :meth:`whole`
-    for JSON, :meth:`stream` for server-sent events."""
+    """A run's answer in OpenAI's shape (``kind``: :class:`.shapes.ChatShape` or :class:`.shapes.CompletionShape`):
+    :meth:`whole` for JSON, :meth:`stream` for server-sent events."""
 
     framing: ClassVar[Framing] = Framing.SSE
 
