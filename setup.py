@@ -6,6 +6,6 @@ from setuptools import find_packages, setup
 setup(
     packages=[*find_packages(include=["phi_api", "phi_api.*"]), "phi_api.schemas"],
     package_dir={"phi_api.schemas": "schemas"},
-    package_data={"phi_api.schemas": ["*.json"], "phi_api.web": ["playground/*.*", "playground/vendor/*"],
+    package_data={"phi_api.schemas": ["*.json"], "phi_api.api": ["static/playground/*.*", "static/playground/vendor/*"],
                   "phi_api.engine.runtime": ["data/*.txt"], "phi_api.engine.kernels": ["*.cpp", "*.h"]},
 )

@@ -17,13 +17,13 @@ from phi_api.api.models import check_pull_allowed, pull_events
 from phi_api.errors import ModelLoadingError, ollama_body
 from phi_api.models.registry import Models
 from phi_api.protocols import catalog, ollama
-from phi_api.protocols.contract import Reading
+from phi_api.protocols.contract import Framing, Reading
 from phi_api.service.generation import Run
 from phi_api.version import __version__
 from phi_api.web.auth import is_admin, require_admin
 from phi_api.web.bodies import read_request
 from phi_api.web.errors import render_errors
-from phi_api.web.framing import ndjson_response
+from phi_api.web.framing import framed
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, NDJSON, operation
 from phi_api.web.resources import get_models
 from phi_api.web.respond import respond
@@ -117,7 +117,7 @@ def pull() -> Response:
     check_pull_allowed(name)
     events = pull_events(name, models=get_models())
     if body.get("stream", True) is not False:
-        return ndjson_response(events)
+        return framed(Framing.NDJSON, events)
     last = list(events)[-1]
     if "error" in last:
         raise ModelLoadingError(name, last["error"], name)

@@ -14,7 +14,7 @@ from flask import Blueprint, Response, send_from_directory
 
 from phi_api.web.openapi import operation
 
-FILES = Path(__file__).resolve().parents[1] / "web" / "playground"
+FILES = Path(__file__).resolve().parent / "static" / "playground"  # the blueprint's own files
 PREFIX = "/playground/"
 POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
           "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")

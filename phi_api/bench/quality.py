@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_TEXT = Path(__file__).resolve().parents[3] / "tests" / "data" / "quality-text.txt"
+DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "tests" / "data" / "quality-text.txt"
 CHUNK = 256  # prompt tokens per step: the positions' logits come from prefill, as a prompt's do
 DECODE_STEPS = 64
 ANSWER_TOKENS = 24

@@ -23,7 +23,7 @@ from phi_api.settings import load_settings
 
 T = TypeVar("T")
 
-REPO = Path(__file__).resolve().parents[3]  # gunicorn.conf.py and wsgi.py live here
+REPO = Path(__file__).resolve().parents[2]  # gunicorn.conf.py and wsgi.py live here
 GUNICORN = Path(sys.executable).with_name("gunicorn")
 
 

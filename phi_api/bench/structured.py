@@ -21,7 +21,7 @@ import requests
 
 from phi_api.bench.common import needs_server
 
-DEFAULT_CASES = Path(__file__).resolve().parents[3] / "tests" / "data" / "structured-cases.json"
+DEFAULT_CASES = Path(__file__).resolve().parents[2] / "tests" / "data" / "structured-cases.json"
 MAX_TOKENS = 160
 
 

@@ -66,7 +66,7 @@ def admit(gate: Gate, caller: Caller, request: GenerationRequest) -> generation.
     request = dataclasses.replace(request, priority=_priority(caller, request))
     span = _span(gate.tracing, caller, request)
     services = generation.Services(gate.models, Unlimited() if caller.batch else _Slots(gate, caller), gate.settings)
-    held = ""
+    held, reused_as = "", cache_key(gate.settings, caller, request)
     try:
         if caller.key is not None:
             count_request(gate.keys, caller)
@@ -74,8 +74,8 @@ def admit(gate: Gate, caller: Caller, request: GenerationRequest) -> generation.
         if caller.key is not None:
             held = _reserve(gate, caller, prepared.worst_tokens)
         observers, on_done = _accounting(gate, caller, span, held)
-        run = generation.launch(services, prepared, caller.request_id, cache_key(gate.settings, caller, request),
-                                observers=observers, on_done=on_done)
+        run = generation.launch(services, prepared, caller.request_id, reused_as, observers=observers,
+                                on_done=on_done)
     except BaseException as error:
         if held:
             gate.keys.usage.settle(held)

@@ -21,49 +21,40 @@ def _compact(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
-def sse_response(events: Iterable[Any], on_close: Iterable[Callable[[], None]] = (), done: bool = True) -> Response:
-    """A ``text/event-stream`` response of ``events`` (dicts, or ``KEEPALIVE``), ended by ``data: [DONE]`` (unless
-    not ``done``: llama.cpp's own streams end with their last object).
-
-    ``on_close`` callbacks run when the server closes the response, whether
-    the stream finished, failed, or the client went away.
-    """
-
-    def body() -> Iterator[str]:
-        for event in events:
-            yield ": keepalive\n\n" if event is KEEPALIVE else "data: " + _compact(event) + "\n\n"
-        if done:
-            yield "data: [DONE]\n\n"
-
-    return streaming_response(body(), "text/event-stream", get_settings().STREAM_WRITE_TIMEOUT, on_close)
+def _sse(events: Iterable[Any], done: bool) -> Iterator[str]:
+    """Server-sent events of JSON objects (and ``KEEPALIVE``'s comment), ended by ``data: [DONE]`` if ``done``."""
+    for event in events:
+        yield ": keepalive\n\n" if event is KEEPALIVE else "data: " + _compact(event) + "\n\n"
+    if done:
+        yield "data: [DONE]\n\n"
 
 
-def named_sse_response(events: Iterable[Any], on_close: Iterable[Callable[[], None]] = ()) -> Response:
-    """A ``text/event-stream`` response of named events: ``(name, data)`` pairs, written ``event: name`` then the
-    data as JSON (how OpenAI's Responses API and Anthropic's Messages API stream), or ``KEEPALIVE``; no
-    ``[DONE]`` at the end (those APIs end with an event of their own)."""
-
-    def body() -> Iterator[str]:
-        for event in events:
-            if event is KEEPALIVE:
-                yield ": keepalive\n\n"
-            else:
-                name, data = event
-                yield f"event: {name}\ndata: {_compact(data)}\n\n"
-
-    return streaming_response(body(), "text/event-stream", get_settings().STREAM_WRITE_TIMEOUT, on_close)
+def _named_sse(events: Iterable[Any]) -> Iterator[str]:
+    """Named events: ``(name, data)`` pairs written ``event: name`` then the data as JSON (or ``KEEPALIVE``'s
+    comment); no ``[DONE]``: those APIs end with an event of their own."""
+    for event in events:
+        if event is KEEPALIVE:
+            yield ": keepalive\n\n"
+        else:
+            name, data = event
+            yield f"event: {name}\ndata: {_compact(data)}\n\n"
 
 
-def ndjson_response(objects: Iterable[dict[str, Any]], on_close: Iterable[Callable[[], None]] = ()) -> Response:
-    """Newline-delimited JSON (Ollama's streams): one compact object per line."""
-    lines = (_compact(item) + "\n" for item in objects)
-    return streaming_response(lines, NDJSON_TYPE, get_settings().STREAM_WRITE_TIMEOUT, on_close)
+def _ndjson(objects: Iterable[Any]) -> Iterator[str]:
+    """One compact object a line."""
+    return (_compact(item) + "\n" for item in objects)
+
+
+_WRITTEN: dict[Framing, tuple[Callable[[Iterable[Any]], Iterator[str]], str]] = {
+    Framing.SSE: (lambda events: _sse(events, done=True), "text/event-stream"),
+    Framing.SSE_UNTERMINATED: (lambda events: _sse(events, done=False), "text/event-stream"),
+    Framing.NAMED_SSE: (_named_sse, "text/event-stream"),
+    Framing.NDJSON: (_ndjson, NDJSON_TYPE),
+}
 
 
 def framed(framing: Framing, events: Iterable[Any], on_close: Iterable[Callable[[], None]] = ()) -> Response:
-    """A stream of ``events`` framed as ``framing`` says."""
-    if framing is Framing.NAMED_SSE:
-        return named_sse_response(events, on_close)
-    if framing is Framing.NDJSON:
-        return ndjson_response(events, on_close)
-    return sse_response(events, on_close, done=framing is Framing.SSE)
+    """A streamed response of ``events`` framed as ``framing`` says; ``on_close`` callbacks run when the server
+    closes it, whether the stream finished, failed, or the client went away."""
+    write, media_type = _WRITTEN[framing]
+    return streaming_response(write(events), media_type, get_settings().STREAM_WRITE_TIMEOUT, on_close)

@@ -22,7 +22,7 @@ SHORT = "Water boils at"
 NEAR_TIE = 0.05  # logits
 MODEL = "gemma-3-270m"
 
-pytestmark = pytest.mark.second_model  # two minutes of conversion: `make test PYTEST_ARGS="-m second_model"`
+pytestmark = pytest.mark.second_model  # two minutes of conversion: `make test PYTEST_ARGS="-m second_model"` alone
 
 
 @pytest.fixture(scope="module")
