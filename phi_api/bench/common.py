@@ -22,6 +22,17 @@ LONG_PROMPT = " ".join([PROMPT] * 4)  # about 300 tokens
 PREFILLING_PROMPT = " ".join([PROMPT] * 12)  # about 900 tokens: seconds of prefill at Phi-3.5-mini's size
 
 
+def emit(report: dict[str, Any], out: str = "") -> None:
+    """Print a report as JSON, and write it to ``out`` too when given."""
+    import json
+    from pathlib import Path
+
+    text = json.dumps(report, indent=2)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n", encoding="utf-8")
+
+
 def say(message: str) -> None:
     """Progress, on stderr, as the run goes (a whole run takes many minutes)."""
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)

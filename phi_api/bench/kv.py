@@ -1,25 +1,27 @@
 """``python -m phi_api bench kv``: what int8 keys and values cost in accuracy and give in memory, against float32.
 
-The same held-out text (not the calibration text) is fed token by token to
-the model twice, with float32 keys and values and with int8 ones, and at
-every position the next token's log-probability under each is compared: the
-model's own text, teacher-forced, so both see the same inputs throughout.
+The same held-out text (not the calibration text) is fed to each build of the
+model (float32 keys and values; int8 ones with ONNX Runtime's attention; int8
+ones with phi-api's attention operator, where it runs), token by token and
+then in prompt chunks, and at every position the next token's
+log-probability under each is compared with float32's: the model's own text,
+teacher-forced, so every build sees the same inputs throughout.
 Reported: the mean, 95th percentile and largest absolute difference of the
 log-probability of the actual next token, the mean KL divergence of the
-int8 distribution from the float32 one, how often both pick the same most
+other distribution from the float32 one, how often both pick the same most
 likely token, and the tokens each holds per GB.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from phi_api.bench.common import emit
 
 HELD_OUT = (
     "The museum reopened on a rainy Tuesday. Visitors queued under umbrellas while the curator, a tall woman with "
@@ -41,41 +43,58 @@ HELD_OUT = (
 )
 
 
-def run(args: Any) -> dict[str, Any]:
+def builds(model_path: str) -> dict[str, Any]:
+    """The builds compared: float32 keys and values, int8 ones with ONNX Runtime's attention, and int8 ones with
+    phi-api's attention operator where it runs here."""
+    from phi_api.engine.kernels.op import find_library
     from phi_api.engine.runtime.model import LanguageModel
     from phi_api.settings import cache_root
 
     cache = cache_root() / "runtime"
-    models = {dtype: LanguageModel(args.model_path, cache_dir=cache, kv_dtype=dtype) for dtype in ("float32", "int8")}
+    found = {"float32": LanguageModel(model_path, cache_dir=cache, kv_dtype="float32"),
+             "int8": LanguageModel(model_path, cache_dir=cache, kv_dtype="int8", attention_kernel="onnxruntime")}
+    if find_library(cache)[0] is not None:
+        found["int8, phi-api attention"] = LanguageModel(model_path, cache_dir=cache, kv_dtype="int8",
+                                                         attention_kernel="phi-api")
+    return found
+
+
+def run(args: Any) -> dict[str, Any]:
+    models = builds(args.model_path)
     ids = np.asarray(models["float32"].encode(HELD_OUT), dtype=np.int64)[:args.tokens]
-    print(f"[bench-kv] {len(ids)} held-out tokens, teacher-forced, float32 then int8 keys and values", flush=True)
-    logprobs = {}
-    for dtype, model in models.items():
-        started = time.perf_counter()
-        logprobs[dtype] = teacher_forced(model, ids, args.threads)
-        print(f"[bench-kv] {dtype}: {time.perf_counter() - started:.1f} s", flush=True)
-    report = compare(logprobs["float32"], logprobs["int8"], ids[1:])
-    report["tokens"] = len(ids)
-    report["tokens_per_gb"] = {dtype: int(2**30 // model.spec.kv_bytes_per_token) for dtype, model in models.items()}
-    print(json.dumps(report, indent=2))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    report: dict[str, Any] = {"tokens": len(ids)}
+    for chunk, mode in ((1, "decode steps"), (args.chunk, f"prompt chunks of {args.chunk}")):
+        print(f"[bench-kv] {len(ids)} held-out tokens, teacher-forced in {mode}", flush=True)
+        logprobs = {}
+        for name, model in models.items():
+            started = time.perf_counter()
+            logprobs[name] = teacher_forced(model, ids, args.threads, chunk)
+            print(f"[bench-kv] {name}: {time.perf_counter() - started:.1f} s", flush=True)
+        report[mode] = {name: compare(logprobs["float32"], found, ids[1:]) for name, found in logprobs.items()
+                        if name != "float32"}
+    report["tokens_per_gb"] = {name: int(2**30 // model.spec.kv_bytes_per_token) for name, model in models.items()}
+    emit(report, args.out)
     return report
 
 
-def teacher_forced(model: Any, ids: np.ndarray, threads: int) -> np.ndarray:
-    """Log-probabilities of the whole vocabulary before each token of ``ids`` after the first: ``[len - 1, vocab]``."""
+def teacher_forced(model: Any, ids: np.ndarray, threads: int, chunk: int = 1) -> np.ndarray:
+    """Log-probabilities of the whole vocabulary before each token of ``ids`` after the first: ``[len - 1, vocab]``;
+    the tokens go in one at a time (``chunk`` 1: decode steps) or as prompt chunks of ``chunk``."""
     from phi_api.engine.runtime.pool import KVPool
 
     decoder = model.new_decoder(threads)
     pool = KVPool(decoder.spec, 1, len(ids))
     rows = []
     try:
-        for position in range(len(ids) - 1):
-            logits = decoder.step(pool, 0, ids[None, position:position + 1], np.array([position]), False)
-            row = logits[0].astype(np.float64)
-            row -= row.max()
-            rows.append(row - np.log(np.exp(row).sum()))
+        for start in range(0, len(ids) - 1, chunk):
+            piece = ids[None, start:min(start + chunk, len(ids) - 1)]
+            if piece.shape[1] == 1:
+                logits = decoder.step(pool, 0, piece, np.array([start]), False)
+            else:
+                logits = decoder.step(pool, 0, piece, np.array([start]), True, every_position=True)
+            for row in np.atleast_2d(logits).astype(np.float64):
+                shifted = row - row.max()
+                rows.append(shifted - np.log(np.exp(shifted).sum()))
     finally:
         decoder.unbind()
         pool.close()
@@ -93,8 +112,8 @@ def compare(reference: np.ndarray, other: np.ndarray, targets: np.ndarray) -> di
         "max_abs_logprob_difference": round(float(delta.max()), 4),
         "mean_kl_divergence": round(float(kl.mean()), 5),
         "top1_agreement": round(float((reference.argmax(axis=1) == other.argmax(axis=1)).mean()), 4),
-        "mean_logprob": {"float32": round(float(reference[picked, targets].mean()), 4),
-                         "int8": round(float(other[picked, targets].mean()), 4)},
+        "mean_logprob": round(float(other[picked, targets].mean()), 4),
+        "float32_mean_logprob": round(float(reference[picked, targets].mean()), 4),
     }
 
 
@@ -102,6 +121,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", required=True, help="model folder")
     parser.add_argument("--tokens", type=int, default=1024, help="held-out tokens to teacher-force (at most)")
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: every core)")
+    parser.add_argument("--chunk", type=int, default=64, help="tokens of a prompt chunk (the second pass)")
     parser.add_argument("--out", help="also write the report to this JSON file")
 
 

@@ -56,10 +56,21 @@ class RawEngine:
         result = self._run(prompt, max_tokens, batch)
         return batch * (result.tokens - 1) / result.decode_seconds
 
+    def generate_ids(self, ids: list[int], max_tokens: int) -> RawResult:
+        """As :meth:`generate`, for a prompt of token ids."""
+        return self._run_ids(np.asarray(ids, dtype=np.int32), max_tokens, 1)
+
+    def decode_ids(self, ids: list[int], max_tokens: int, batch: int) -> float:
+        """Aggregate decode tokens/s of ``batch`` copies of a prompt of token ids (greedy, no EOS)."""
+        result = self._run_ids(np.asarray(ids, dtype=np.int32), max_tokens, batch)
+        return batch * (result.tokens - 1) / result.decode_seconds
+
     def _run(self, prompt: str, max_tokens: int, batch: int) -> RawResult:
         """``batch`` copies of ``prompt``, timed per step (each token counted once per sequence)."""
+        return self._run_ids(np.asarray(self._tokenizer.encode(prompt), dtype=np.int32), max_tokens, batch)
+
+    def _run_ids(self, ids: np.ndarray, max_tokens: int, batch: int) -> RawResult:
         og = self._og
-        ids = np.asarray(self._tokenizer.encode(prompt), dtype=np.int32)
         params = og.GeneratorParams(self._model)
         length = len(ids) + max_tokens
         params.set_search_options(max_length=length, min_length=length, do_sample=False, batch_size=batch)

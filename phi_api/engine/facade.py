@@ -8,6 +8,7 @@ fork, that runs every generation of the worker in one continuous batch.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -81,6 +82,11 @@ class Engine:
     def __init__(self, model: Model, config: EngineConfig, memory: SharedBudget | None = None) -> None:
         """``memory``: the worker's key/value budget, shared with its other engines (one of its own if none)."""
         self.model = model
+        granule = model.spec.kv_granule
+        if config.prefix_disk_dir and config.prefill_chunk % granule:
+            log.warning("the disk tier is off: its chunks (PREFILL_CHUNK_TOKENS, %d) must be whole tiles of %d tokens "
+                        "of the attention operator's keys and values", config.prefill_chunk, granule)
+            config = dataclasses.replace(config, prefix_disk_dir="")
         self.config = config
         self.observers: list[Callable[[Choice, Finished], None]] = [
             lambda choice, finished: log_generation(choice, finished, config.name)]
@@ -200,6 +206,11 @@ class Engine:
         import numpy as np
 
         return np.dtype(self.model.spec.kv_dtype).name
+
+    @property
+    def attention_kernel(self) -> str:
+        """Which attention computes: ``phi-api`` (its operator, over int8 keys and values) or ``onnxruntime``."""
+        return "phi-api" if self.model.spec.kv_layout else "onnxruntime"
 
     @property
     def ready(self) -> bool:

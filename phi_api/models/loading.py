@@ -31,7 +31,7 @@ def load_engine(settings: Settings, spec: ModelSpec, memory: SharedBudget | None
                                 spec.id)
     try:
         model = LanguageModel(path, cache_dir=cache_root() / "runtime", kv_dtype=settings.KV_CACHE_DTYPE,
-                              int4_kernel=settings.INT4_KERNEL)
+                              int4_kernel=settings.INT4_KERNEL, attention_kernel=settings.ATTENTION_KERNEL)
     except (oga.OgaError, PrepackError, GuidanceError, KernelError) as exc:
         raise ModelLoadingError(path, str(exc), spec.id) from exc
     except ORT_ERRORS + (DecodeError, ValueError, KeyError, TypeError) as exc:

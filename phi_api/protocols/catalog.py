@@ -84,6 +84,7 @@ def status(settings: Settings, models: list[Served]) -> dict[str, Any]:
                 "max_concurrent_requests": own.MAX_CONCURRENT_REQUESTS,
                 "context_length": served.engine.info.context_length,
                 "kv_cache_dtype": served.engine.kv_dtype,
+                "attention_kernel": served.engine.attention_kernel,
                 "kv_bytes_per_token": served.engine.model.spec.kv_bytes_per_token,
                 "prefix_cache": own.PREFIX_CACHE,
             },

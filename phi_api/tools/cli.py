@@ -52,6 +52,11 @@ BENCHES = {
                    "comes out whole and valid (greedy)"),
     "kernels": ("phi_api.bench.kernels", "ONNX Runtime's 4-bit matrix kernel at 1 to 16 rows: alone at "
                 "Phi-3.5-mini's weight shapes, and in a model's decode steps"),
+    "attention": ("phi_api.bench.attention", "one attention layer alone: phi-api's operator against ONNX Runtime's "
+                  "(int8 and float32 keys and values), decode steps and prompt chunks at long contexts"),
+    "long": ("phi_api.bench.longctx", "long prompts (1k to 16k tokens) and decode at long contexts (1 and 8 "
+             "streams): the server beside the raw engine, as shares of the machine's limits"),
+    "roofline": ("phi_api.bench.roofline", "this machine's limits: the int8 dot-product peak and the read bandwidth"),
     "load": ("phi_api.bench.load", "bursts far beyond the concurrency limit, a soak (--minutes), or a mixed "
              "load (--mixed)"),
 }

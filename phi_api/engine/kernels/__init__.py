@@ -1,7 +1,14 @@
-"""phi-api's own 4-bit matrix kernel for batched decode: one pass over each tile of weights for all rows of a step.
+"""phi-api's own kernels, as ONNX Runtime custom operators in one library (AVX-512 VNNI).
 
-``q4_kernel.h`` is the kernel (AVX-512 VNNI); ``q4_op.cpp`` puts it in ONNX Runtime as the custom operator
-``phi_api.Q4MatMul`` and :mod:`.op` builds that library; :mod:`phi_api.engine.runtime.rewrite` swaps MatMulNBits nodes
-for it when a model loads (``INT4_KERNEL``); :mod:`.reference` repacks the weights and computes the same product in
-numpy; ``q4_vnni.cpp`` and :mod:`.native` call the kernel through ctypes for the tests and ``phi-api bench kernels``.
+- The 4-bit matrix kernel for batched decode, one pass over each tile of weights for all rows of a step:
+  ``q4_kernel.h``, the operator ``phi_api.Q4MatMul``; :mod:`phi_api.engine.runtime.rewrite` swaps MatMulNBits nodes
+  for it when a model loads (``INT4_KERNEL``); :mod:`.reference` repacks the weights and computes the same product
+  in numpy; ``q4_vnni.cpp`` and :mod:`.native` call the kernel through ctypes for the tests and
+  ``phi-api bench kernels``.
+- The attention over int8 keys and values: ``attention_kernel.h``, the operator ``phi_api.Attention``
+  (``attention_op.h``); :mod:`phi_api.engine.runtime.attention` swaps GroupQueryAttention nodes for it
+  (``ATTENTION_KERNEL``); :mod:`.attention_reference` computes the same in numpy and :mod:`.attention_graph` makes
+  one-node graphs for the tests and ``phi-api bench attention``.
+
+``ops.cpp`` registers both operators; :mod:`.op` builds the library.
 """

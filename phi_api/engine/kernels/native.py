@@ -41,7 +41,8 @@ def unsupported() -> str | None:
 
 def library_file(source: Path, flags: tuple[str, ...], folder: Path, name: str) -> Path:
     """Where :func:`compiled` puts the library of ``source`` and ``flags`` (whether or not it is built)."""
-    digest = hashlib.sha256(source.read_bytes() + HEADER.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    headers = b"".join(path.read_bytes() for path in sorted(HEADER.parent.glob("*.h")))  # what the sources include
+    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(flags).encode()).hexdigest()[:16]
     return folder / f"{name}-{digest}.so"
 
 

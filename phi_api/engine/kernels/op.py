@@ -1,5 +1,5 @@
-"""The custom-operator library (``q4_op.cpp``): built from source by ``phi-api build-kernel`` (``make install``
-runs it), found by the engine when it loads a model.
+"""The custom-operator library (``ops.cpp``: phi-api's 4-bit matrix kernel and its attention): built from source by
+``phi-api build-kernel`` (``make install`` runs it), found by the engine when it loads a model.
 
 The library is compiled against ONNX Runtime's C and C++ API headers, which the onnxruntime wheel does not ship:
 the build takes them from Debian's ``libonnxruntime-dev`` package (one pinned file, checked by its SHA-256), of an
@@ -19,7 +19,7 @@ from pathlib import Path
 from phi_api.engine.kernels.native import FLAGS, compiled, library_file, unsupported
 from phi_api.errors import KernelError
 
-SOURCE = Path(__file__).with_name("q4_op.cpp")
+SOURCE = Path(__file__).with_name("ops.cpp")
 HEADERS_URL = "http://deb.debian.org/debian/pool/main/o/onnxruntime/libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb"
 HEADERS_SHA256 = "14f7d959d5deacbcf1504830d4189f91fc67382b399ed9ae9d3aa9c4050ced08"
 HEADERS_DIR = "ort-headers-1.21.0"

@@ -1,5 +1,5 @@
 // The 4-bit matrix kernel itself, shared by the ctypes entry (q4_vnni.cpp: tests and benchmarks) and ONNX Runtime's
-// custom operator (q4_op.cpp: serving). Y[M, N] = X[M, K] . W[K, N], W in blocks of 128 along K with one float scale
+// custom operator (ops.cpp: serving). Y[M, N] = X[M, K] . W[K, N], W in blocks of 128 along K with one float scale
 // per (column, block) and the implicit zero point 8 (MatMulNBits without zero points), X quantized to int8 per
 // (row, block) as ONNX Runtime's accuracy level 4 does.
 //

@@ -1,6 +1,6 @@
 // The kernel of q4_kernel.h behind a C function for ctypes (native.py): the tests compare it with the numpy
 // reference and `phi-api bench kernels --ours` times it. OpenMP's workers share its columns here; the custom
-// operator (q4_op.cpp) uses ONNX Runtime's own pool instead.
+// operator (ops.cpp) uses ONNX Runtime's own pool instead.
 #include <omp.h>
 
 #include <vector>

@@ -26,7 +26,7 @@ from phi_api.engine.runtime.folder import (
 from phi_api.engine.runtime.template import reads
 from phi_api.engine.runtime.template import render as render_template
 from phi_api.engine.threads.native import new_lock
-from phi_api.errors import ChatTemplateError
+from phi_api.errors import ChatTemplateError, KernelError
 
 if TYPE_CHECKING:
     from phi_api.engine.runtime.session import Decoder
@@ -180,7 +180,8 @@ class LanguageModel:
     (:meth:`new_decoder`), after the fork.
     """
 
-    def __init__(self, folder: str, *, cache_dir: Path, kv_dtype: str = "float32", int4_kernel: str = "auto") -> None:
+    def __init__(self, folder: str, *, cache_dir: Path, kv_dtype: str = "float32", int4_kernel: str = "auto",
+                 attention_kernel: str = "auto") -> None:
         from phi_api.engine.runtime.prepack import prepacked_model
         from phi_api.engine.runtime.rewrite import MODEL_FILE as OWN_MODEL_FILE
         from phi_api.engine.runtime.rewrite import own_kernel_graph
@@ -214,6 +215,7 @@ class LanguageModel:
 
             self.decoder_file = int8_model(self.decoder_file, self.spec, self._calibration_ids(),
                                            threads=os.cpu_count() or 1)
+            self._own_attention(attention_kernel, cache_dir)
             self.spec = Decoder(self.decoder_file, self.spec, threads=1).spec
         self.guides = GuideFactory(root / "tokenizer.json", self.info.vocab_size, self.info.eos_token_ids)
         # Read once, at load (before gunicorn forks), without keeping the table: workers that never answer with
@@ -240,6 +242,20 @@ class LanguageModel:
                                                 "which is unusable: serving float32 keys and values", root)
             return False
         return True
+
+    def _own_attention(self, choice: str, cache_dir: Path) -> None:
+        """The int8 graph with phi-api's attention operator, where ``choice`` (ATTENTION_KERNEL) and the machine
+        allow: its keys and values then sit in the operator's layout."""
+        from phi_api.engine.kernels.op import find_library
+        from phi_api.engine.runtime.attention import LAYOUT, attention_model
+
+        library, reason = find_library(cache_dir)
+        if library is None and choice == "phi-api":
+            raise KernelError(f"ATTENTION_KERNEL is phi-api, but phi-api's kernel library cannot run here: {reason}")
+        found = attention_model(self.decoder_file, choice, str(library or ""), self.spec.head_size)
+        if found is not None:
+            self.decoder_file = found
+            self.spec = dataclasses.replace(self.spec, custom_ops=str(library), kv_layout=LAYOUT)
 
     def _calibration_ids(self) -> np.ndarray:
         """Token ids that show the model the kinds of text it meets: prose, code, tables, languages, a chat."""

@@ -61,16 +61,18 @@ class KVPool:
         return 2 * self.spec.layers * self.rows * self.row_span
 
     def copy(self, source: int, target: int, length: int) -> None:
-        """Copy row ``source``'s first ``length`` tokens over row ``target``'s."""
+        """Copy row ``source``'s first ``length`` tokens over row ``target``'s (and whatever else shares their last
+        granule: tokens past a row's length are never read)."""
         if source == target or length <= 0:
             return
+        length = self._whole(length)
         for buffers in (self.keys, self.values):
             for buffer in buffers:
                 buffer[target, :, :length] = buffer[source, :, :length]
 
     def release(self, row: int, keep: int = 0) -> None:
         """Give back the pages of ``row`` past its first ``keep`` tokens (they read as zeros afterwards)."""
-        keep_bytes = -(-keep * self._token_bytes // PAGE) * PAGE if keep > 0 else 0
+        keep_bytes = -(-self._whole(keep) * self._token_bytes // PAGE) * PAGE if keep > 0 else 0
         if keep_bytes >= self._head_bytes:
             return
         start = row * self.row_span
@@ -81,6 +83,11 @@ class KVPool:
             for head in range(self.spec.kv_heads):
                 offset = start + head * self._head_bytes + keep_bytes
                 area.madvise(mmap.MADV_DONTNEED, offset, self._head_bytes - keep_bytes)
+
+    def _whole(self, tokens: int) -> int:
+        """``tokens`` rounded up to the layout's granule (whole tiles of the attention operator's layout)."""
+        granule = self.spec.kv_granule
+        return -(-tokens // granule) * granule
 
     def close(self) -> None:
         """Unmap the reservations (the buffers must no longer be bound or used)."""

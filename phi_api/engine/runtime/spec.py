@@ -33,6 +33,14 @@ class DecoderSpec:
     window: int = 0
     # The custom-operator library the graph needs (phi-api's 4-bit kernel), registered with every session of it.
     custom_ops: str = ""
+    # How a head's run of tokens is laid out: "" as [tokens, head_size]; "tiles16" as phi-api's attention operator
+    # keeps it (tiles of 16 tokens: whole tiles are what can be copied, kept or stored apart).
+    kv_layout: str = ""
+
+    @property
+    def kv_granule(self) -> int:
+        """The fewest tokens whose keys and values are a range of bytes of their own."""
+        return 16 if self.kv_layout == "tiles16" else 1
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -70,3 +70,20 @@ def test_a_model_with_sliding_window_layers_gets_buffers_of_at_least_a_window():
     finally:
         short.close()
         plain.close()
+
+
+def test_in_the_attention_operator_s_layout_rows_are_copied_and_kept_in_whole_tiles_of_16_tokens():
+    """A token's bytes are spread over its tile of 16 (engine/kernels/attention_kernel.h): a prefix is copied and
+    kept tile by tile, so that none of its tokens loses a byte."""
+    tiled = KVPool(DecoderSpec(layers=1, kv_heads=2, head_size=96, vocab_size=8, kv_dtype=np.int8,
+                               kv_layout="tiles16"), rows=2, tokens=4096)
+    try:
+        tiled.keys[0][0, :, :64] = 7
+        tiled.copy(0, 1, 20)  # tokens 0..19: the bytes of tiles 0 and 1
+        assert (tiled.keys[0][1, :, :32] == 7).all() and (tiled.keys[0][1, :, 32:64] == 0).all()
+        tiled.keys[0][1] = 3
+        tiled.release(1, keep=40)  # tile 2 (tokens 32..47) ends 512 bytes into the second page: that page stays
+        assert (tiled.keys[0][1, :, :48] == 3).all()
+        assert (tiled.keys[0][1, :, 8192 // 96 + 1:] == 0).all()  # past it, pages went back
+    finally:
+        tiled.close()

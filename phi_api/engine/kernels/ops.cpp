@@ -1,4 +1,7 @@
-// ONNX Runtime's custom operator phi_api.Q4MatMul: the kernel of q4_kernel.h in the decoder graph, in place of
+// phi-api's custom operators for ONNX Runtime, in one library: phi_api.Attention (attention_op.h) and
+// phi_api.Q4MatMul.
+//
+// phi_api.Q4MatMul: the kernel of q4_kernel.h in the decoder graph, in place of
 // MatMulNBits (4 bits, blocks of 128, no zero points; see rewrite.py). Inputs: A [..., K] float, the repacked
 // weights (uint8, reference.repack's layout) and their scales [K / 128, N] float; attributes K and N; output
 // [..., N] float.
@@ -14,6 +17,7 @@
 #include <mutex>
 #include <vector>
 
+#include "attention_op.h"
 #include "q4_kernel.h"
 
 namespace {
@@ -113,6 +117,7 @@ extern "C" {
 // as the library (ONNX Runtime keeps pointers to them), hence the static storage.
 OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   static Q4Op op;
+  static attn_op::Op attention;
   static std::mutex mutex;
   static std::vector<Ort::CustomOpDomain> domains;
   Ort::InitApi(api_base->GetApi(ORT_API_VERSION));
@@ -120,6 +125,7 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
     std::lock_guard<std::mutex> hold(mutex);
     Ort::CustomOpDomain domain("phi_api");
     domain.Add(&op);
+    domain.Add(&attention);
     Ort::UnownedSessionOptions(options).Add(domain);
     domains.push_back(std::move(domain));
   } catch (const Ort::Exception& error) {

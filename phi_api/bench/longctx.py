@@ -1,0 +1,212 @@
+"""``phi-api bench long``: long prompts and long contexts, the server beside the raw engine (ONNX Runtime GenAI,
+every core) in one run, and each figure as a share of the machine's limits measured in the same run
+(``bench roofline``).
+
+- Prompts: the first token of a fresh prompt of 1k, 4k, 8k and 16k tokens (as far as the model's context goes):
+  the server's time over the raw engine's, paired run by run, and the multiply-adds of the weights and of the
+  attention over the int8 dot-product peak.
+- Decode at contexts of 1k, 4k and 8k tokens, one stream and 8 at once: tokens a second, and the bytes a step reads
+  (the weights once, each row's keys and values) over the read bandwidth. The raw engine's decode beside it where
+  its float32 keys and values fit in memory.
+
+Prompts are token ids (the same for both), each led by tokens no earlier prompt shares, so that no prompt cache
+answers them. Medians of ``--runs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from phi_api.bench.client import stream_completion
+from phi_api.bench.common import PROMPT, emit, median, say
+
+MAX_TOKENS = 64  # decoded per stream in the decode measurements
+RAW_MEMORY_SHARE = 0.5  # the raw engine's float32 keys and values may take this share of the machine's memory
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What one token costs the model: multiply-adds and bytes of its weights, and per token of context, its
+    attention's multiply-adds (a query against a key and a value) and its keys' and values' bytes."""
+
+    weight_macs: float
+    weight_bytes: float
+    attention_macs_per_context: float
+    kv_bytes_per_context: float
+
+    def prompt_macs(self, tokens: int) -> float:
+        """A whole prompt of ``tokens``: every token's weights, and each token's attention to those before it."""
+        return tokens * self.weight_macs + self.attention_macs_per_context * tokens * (tokens + 1) / 2
+
+    def step_bytes(self, rows: int, context: int) -> float:
+        """A decode step of ``rows`` rows at ``context`` tokens each: the weights once, each row's keys and values."""
+        return self.weight_bytes + rows * context * self.kv_bytes_per_context
+
+
+def model_costs(model_path: str) -> Costs:
+    """Read from the decoder graph (the 4-bit matrices: MatMulNBits) and its configuration."""
+    import onnx
+    from onnx import helper
+
+    from phi_api.engine.runtime.folder import ModelFolder
+    from phi_api.engine.runtime.model import LanguageModel
+    from phi_api.settings import cache_root
+
+    folder = ModelFolder.read(Path(model_path))
+    graph = onnx.load(str(Path(model_path) / folder.decoder_file), load_external_data=False).graph
+    macs = weight_bytes = 0.0
+    for node in graph.node:
+        if node.op_type == "MatMulNBits":
+            attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            k, n, bits = int(attributes["K"]), int(attributes["N"]), int(attributes.get("bits", 4))
+            macs += k * n
+            weight_bytes += k * n * bits / 8 + n * (k // int(attributes["block_size"])) * 4  # weights and scales
+    decoder = folder.decoder
+    heads, layers = int(decoder["num_attention_heads"]), int(decoder["num_hidden_layers"])
+    attention = 2.0 * heads * int(decoder["head_size"]) * layers
+    served = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype="auto")
+    return Costs(macs, weight_bytes, attention, served.spec.kv_bytes_per_token)
+
+
+class Prompts:
+    """Token-id prompts of exact lengths: a text's ids repeated, led by ids no earlier prompt shares."""
+
+    def __init__(self, ids: np.ndarray, vocab: int) -> None:
+        self.ids = ids
+        self.vocab = vocab
+        self._rng = np.random.default_rng(int(time.time()))
+
+    def fresh(self, tokens: int) -> list[int]:
+        lead = self._rng.integers(1000, min(self.vocab, 30000), 8)
+        body = np.resize(self.ids, tokens - len(lead))
+        return [int(token) for token in np.concatenate([lead, body])]
+
+
+def raw_first_token(raw: Any, prompt: list[int]) -> float:
+    return raw.generate_ids(prompt, 1).prefill_seconds
+
+
+def measure_prompts(url: str, model: str, raw: Any, prompts: Prompts, lengths: list[int], runs: int,
+                    costs: Costs, peak: float) -> list[dict[str, Any]]:
+    """The first token of fresh prompts, the server's time paired with the raw engine's."""
+    rows = []
+    for tokens in lengths:
+        say(f"prompt of {tokens} tokens")
+        server, engine, ratios = [], [], []
+        for _ in range(runs):
+            reference = raw_first_token(raw, prompts.fresh(tokens)) if raw is not None else None
+            result = stream_completion(url, {"model": model, "prompt": prompts.fresh(tokens), "max_tokens": 1,
+                                             "temperature": 0})
+            server.append(result.ttft)
+            if reference is not None:
+                engine.append(reference)
+                ratios.append(result.ttft / reference)
+        macs = costs.prompt_macs(tokens)
+        row: dict[str, Any] = {"tokens": tokens, "server_s": median(server),
+                               "server_tokens_per_s": tokens / median(server),
+                               "server_share_of_int8_peak": macs / median(server) / 1e9 / peak}
+        if engine:
+            row.update(raw_s=median(engine), raw_tokens_per_s=tokens / median(engine),
+                       raw_share_of_int8_peak=macs / median(engine) / 1e9 / peak,
+                       server_over_raw=median(ratios))
+        rows.append(row)
+    return rows
+
+
+def server_decode(url: str, model: str, prompts: Prompts, context: int, streams: int) -> float:
+    """Aggregate decode tokens a second of ``streams`` streams at ``context`` tokens each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bodies = [{"model": model, "prompt": prompts.fresh(context), "max_tokens": MAX_TOKENS, "temperature": 0,
+               "ignore_eos": True} for _ in range(streams)]
+    with ThreadPoolExecutor(streams) as pool:
+        results = list(pool.map(lambda body: stream_completion(url, body), bodies))
+    # the span in which every stream decodes: from the last first token to the first last token
+    start = max(result.arrivals[0] for result in results)
+    end = min(result.arrivals[-1] for result in results)
+    if end <= start:
+        return sum(result.decode_rate or 0.0 for result in results)
+    return sum(sum(start <= moment <= end for moment in result.arrivals) for result in results) / (end - start)
+
+
+def measure_decode(url: str, model: str, raw: Any, prompts: Prompts, contexts: list[int], runs: int,
+                   costs: Costs, bandwidth: float, raw_fits: Any) -> list[dict[str, Any]]:
+    rows = []
+    for context in contexts:
+        for streams in (1, 8):
+            say(f"decode: {streams} streams at {context} tokens")
+            rates = [server_decode(url, model, prompts, context, streams) for _ in range(runs)]
+            step = costs.step_bytes(streams, context)
+            rate = median(rates)
+            row: dict[str, Any] = {"context": context, "streams": streams, "server_tokens_per_s": rate,
+                                   "server_share_of_bandwidth": step * rate / streams / 1e9 / bandwidth}
+            if raw is not None and raw_fits(streams, context):
+                raw_rates = [raw.decode_ids(prompts.fresh(context), MAX_TOKENS, streams) for _ in range(runs)]
+                row.update(raw_tokens_per_s=median(raw_rates),
+                           raw_share_of_bandwidth=step * median(raw_rates) / streams / 1e9 / bandwidth,
+                           server_over_raw_rate=rate / median(raw_rates))
+            rows.append(row)
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from phi_api.bench.raw import RawEngine
+    from phi_api.bench.roofline import measure
+    from phi_api.bench.server import Server
+
+    say("the machine's limits")
+    limits = measure()
+    costs = model_costs(args.model_path)
+    raw = RawEngine(args.model_path) if args.raw else None
+    context_length = int(json.loads((Path(args.model_path) / "genai_config.json").read_text())["model"]
+                         ["context_length"])
+    lengths = [n for n in (int(v) for v in args.prompts.split(",")) if n + MAX_TOKENS <= context_length]
+    contexts = [n for n in (int(v) for v in args.contexts.split(",")) if n + MAX_TOKENS <= context_length]
+    config = json.loads((Path(args.model_path) / "genai_config.json").read_text())["model"]
+    decoder = config["decoder"]
+    text_ids = np.asarray(raw.encode(PROMPT) if raw else np.arange(1000, 1400), dtype=np.int64)
+    prompts = Prompts(text_ids, int(config["vocab_size"]))
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    float32_kv = 2 * 4 * int(decoder["num_hidden_layers"]) * int(decoder["num_key_value_heads"]) * int(
+        decoder["head_size"])
+
+    def raw_fits(streams: int, context: int) -> bool:
+        # the raw engine keeps float32 keys and values for the whole length of each row
+        return streams * (context + MAX_TOKENS) * float32_kv <= RAW_MEMORY_SHARE * memory
+
+    report: dict[str, Any] = {"model": args.model_path, "limits": limits.__dict__, "costs": costs.__dict__,
+                              "settings": dict(item.split("=", 1) for item in args.setting), "runs": args.runs}
+    logs = Path(tempfile.mkdtemp(prefix="phi-api-bench-long-"))
+    env = {"MODEL_PATH": args.model_path, "MODEL_ID": "bench-model", "MAX_CONCURRENT_REQUESTS": 16,
+           **dict(item.split("=", 1) for item in args.setting)}
+    with Server(logs, **env) as server:
+        report["prompts"] = measure_prompts(server.url, "bench-model", raw, prompts, lengths, args.runs, costs,
+                                            limits.int8_gmacs)
+        report["decode"] = measure_decode(server.url, "bench-model", raw, prompts, contexts, args.runs, costs,
+                                          limits.read_gbs, raw_fits)
+    return report
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-path", required=True, help="the model folder (served and run raw)")
+    parser.add_argument("--prompts", default="1024,4096,8192,16384", help="prompt lengths, in tokens")
+    parser.add_argument("--contexts", default="1024,4096,8192", help="decode contexts, in tokens")
+    parser.add_argument("--runs", type=int, default=3, help="repetitions per figure (medians are reported)")
+    parser.add_argument("--no-raw", dest="raw", action="store_false", help="the server alone")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting of the server, e.g. ATTENTION_KERNEL=onnxruntime (repeatable)")
+    parser.add_argument("--out", default="", help="also write the report (JSON) here")
+
+
+def main(args: argparse.Namespace) -> int:
+    emit(run(args), args.out)
+    return 0

@@ -1,0 +1,354 @@
+// phi-api's attention over int8 keys and values (AVX-512 VNNI), for the decoder graph's GroupQueryAttention nodes:
+// see attention_reference.py for what it computes. Flash-style: the queries of a task walk their row's keys 64
+// tokens at a time, with an online softmax; the int8 keys and values are widened to 16 bits in registers as they
+// are multiplied, never dequantized to memory.
+//
+// The cache: one byte per value, one scale per (kv head, channel), in a layout of its own within each head's run of
+// tokens (a multiple of 16 tokens long):
+// - keys in tiles of 16 tokens: tile j holds tokens 16j..16j+15 as [D / 2][16 tokens][2 channels], so that 32 bytes
+//   sign-extended to 16 bits are 2 channels of 16 tokens: a query's 2 channels (broadcast) times them is vpdpwssd's
+//   16 dot products at once;
+// - values in pairs of tokens: pair j holds tokens 2j, 2j+1 as [D][2], so that 32 bytes sign-extended are 16
+//   channels of two tokens: a pair of probabilities (broadcast) times them is vpdpwssd's 16 sums at once.
+// A range of whole tiles (16 tokens) is a range of bytes: rows are copied, kept and stored on disk by such ranges.
+//
+// Queries are quantized per (token, head) to 31 bits, after the keys' per-channel scales and the softmax scale are
+// folded in, and multiplied as two halves of 16 bits (8 bits, as the keys, or 16, cost as much as the cache's own
+// error or more where a few channels of the keys dominate: measured); probabilities to 15 bits per step of 64
+// tokens, the step's largest one as their scale. Scores, the softmax and the output accumulate in float32. Sums of
+// int16 x int8 products stay within int32 up to D = 256.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace attn {
+
+constexpr int kKeyTile = 16;      // tokens of a key tile (and the granule of a row's bytes)
+constexpr int kQueryBlock = 8;    // queries (tokens x heads of a group) that share each tile they read
+constexpr int kPartTiles = 32;    // a lone block of queries (a decode step) splits its keys into parts this long
+constexpr int kMaxHeadSize = 256;
+
+struct Layer {
+  int heads, kv_heads, head_size;  // query heads, key/value heads, channels of a head
+  int rot_half;                    // rotated channels / 2 (0: no rotary)
+  bool interleaved;                // rotary on pairs (2i, 2i+1) rather than halves
+  float scale;                     // the softmax scale
+  int window;                      // > 0: a query sees the last `window` keys, its own included
+};
+
+struct Step {
+  const float* qkv;       // [rows, new, (heads + 2 kv_heads) * D]
+  int8_t* keys;           // [rows, kv_heads, tokens, D] in the layout above
+  int8_t* values;
+  int64_t tokens;         // tokens a head's run of the cache holds (a multiple of kKeyTile)
+  const int32_t* lengths; // [rows]: tokens of each row once this step's are in
+  const float* cos;       // [positions, rot_half]
+  const float* sin;
+  int64_t positions;
+  const float* key_scale;    // [kv_heads, D]
+  const float* value_scale;  // [kv_heads, D]
+  float* out;             // [rows, new, heads * D]
+  int rows, news;
+};
+
+inline int64_t key_offset(int64_t t, int d, int size) {
+  return (t / kKeyTile) * kKeyTile * size + (d / 2) * 2 * kKeyTile + (t % kKeyTile) * 2 + (d % 2);
+}
+
+inline int64_t value_offset(int64_t t, int d, int size) { return (t / 2) * 2 * size + d * 2 + (t % 2); }
+
+// Rotate one head's vector x (D channels) at the position whose cos/sin rows are given, into out.
+inline void rotate(const float* x, const float* cos, const float* sin, const Layer& layer, float* out) {
+  const int size = layer.head_size, half = layer.rot_half;
+  std::memcpy(out, x, sizeof(float) * size);
+  if (half == 0) return;
+  if (layer.interleaved) {
+    for (int i = 0; i < half; ++i) {
+      const float even = x[2 * i], odd = x[2 * i + 1];
+      out[2 * i] = even * cos[i] - odd * sin[i];
+      out[2 * i + 1] = odd * cos[i] + even * sin[i];
+    }
+  } else {
+    for (int i = 0; i < half; ++i) {
+      const float first = x[i], second = x[i + half];
+      out[i] = first * cos[i] - second * sin[i];
+      out[i + half] = second * cos[i] + first * sin[i];
+    }
+  }
+}
+
+inline int8_t quantized(float x, float inverse) {  // ONNX Runtime's: rint(x * (1 / scale)), clamped
+  return static_cast<int8_t>(std::clamp(std::nearbyint(x * inverse), -128.0f, 127.0f));
+}
+
+// The new keys and values of kv head h of row b (its `news` tokens) written into the cache, keys rotated first.
+inline void write_head(const Step& step, const Layer& layer, int b, int h) {
+  const int size = layer.head_size, width = (layer.heads + 2 * layer.kv_heads) * size;
+  const int64_t length = step.lengths[b];
+  const int64_t base = (static_cast<int64_t>(b) * layer.kv_heads + h) * step.tokens * size;
+  float rotated[kMaxHeadSize], kinverse[kMaxHeadSize], vinverse[kMaxHeadSize];
+  for (int d = 0; d < size; ++d) {
+    kinverse[d] = 1.0f / step.key_scale[h * size + d];
+    vinverse[d] = 1.0f / step.value_scale[h * size + d];
+  }
+  for (int s = 0; s < step.news; ++s) {
+    const int64_t position = length - step.news + s;
+    const float* token = step.qkv + (static_cast<int64_t>(b) * step.news + s) * width;
+    const float* key = token + (layer.heads + h) * size;
+    const float* value = token + (layer.heads + layer.kv_heads + h) * size;
+    rotate(key, step.cos + position * layer.rot_half, step.sin + position * layer.rot_half, layer, rotated);
+    for (int d = 0; d < size; ++d) {
+      step.keys[base + key_offset(position, d, size)] = quantized(rotated[d], kinverse[d]);
+      step.values[base + value_offset(position, d, size)] = quantized(value[d], vinverse[d]);
+    }
+  }
+}
+
+// A query made ready for the keys: rotated, times the keys' channel scales and the softmax scale, quantized to
+// 31 bits with its own scale, as two halves of 16 bits (vpdpwssd's operands): 16 bits alone, measured, moved a
+// model's log-probabilities by as much as int8 keys and values do, where a few channels of the keys are large.
+constexpr double kQueryUnits = 1073741823.0;  // 2^30 - 1
+struct Query {
+  alignas(64) int16_t high[kMaxHeadSize];  // the query in 31 bits: high * 2^15 + low
+  alignas(64) int16_t low[kMaxHeadSize];
+  float scale;
+  int64_t position;  // of its token
+  int64_t start;     // the first key it sees
+};
+
+inline void prepare_query(const float* x, const float* cos, const float* sin, const float* kscale, const Layer& layer,
+                          Query& query) {
+  float rotated[kMaxHeadSize];
+  rotate(x, cos, sin, layer, rotated);
+  float largest = 0.0f;
+  for (int d = 0; d < layer.head_size; ++d) {
+    rotated[d] *= kscale[d] * layer.scale;
+    largest = std::max(largest, std::fabs(rotated[d]));
+  }
+  const double inverse = largest > 0.0f ? kQueryUnits / largest : 0.0;
+  for (int d = 0; d < layer.head_size; ++d) {
+    const int32_t q = static_cast<int32_t>(std::nearbyint(rotated[d] * inverse));
+    query.high[d] = static_cast<int16_t>(q >> 15);  // arithmetic shift: the floor, so that low is never negative
+    query.low[d] = static_cast<int16_t>(q & 0x7FFF);
+  }
+  query.scale = static_cast<float>(largest / kQueryUnits);
+}
+
+// exp(x) for x <= 0 (a probability's argument), to about 1e-7 relative; 0 below -87.
+inline __m512 exp_negative(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);  // in [-0.5, 0.5]: 2^f by a polynomial
+  __m512 p = _mm512_set1_ps(1.5353362e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3398874e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6180916e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503370e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022652e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314720e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// What one query holds while it walks its keys: the running max and sum of the softmax, and its output (not yet
+// divided by the sum nor times the values' scales).
+struct Running {
+  float max, sum;
+  alignas(64) float out[kMaxHeadSize];
+};
+
+inline void reset(Running& run, int size) {
+  run.max = -INFINITY;
+  run.sum = 0.0f;
+  std::memset(run.out, 0, sizeof(float) * size);
+}
+
+// A step of the walk: up to kSpan tiles (64 tokens) for up to kTogether queries at once, their accumulators in
+// registers: the scores of every (query, tile) pair are independent chains of vpdpwssd over the key channels (each
+// 32 bytes of keys loaded and widened once for all the queries), then one softmax update per query for the 64
+// tokens, then the values: (query, 16 channels) accumulators over the 32 pairs of tokens.
+constexpr int kSpan = 4;       // tiles of one softmax update
+constexpr int kTogether = 4;   // queries whose accumulators share the registers
+constexpr int kLaneChunk = 4;  // 16-channel lanes of the values done at once
+
+// The scores of NQ queries against the `tiles` tiles at k (tokens token0..), masked to what each query sees.
+// The dot products of NQ queries with the tiles [t0, t0 + T) of a step, in two halves (high, low).
+template <int NQ, int T>
+inline void dots(const int8_t* k, int tiles, int t0, const Query* const* queries, int size, __m512i high[NQ][kSpan],
+                 __m512i low[NQ][kSpan]) {
+  for (int i = 0; i < NQ; ++i)
+    for (int t = t0; t < t0 + T; ++t) high[i][t] = low[i][t] = _mm512_setzero_si512();
+  for (int c = 0; c < size / 2; ++c) {
+    __m512i qh[NQ], ql[NQ];
+    for (int i = 0; i < NQ; ++i) {
+      qh[i] = _mm512_set1_epi32(reinterpret_cast<const int32_t*>(queries[i]->high)[c]);
+      ql[i] = _mm512_set1_epi32(reinterpret_cast<const int32_t*>(queries[i]->low)[c]);
+    }
+    for (int t = t0; t < t0 + T; ++t) {
+      if (t >= tiles) break;
+      const __m512i key = _mm512_cvtepi8_epi16(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + t * kKeyTile * size + c * 32)));
+      for (int i = 0; i < NQ; ++i) {
+        high[i][t] = _mm512_dpwssd_epi32(high[i][t], qh[i], key);
+        low[i][t] = _mm512_dpwssd_epi32(low[i][t], ql[i], key);
+      }
+    }
+  }
+}
+
+template <int NQ>
+inline void scores(const int8_t* k, int tiles, int64_t token0, const Query* const* queries, int size,
+                   __m512 out[NQ][kSpan]) {
+  __m512i high[NQ][kSpan], low[NQ][kSpan];
+  if constexpr (NQ <= 2) {  // 2 x NQ x 4 accumulators in registers
+    dots<NQ, kSpan>(k, tiles, 0, queries, size, high, low);
+  } else {
+    dots<NQ, kSpan / 2>(k, tiles, 0, queries, size, high, low);
+    dots<NQ, kSpan / 2>(k, tiles, kSpan / 2, queries, size, high, low);
+  }
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int t = 0; t < kSpan; ++t) {
+    const __m512i token = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(token0 + t * kKeyTile)), lanes);
+    for (int i = 0; i < NQ; ++i) {
+      const __mmask16 seen =
+          t >= tiles ? 0
+                     : _mm512_cmp_epi32_mask(token, _mm512_set1_epi32(static_cast<int>(queries[i]->position)),
+                                             _MM_CMPINT_LE) &
+                           _mm512_cmp_epi32_mask(token, _mm512_set1_epi32(static_cast<int>(queries[i]->start)),
+                                                 _MM_CMPINT_NLT);
+      const __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high[i][t]), _mm512_set1_ps(32768.0f),
+                                         _mm512_cvtepi32_ps(low[i][t]));
+      out[i][t] = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), seen, sum, _mm512_set1_ps(queries[i]->scale));
+    }
+  }
+}
+
+// One query's softmax update over a step's scores: its running max, sum and output rescaled, and the step's
+// probabilities as 15-bit pairs (tokens 2j, 2j+1 in pairs[j]); returns the probabilities' unit (0: none seen).
+inline float update(const __m512 s[kSpan], Running& run, int32_t* pairs, float& rescale) {
+  __m512 top4 = _mm512_max_ps(_mm512_max_ps(s[0], s[1]), _mm512_max_ps(s[2], s[3]));
+  const float step_max = _mm512_reduce_max_ps(top4);
+  rescale = 1.0f;
+  if (step_max == -INFINITY) return 0.0f;
+  const float top = std::max(run.max, step_max);
+  rescale = run.max == -INFINITY ? 0.0f : std::exp(run.max - top);
+  run.max = top;
+  __m512 p[kSpan];
+  __m512 sum = _mm512_setzero_ps(), largest = _mm512_setzero_ps();
+  for (int t = 0; t < kSpan; ++t) {
+    // exp(-inf - top) is 0 (exp_negative clamps to -87, whose exp is the smallest normal: masked to 0 here)
+    const __mmask16 seen = _mm512_cmp_ps_mask(s[t], _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    p[t] = _mm512_maskz_mov_ps(seen, exp_negative(_mm512_sub_ps(s[t], _mm512_set1_ps(top))));
+    sum = _mm512_add_ps(sum, p[t]);
+    largest = _mm512_max_ps(largest, p[t]);
+  }
+  run.sum = run.sum * rescale + _mm512_reduce_add_ps(sum);
+  const float most = _mm512_reduce_max_ps(largest);
+  if (most == 0.0f) return 0.0f;  // every key here far below the ones before: nothing to add
+  const __m512 to_units = _mm512_set1_ps(32767.0f / most);
+  for (int t = 0; t < kSpan; ++t) {
+    const __m256i words = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(p[t], to_units)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + t * kKeyTile / 2), words);
+  }
+  return most / 32767.0f;
+}
+
+// The values of a step (the `tiles` tiles at v) weighted by NQ queries' probabilities, into their outputs.
+template <int NQ>
+inline void weigh(const int8_t* v, int tiles, const int32_t pairs[NQ][kSpan * kKeyTile / 2], const float* unit,
+                  const float* rescale, Running* const* runs, int size) {
+  const int lanes = size / 16, count = tiles * kKeyTile / 2;
+  for (int l0 = 0; l0 < lanes; l0 += kLaneChunk) {
+    __m512i acc[NQ][kLaneChunk];
+    for (int i = 0; i < NQ; ++i)
+      for (int l = 0; l < kLaneChunk; ++l) acc[i][l] = _mm512_setzero_si512();
+    for (int j = 0; j < count; ++j) {
+      __m512i p[NQ];
+      for (int i = 0; i < NQ; ++i) p[i] = _mm512_set1_epi32(pairs[i][j]);
+      for (int l = 0; l < kLaneChunk; ++l) {
+        if (l0 + l >= lanes) break;
+        const __m512i value = _mm512_cvtepi8_epi16(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j * 2 * size + (l0 + l) * 32)));
+        for (int i = 0; i < NQ; ++i) acc[i][l] = _mm512_dpwssd_epi32(acc[i][l], p[i], value);
+      }
+    }
+    for (int i = 0; i < NQ; ++i) {
+      const __m512 u = _mm512_set1_ps(unit[i]), keep = _mm512_set1_ps(rescale[i]);
+      for (int l = 0; l < kLaneChunk; ++l) {
+        if (l0 + l >= lanes) break;
+        float* out = runs[i]->out + (l0 + l) * 16;
+        _mm512_store_ps(out, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][l]), u, _mm512_mul_ps(_mm512_load_ps(out), keep)));
+      }
+    }
+  }
+}
+
+// NQ queries over the tiles [first_tile, end_tile) of one row's kv head, a step of kSpan tiles at a time.
+template <int NQ>
+inline void walk(const int8_t* keys, const int8_t* values, const Query* const* queries, Running* const* runs,
+                 int size, int64_t first_tile, int64_t end_tile) {
+  // No software prefetch: measured, it slowed the walk (the hardware's prefetchers follow these two streams)
+  const int64_t tile_bytes = static_cast<int64_t>(kKeyTile) * size;
+  int64_t seen_first = queries[0]->start, seen_last = queries[0]->position;
+  for (int i = 1; i < NQ; ++i) {
+    seen_first = std::min(seen_first, queries[i]->start);
+    seen_last = std::max(seen_last, queries[i]->position);
+  }
+  first_tile = std::max(first_tile, seen_first / kKeyTile);
+  end_tile = std::min(end_tile, seen_last / kKeyTile + 1);
+  for (int64_t t = first_tile; t < end_tile; t += kSpan) {
+    const int tiles = static_cast<int>(std::min<int64_t>(kSpan, end_tile - t));
+    __m512 s[NQ][kSpan];
+    scores<NQ>(keys + t * tile_bytes, tiles, t * kKeyTile, queries, size, s);
+    alignas(64) int32_t pairs[NQ][kSpan * kKeyTile / 2];
+    float unit[NQ], rescale[NQ];
+    bool any = false;
+    for (int i = 0; i < NQ; ++i) {
+      unit[i] = update(s[i], *runs[i], pairs[i], rescale[i]);
+      if (unit[i] == 0.0f) {
+        std::memset(pairs[i], 0, sizeof(pairs[i]));
+      } else {
+        any = true;
+      }
+    }
+    if (any) weigh<NQ>(values + t * tile_bytes, tiles, pairs, unit, rescale, runs, size);
+    // a query that saw nothing of this step still had its output rescaled (by 1) above: nothing else to do
+  }
+}
+
+// The queries of one task (up to kQueryBlock: tokens x heads of one kv head's group) over the tiles
+// [first_tile, end_tile) of one row's kv head; each query's Running carries on from where it stood.
+inline void attend(const int8_t* keys, const int8_t* values, const Query* queries, int count, int size,
+                   int64_t first_tile, int64_t end_tile, Running* running) {
+  for (int first = 0; first < count; first += kTogether) {
+    const Query* group[kTogether];
+    Running* runs[kTogether];
+    const int n = std::min(kTogether, count - first);
+    for (int i = 0; i < n; ++i) {
+      group[i] = &queries[first + i];
+      runs[i] = &running[first + i];
+    }
+    switch (n) {
+      case 1: walk<1>(keys, values, group, runs, size, first_tile, end_tile); break;
+      case 2: walk<2>(keys, values, group, runs, size, first_tile, end_tile); break;
+      case 3: walk<3>(keys, values, group, runs, size, first_tile, end_tile); break;
+      default: walk<4>(keys, values, group, runs, size, first_tile, end_tile); break;
+    }
+  }
+}
+
+// Two walks over disjoint keys made one (the flash-decoding merge): into `into`, from `from`.
+inline void merge(Running& into, const Running& from, int size) {
+  if (from.max == -INFINITY) return;
+  const float top = std::max(into.max, from.max);
+  const float a = into.max == -INFINITY ? 0.0f : std::exp(into.max - top), b = std::exp(from.max - top);
+  for (int d = 0; d < size; ++d) into.out[d] = into.out[d] * a + from.out[d] * b;
+  into.sum = into.sum * a + from.sum * b;
+  into.max = top;
+}
+
+}  // namespace attn

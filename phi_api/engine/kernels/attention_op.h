@@ -1,0 +1,225 @@
+// ONNX Runtime's custom operator phi_api.Attention: attention_kernel.h in the decoder graph, in place of
+// GroupQueryAttention (see rewrite.py for when). Its inputs are GroupQueryAttention's: the packed query, key and value
+// [B, S, (N + 2 Nkv) D] (0), the past keys and values (3, 4: int8, in the kernel's layout, bound as the present ones
+// too), seqlens_k (5: each row's length once the step's tokens are in, minus one), total_sequence_length (6), the
+// rotary tables (7, 8) and the keys' and values' scales per kv head and channel (12, 13); inputs 1, 2, 9, 10, 11 are
+// absent. Unlike GroupQueryAttention, S new tokens may come for each of B > 1 rows of different lengths. Outputs: the
+// attention [B, S, N D], and the present keys and values (the past's buffers, written in place; copied first if
+// ONNX Runtime gave other buffers).
+//
+// A step first writes every row's new keys and values (a task per row and kv head), then attends: a task per (row,
+// kv head, block of the group's queries, and for a lone block part of the keys), shared among ONNX Runtime's
+// intra-op threads, then merges the parts. A row's numbers come from its own tasks only, split by its own length:
+// they do not depend on the other rows of the step, nor on the threads.
+#pragma once
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "attention_kernel.h"
+
+namespace attn_op {
+
+// One task: the queries of block `block` of (row b, kv head h) over the tiles [first_tile, end_tile) of their keys.
+// A lone block (a row's step has at most kQueryBlock queries per kv head: a decode step, a short draft) splits its
+// keys into parts of kPartTiles, each a task whose result waits in `partial` for the merge; the split depends on
+// the row alone, so a row's bits never depend on the other rows of the step.
+struct Task {
+  int b, h, block, parts;
+  int64_t first_tile, end_tile;
+  int64_t partial;  // index of this task's results in the scratch (-1: written straight to the output)
+};
+
+struct Work {
+  const attn::Step* step;
+  const attn::Layer* layer;
+  int blocks;  // query blocks per (row, kv head)
+  std::vector<Task> tasks;
+  std::vector<int> merges;     // the first task of each split block
+  std::unique_ptr<attn::Running[]> partial;  // not initialized: each task resets its own
+};
+
+inline void write_task(void* data, size_t index) {
+  const Work& work = *static_cast<const Work*>(data);
+  const int h = static_cast<int>(index % work.layer->kv_heads), b = static_cast<int>(index / work.layer->kv_heads);
+  attn::write_head(*work.step, *work.layer, b, h);
+}
+
+// The queries of a block: how many, and query i's token s and head.
+inline int block_queries(const Work& work, int block) {
+  const int total = work.step->news * (work.layer->heads / work.layer->kv_heads);
+  return std::min(attn::kQueryBlock, total - block * attn::kQueryBlock);
+}
+
+inline void query_place(const Work& work, int h, int block, int i, int& s, int& head) {
+  const int group = work.layer->heads / work.layer->kv_heads, n = block * attn::kQueryBlock + i;
+  s = n / group;
+  head = h * group + n % group;
+}
+
+inline void finish(const Work& work, int b, int h, int block, const attn::Running* running) {
+  const attn::Step& step = *work.step;
+  const int size = work.layer->head_size, count = block_queries(work, block);
+  const float* vscale = step.value_scale + h * size;
+  for (int i = 0; i < count; ++i) {
+    int s, head;
+    query_place(work, h, block, i, s, head);
+    float* out = step.out + ((static_cast<int64_t>(b) * step.news + s) * work.layer->heads + head) * size;
+    const float inverse = running[i].sum > 0.0f ? 1.0f / running[i].sum : 0.0f;
+    for (int d = 0; d < size; ++d) out[d] = running[i].out[d] * vscale[d] * inverse;
+  }
+}
+
+inline void attend_task(void* data, size_t index) {
+  Work& work = *static_cast<Work*>(data);
+  const Task& task = work.tasks[index];
+  const attn::Step& step = *work.step;
+  const attn::Layer& layer = *work.layer;
+  const int size = layer.head_size, width = (layer.heads + 2 * layer.kv_heads) * size;
+  const int count = block_queries(work, task.block);
+  const int64_t length = step.lengths[task.b];
+  alignas(64) attn::Query queries[attn::kQueryBlock];
+  alignas(64) attn::Running local[attn::kQueryBlock];
+  attn::Running* running = task.partial < 0 ? local : &work.partial[task.partial];
+  for (int i = 0; i < count; ++i) {
+    int s, head;
+    query_place(work, task.h, task.block, i, s, head);
+    const int64_t position = length - step.news + s;
+    const float* x = step.qkv + (static_cast<int64_t>(task.b) * step.news + s) * width + head * size;
+    attn::prepare_query(x, step.cos + position * layer.rot_half, step.sin + position * layer.rot_half,
+                        step.key_scale + task.h * size, layer, queries[i]);
+    queries[i].position = position;
+    queries[i].start = layer.window > 0 ? std::max<int64_t>(0, position + 1 - layer.window) : 0;
+    attn::reset(running[i], size);
+  }
+  const int64_t base = (static_cast<int64_t>(task.b) * layer.kv_heads + task.h) * step.tokens * size;
+  attn::attend(step.keys + base, step.values + base, queries, count, size, task.first_tile, task.end_tile, running);
+  if (task.partial < 0) finish(work, task.b, task.h, task.block, running);
+}
+
+inline void merge_task(void* data, size_t index) {
+  Work& work = *static_cast<Work*>(data);
+  const int first = work.merges[index];
+  const Task& task = work.tasks[first];
+  const int count = block_queries(work, task.block), size = work.layer->head_size;
+  attn::Running* into = &work.partial[task.partial];
+  for (int part = 1; part < task.parts; ++part)
+    for (int i = 0; i < count; ++i) attn::merge(into[i], work.partial[work.tasks[first + part].partial + i], size);
+  finish(work, task.b, task.h, task.block, into);
+}
+
+// The tasks of a step: per row, kv head and block of queries, the tiles its queries see, split in parts for a
+// lone block.
+inline void plan(Work& work) {
+  const attn::Step& step = *work.step;
+  const attn::Layer& layer = *work.layer;
+  int64_t scratch = 0;
+  for (int b = 0; b < step.rows; ++b) {
+    const int64_t length = step.lengths[b];
+    for (int h = 0; h < layer.kv_heads; ++h) {
+      for (int block = 0; block < work.blocks; ++block) {
+        int s_first, s_last, head;
+        query_place(work, h, block, 0, s_first, head);
+        query_place(work, h, block, block_queries(work, block) - 1, s_last, head);
+        const int64_t first_position = length - step.news + s_first, last_position = length - step.news + s_last;
+        const int64_t start = layer.window > 0 ? std::max<int64_t>(0, first_position + 1 - layer.window) : 0;
+        const int64_t first_tile = start / attn::kKeyTile, end_tile = last_position / attn::kKeyTile + 1;
+        const int parts = work.blocks == 1
+                              ? static_cast<int>((end_tile - first_tile + attn::kPartTiles - 1) / attn::kPartTiles)
+                              : 1;
+        if (parts > 1) work.merges.push_back(static_cast<int>(work.tasks.size()));
+        for (int part = 0; part < parts; ++part) {
+          const int64_t from = first_tile + part * attn::kPartTiles;
+          const int64_t to = parts == 1 ? end_tile : std::min(end_tile, from + attn::kPartTiles);
+          work.tasks.push_back(Task{b, h, block, parts, from, to, parts == 1 ? -1 : scratch});
+          if (parts > 1) scratch += block_queries(work, block);
+        }
+      }
+    }
+  }
+  if (scratch > 0) work.partial.reset(new attn::Running[static_cast<size_t>(scratch)]);
+}
+
+struct Kernel {
+  Kernel(const OrtApi&, const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo kernel_info(info);
+    layer_.heads = static_cast<int>(kernel_info.GetAttribute<int64_t>("num_heads"));
+    layer_.kv_heads = static_cast<int>(kernel_info.GetAttribute<int64_t>("kv_num_heads"));
+    layer_.scale = kernel_info.GetAttribute<float>("scale");
+    layer_.interleaved = kernel_info.GetAttribute<int64_t>("rotary_interleaved") != 0;
+    rotary_ = kernel_info.GetAttribute<int64_t>("do_rotary") != 0;
+    layer_.window = static_cast<int>(kernel_info.GetAttribute<int64_t>("local_window_size"));
+    if (layer_.heads <= 0 || layer_.kv_heads <= 0 || layer_.heads % layer_.kv_heads)
+      ORT_CXX_API_THROW("phi_api.Attention: num_heads must be a multiple of kv_num_heads", ORT_INVALID_ARGUMENT);
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    const Ort::ConstValue qkv = ctx.GetInput(0);
+    const Ort::ConstValue past_key = ctx.GetInput(3), past_value = ctx.GetInput(4);
+    const std::vector<int64_t> input = qkv.GetTensorTypeAndShapeInfo().GetShape();
+    const std::vector<int64_t> cache = past_key.GetTensorTypeAndShapeInfo().GetShape();
+    if (input.size() != 3 || cache.size() != 4 || cache[0] != input[0] || cache[1] != layer_.kv_heads)
+      ORT_CXX_API_THROW("phi_api.Attention: unexpected shapes", ORT_INVALID_ARGUMENT);
+    attn::Layer layer = layer_;
+    layer.head_size = static_cast<int>(cache[3]);
+    if (layer.head_size % 16 || layer.head_size > attn::kMaxHeadSize || cache[2] % attn::kKeyTile ||
+        input[2] != (layer.heads + 2 * layer.kv_heads) * layer.head_size)
+      ORT_CXX_API_THROW("phi_api.Attention: unsupported head size or cache length", ORT_INVALID_ARGUMENT);
+    const Ort::ConstValue cos = ctx.GetInput(7), sin = ctx.GetInput(8);
+    const std::vector<int64_t> table = cos.GetTensorTypeAndShapeInfo().GetShape();
+    layer.rot_half = rotary_ ? static_cast<int>(table.back()) : 0;
+    const int rows = static_cast<int>(input[0]), news = static_cast<int>(input[1]);
+    Ort::UnownedValue out = ctx.GetOutput(0, {input[0], input[1], layer.heads * layer.head_size});
+    Ort::UnownedValue present_key = ctx.GetOutput(1, cache), present_value = ctx.GetOutput(2, cache);
+    int8_t* keys = present_key.GetTensorMutableData<int8_t>();
+    int8_t* values = present_value.GetTensorMutableData<int8_t>();
+    const size_t bytes = static_cast<size_t>(cache[0] * cache[1] * cache[2] * cache[3]);
+    if (keys != past_key.GetTensorData<int8_t>()) std::memcpy(keys, past_key.GetTensorData<int8_t>(), bytes);
+    if (values != past_value.GetTensorData<int8_t>()) std::memcpy(values, past_value.GetTensorData<int8_t>(), bytes);
+    const int32_t* seqlens = ctx.GetInput(5).GetTensorData<int32_t>();
+    std::vector<int32_t> lengths(rows);
+    for (int b = 0; b < rows; ++b) {
+      lengths[b] = seqlens[b] + 1;
+      if (lengths[b] < news || lengths[b] > cache[2] || (rotary_ && lengths[b] > table[0]))
+        ORT_CXX_API_THROW("phi_api.Attention: a row's length is out of range", ORT_INVALID_ARGUMENT);
+    }
+    attn::Step step{qkv.GetTensorData<float>(), keys, values, cache[2], lengths.data(),
+                    rotary_ ? cos.GetTensorData<float>() : nullptr, rotary_ ? sin.GetTensorData<float>() : nullptr,
+                    rotary_ ? table[0] : 0, ctx.GetInput(12).GetTensorData<float>(),
+                    ctx.GetInput(13).GetTensorData<float>(), out.GetTensorMutableData<float>(), rows, news};
+    const int group = layer.heads / layer.kv_heads;
+    Work work{&step, &layer, (news * group + attn::kQueryBlock - 1) / attn::kQueryBlock, {}, {}, {}};
+    plan(work);
+    ctx.ParallelFor(write_task, static_cast<size_t>(rows) * layer.kv_heads, 0, &work);
+    ctx.ParallelFor(attend_task, work.tasks.size(), 0, &work);
+    if (!work.merges.empty()) ctx.ParallelFor(merge_task, work.merges.size(), 0, &work);
+  }
+
+ private:
+  attn::Layer layer_{};
+  bool rotary_ = false;
+};
+
+struct Op : Ort::CustomOpBase<Op, Kernel> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new Kernel(api, info); }
+  const char* GetName() const { return "Attention"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 14; }
+  ONNXTensorElementDataType GetInputType(size_t index) const {
+    if (index == 3 || index == 4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+    if (index == 5 || index == 6) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+    if (index == 9) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
+    return (index == 1 || index == 2 || (index >= 9 && index <= 11)) ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t index) const {
+    return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+  }
+};
+
+}  // namespace attn_op

@@ -1,0 +1,133 @@
+"""The int8 decoder graph with phi-api's attention operator in place of ONNX Runtime's GroupQueryAttention.
+
+A node is replaced when the operator computes exactly what it does (see
+``engine/kernels/attention_reference.py``): a packed query, key and value; int8 keys and values with one scale per
+head and channel (the graph :mod:`engine.runtime.quant` writes); no position ids, attention bias, head sink,
+softcap, smooth softmax or scores output; causal; a head size the kernel takes. Either every attention node of the
+graph qualifies, or none is replaced: the cache's layout is the operator's (tiles of 16 tokens) in every layer or
+in none. The new graph sits beside the int8 one and shares its weights.
+
+``ATTENTION_KERNEL`` chooses: ``auto`` swaps where the library runs here (AVX-512 VNNI), ``phi-api`` demands it,
+``onnxruntime`` keeps GroupQueryAttention.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from phi_api.engine.runtime.rewrite import DOMAIN
+from phi_api.errors import KernelError
+
+log = logging.getLogger(__name__)
+
+OP_TYPE = "Attention"
+VERSION = 1  # bump when the operator's cache layout or this rewrite changes
+ATTENTION_FILE = f"model.kv-int8-attention.v{VERSION}.onnx"
+LAYOUT = "tiles16"  # the cache layout the operator keeps (DecoderSpec.kv_layout)
+KEPT = ("num_heads", "kv_num_heads", "scale", "do_rotary", "rotary_interleaved", "local_window_size")
+NEUTRAL = {"softcap": 0.0, "smooth_softmax": (-1, 0), "qk_output": 0, "causal": 1, "sliding_window_cache": 0}
+MAX_HEAD_SIZE = 256
+
+
+def _attributes(node: Any) -> dict[str, Any]:
+    from onnx import helper
+
+    return {attribute.name: helper.get_attribute_value(attribute) for attribute in node.attribute}
+
+
+def _neutral(name: str, value: Any) -> bool:
+    wanted = NEUTRAL[name]
+    return value in wanted if isinstance(wanted, tuple) else value == wanted
+
+
+def refusal(node: Any, head_size: int) -> str:
+    """Why the operator cannot stand in for ``node`` (empty: it can)."""
+    attributes = _attributes(node)
+    inputs = list(node.input) + [""] * (14 - len(node.input))
+    quant = (attributes.get("k_quant_type"), attributes.get("v_quant_type"), attributes.get("kv_cache_bit_width"))
+    checks = [
+        (node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft", "not GroupQueryAttention"),
+        (quant == (b"PER_CHANNEL", b"PER_CHANNEL", 8), "keys and values not int8 per channel"),
+        (not inputs[1] and not inputs[2], "query, key and value not packed"),
+        (not any(inputs[9:12]) and len(node.input) <= 14, "position ids, attention bias or head sink given"),
+        (all(_neutral(name, attributes[name]) for name in NEUTRAL if name in attributes),
+         "softcap, smooth softmax, scores output or a non-causal mask asked"),
+        (head_size % 16 == 0 and 0 < head_size <= MAX_HEAD_SIZE, f"head size {head_size}"),
+    ]
+    return next((reason for passed, reason in checks if not passed), "")
+
+
+def swap(model: Any, head_size: int | None = None) -> int:
+    """Replace every GroupQueryAttention node of ``model`` (an onnx ModelProto, changed in place) with the
+    operator: the count replaced, or KernelError saying why one cannot be (then nothing is changed)."""
+    from onnx import helper
+
+    graph = model.graph
+    nodes = [node for node in graph.node if node.op_type == "GroupQueryAttention"]
+    if head_size is None:
+        head_size = _head_size(graph, nodes)
+    for node in nodes:
+        reason = refusal(node, head_size)
+        if reason:
+            raise KernelError(f"{node.name or node.output[0]}: phi-api's attention cannot stand in for it ({reason})")
+    for node in nodes:
+        attributes = {name: value for name, value in _attributes(node).items() if name in KEPT}
+        inputs = list(node.input)[:14]
+        node.CopyFrom(helper.make_node(OP_TYPE, inputs, list(node.output)[:3], name=node.name, domain=DOMAIN,
+                                       **attributes))
+    if nodes and not any(opset.domain == DOMAIN for opset in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return len(nodes)
+
+
+def _head_size(graph: Any, nodes: list[Any]) -> int:
+    """The head size, from the graph's declared cache inputs."""
+    declared = {value.name: value for value in graph.input}
+    for node in nodes:
+        cache = declared.get(node.input[3]) if len(node.input) > 3 else None
+        if cache is not None:
+            return int(cache.type.tensor_type.shape.dim[3].dim_value)
+    return 0
+
+
+def attention_model(int8_file: Path, choice: str, library: str, head_size: int) -> Path | None:
+    """The graph with the operator beside ``int8_file`` (made now if missing), or None where GroupQueryAttention
+    serves: ``choice`` is onnxruntime, or auto and the operator cannot serve this graph or this machine.
+    KernelError when phi-api's is demanded and cannot serve."""
+    if choice == "onnxruntime":
+        return None
+    reason = "" if library else "phi-api's kernel library cannot run here"
+    target = int8_file.parent / ATTENTION_FILE
+    if not reason and not target.is_file():
+        reason = _write(int8_file, target, head_size)
+    if reason:
+        if choice == "phi-api":
+            raise KernelError(f"ATTENTION_KERNEL is phi-api, but {reason}")
+        log.info("attention stays on ONNX Runtime's GroupQueryAttention: %s", reason)
+        return None
+    return target
+
+
+def _write(int8_file: Path, target: Path, head_size: int) -> str:
+    """Write the swapped graph to ``target``: empty, or why it could not be."""
+    import onnx
+
+    model = onnx.load(str(int8_file), load_external_data=False)
+    try:
+        if swap(model, head_size) == 0:
+            return "the graph has no GroupQueryAttention node"
+    except KernelError as exc:
+        return str(exc)
+    handle, staging = tempfile.mkstemp(prefix=".kv-int8-attention-", suffix=".onnx", dir=target.parent)
+    os.close(handle)
+    try:
+        onnx.save(model, staging)
+        os.rename(staging, target)  # atomic: workers starting at once each write the same graph
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+    return ""

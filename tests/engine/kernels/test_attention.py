@@ -1,0 +1,215 @@
+"""phi-api's attention operator in ONNX Runtime: against the numpy reference and GroupQueryAttention at several
+lengths, heads and row mixes (prompt chunks, decode rows, drafts: several new tokens for each of several rows), a
+row's bits whatever else is in the step, the graph rewrite, and the fallback where the operator cannot run.
+
+Where the CPU lacks AVX-512 VNNI (or g++ is missing) the operator cannot run: there the tests check that phi-api
+says why and keeps GroupQueryAttention, instead of comparing results."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import pytest
+
+from phi_api.engine.kernels import native, op
+from phi_api.engine.kernels import attention_reference as reference
+from phi_api.engine.kernels.attention_graph import PHI35, SMOLLM2, Shape, gqa_model
+from phi_api.engine.runtime import attention
+from phi_api.errors import KernelError
+from phi_api.settings import cache_root
+
+SUPPORTED = native.unsupported() is None
+POSITIONS = 2048
+
+
+@pytest.fixture(scope="module")
+def library() -> str | None:
+    """The operator's library as `make install` built it (None where it cannot run)."""
+    return str(op.build_library(cache_root() / "runtime")) if SUPPORTED else None
+
+
+def session(model: onnx.ModelProto, library: str | None, threads: int = 2):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    if library:
+        options.register_custom_ops_library(library)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+class Case:
+    """One step: ``past[b]`` tokens in each row's cache (random int8), ``new`` tokens for each row."""
+
+    def __init__(self, shape: Shape, past: list[int], new: int, seed: int, tokens: int | None = None) -> None:
+        rng = np.random.default_rng(seed)
+        self.shape, self.new = shape, new
+        self.lengths = np.array(past) + new
+        self.tokens = tokens or -(-int(self.lengths.max()) // 16) * 16 + 16
+        rows, size = len(past), shape.head_size
+        cache = (rows, shape.kv_heads, self.tokens, size)
+        self.keys = rng.integers(-127, 128, cache, dtype=np.int8)
+        self.values = rng.integers(-127, 128, cache, dtype=np.int8)
+        self.qkv = rng.standard_normal((rows, new, shape.width), dtype=np.float32)
+        # keys whose channels differ in size, as a model's do
+        self.key_scale = (rng.uniform(0.005, 0.04, (shape.kv_heads, size)) * np.exp(rng.normal(0, 1, size))).astype(
+            np.float32)
+        self.value_scale = rng.uniform(0.005, 0.04, (shape.kv_heads, size)).astype(np.float32)
+        angles = np.arange(POSITIONS)[:, None] / 10000 ** (np.arange(shape.rot_half) / shape.rot_half)
+        self.cos, self.sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+    def feeds(self, keys: np.ndarray, values: np.ndarray) -> dict[str, np.ndarray]:
+        scales = (1, self.shape.kv_heads, 1, self.shape.head_size)
+        return {"qkv": self.qkv, "past_key": keys, "past_value": values,
+                "seqlens_k": (self.lengths - 1).astype(np.int32),
+                "total_sequence_length": np.array(self.lengths.max(), dtype=np.int32), "cos": self.cos,
+                "sin": self.sin, "key_scale": self.key_scale.reshape(scales),
+                "value_scale": self.value_scale.reshape(scales)}
+
+    def expected(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The reference's output and cache (plain layout)."""
+        keys, values = self.keys.copy(), self.values.copy()
+        out = reference.attention(self.qkv, keys, values, self.lengths, self.cos, self.sin,
+                                  heads=self.shape.heads, kv_heads=self.shape.kv_heads,
+                                  scale=self.shape.head_size ** -0.5, window=self.shape.window,
+                                  interleaved=self.shape.interleaved, key_scale=self.key_scale,
+                                  value_scale=self.value_scale)
+        return out, keys, values
+
+    def ours(self, library: str | None, threads: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The operator's output and cache (back in the plain layout)."""
+        model = gqa_model(self.shape, self.tokens, POSITIONS)
+        assert attention.swap(model) == 1
+        keys, values = reference.tiled(self.keys, self.values)
+        out, present_key, present_value = session(model, library, threads).run(None, self.feeds(keys, values))
+        return out, *reference.untiled(present_key, present_value)
+
+
+def close(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+CASES = {
+    # shape, past per row, new tokens per row
+    "prompt chunk": (SMOLLM2, [0], 64),
+    "prompt chunk on a past": (PHI35, [700], 37),
+    "decode rows of different lengths": (SMOLLM2, [3, 16, 15, 600, 1200], 1),
+    "decode, keys split in parts": (PHI35, [1500, 40], 1),
+    "drafts: several new tokens for each row": (SMOLLM2, [30, 517, 4], 5),
+    "a head of 128, one kv head": (Shape(heads=4, kv_heads=1, head_size=128, rot_half=64), [99, 0], 17),
+    "rotary on pairs": (replace(SMOLLM2, interleaved=True), [50, 250], 3),
+    "a sliding window": (replace(SMOLLM2, window=100), [300, 20], 9),
+    "heads of 256": (Shape(heads=2, kv_heads=2, head_size=256, rot_half=128), [160], 2),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_operator_computes_what_the_reference_does(library, name):
+    shape, past, new = CASES[name]
+    case = Case(shape, past, new, seed=len(name))
+    if not SUPPORTED:
+        with pytest.raises(KernelError, match="cannot run here"):
+            op.build_library(cache_root() / "runtime")
+        return
+    want, want_keys, want_values = case.expected()
+    got, keys, values = case.ours(library)
+    for b, length in enumerate(case.lengths):  # the new keys and values: the same bytes
+        assert np.array_equal(keys[b, :, :length], want_keys[b, :, :length])
+        assert np.array_equal(values[b, :, :length], want_values[b, :, :length])
+    # queries in 16 bits and probabilities in 15: measured ~5e-5 of the largest output
+    assert close(got, want) < 1e-3
+
+
+@pytest.mark.parametrize("name", ["prompt chunk on a past", "decode rows of different lengths"])
+def test_the_operator_is_as_close_to_float32_keys_and_values_as_group_query_attention_is(library, name):
+    """The cost of int8 keys and values is the cache's: the operator adds nothing measurable to it."""
+    shape, past, new = CASES[name]
+    case = Case(shape, past, new, seed=7)
+    if not SUPPORTED:
+        return
+    # float32 keys and values whose int8 copies the cache holds
+    float_keys = case.keys.astype(np.float32) * case.key_scale[None, :, None, :]
+    float_values = case.values.astype(np.float32) * case.value_scale[None, :, None, :]
+    exact = session(gqa_model(shape, case.tokens, POSITIONS, int8=False), None).run(
+        None, {name: value for name, value in case.feeds(float_keys, float_values).items()
+               if name not in ("key_scale", "value_scale")})[0]
+    theirs = session(gqa_model(shape, case.tokens, POSITIONS), None).run(
+        None, case.feeds(case.keys.copy(), case.values.copy()))[0]
+    ours = case.ours(library)[0]
+    assert close(ours, theirs) < 1e-3  # GroupQueryAttention over the same int8 cache: rounding apart
+    assert close(ours, exact) < 1.5 * close(theirs, exact) + 1e-4
+
+
+def test_a_row_s_bits_do_not_depend_on_the_other_rows_nor_on_the_threads(library):
+    shape = PHI35
+    if not SUPPORTED:
+        return
+    together = Case(shape, [900, 5, 2000, 64], 1, seed=3, tokens=2064)
+    out, _, _ = together.ours(library)
+    for row in (0, 2):
+        alone = Case(shape, [900, 5, 2000, 64], 1, seed=3, tokens=2064)
+        alone.keys, alone.values = alone.keys[row:row + 1], alone.values[row:row + 1]
+        alone.qkv, alone.lengths = alone.qkv[row:row + 1], alone.lengths[row:row + 1]
+        for threads in (1, 2):
+            assert np.array_equal(alone.ours(library, threads)[0][0], out[row])
+
+
+def test_drafts_checked_in_one_step_give_each_row_what_it_gets_alone(library):
+    if not SUPPORTED:
+        return
+    together = Case(SMOLLM2, [40, 300], 4, seed=11)
+    out = together.ours(library)[0]
+    first = Case(SMOLLM2, [40, 300], 4, seed=11)
+    first.keys, first.values, first.qkv, first.lengths = (first.keys[:1], first.values[:1], first.qkv[:1],
+                                                          first.lengths[:1])
+    assert np.array_equal(first.ours(library)[0][0], out[0])
+
+
+def test_only_graphs_whose_every_attention_it_computes_exactly_are_rewritten():
+    model = gqa_model(SMOLLM2, 64, POSITIONS)
+    assert attention.swap(model) == 1
+    (node,) = model.graph.node
+    assert (node.op_type, node.domain) == (attention.OP_TYPE, "phi_api")
+    refused = {
+        "float32 keys and values": gqa_model(SMOLLM2, 64, POSITIONS, int8=False),
+        "a softcap": gqa_model(SMOLLM2, 64, POSITIONS),
+        "a head size it does not take": gqa_model(Shape(heads=2, kv_heads=2, head_size=40, rot_half=16), 64,
+                                                  POSITIONS),
+    }
+    refused["a softcap"].graph.node[0].attribute.append(onnx.helper.make_attribute("softcap", 30.0))
+    for reason, graph in refused.items():
+        before = graph.SerializeToString()
+        with pytest.raises(KernelError, match="cannot stand in"):
+            attention.swap(graph)
+        assert graph.SerializeToString() == before, reason  # nothing changed
+
+
+def test_without_avx512_vnni_int8_keys_and_values_stay_on_group_query_attention(model_path, tmp_path, monkeypatch,
+                                                                                 caplog):
+    from phi_api.engine.runtime.model import LanguageModel
+
+    monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})
+    with caplog.at_level("INFO"):
+        model = LanguageModel(model_path, cache_dir=tmp_path, kv_dtype="int8", attention_kernel="auto")
+    assert model.spec.kv_layout == "" and model.decoder_file.name != attention.ATTENTION_FILE
+    with pytest.raises(KernelError, match=r"ATTENTION_KERNEL is phi-api.*lacks avx512bw"):
+        LanguageModel(model_path, cache_dir=tmp_path, kv_dtype="int8", attention_kernel="phi-api")
+
+
+def test_int8_keys_and_values_use_the_operator_where_it_runs(model_path, library):
+    from phi_api.engine.runtime.model import LanguageModel
+
+    model = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype="int8", attention_kernel="auto")
+    if not SUPPORTED:
+        assert model.spec.kv_layout == ""
+        return
+    assert model.spec.kv_layout == attention.LAYOUT and model.decoder_file.name == attention.ATTENTION_FILE
+    graph = onnx.load(str(model.decoder_file), load_external_data=False).graph
+    kinds = {node.op_type for node in graph.node}
+    assert attention.OP_TYPE in kinds and "GroupQueryAttention" not in kinds
+    kept = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype="int8",
+                         attention_kernel="onnxruntime")
+    assert kept.spec.kv_layout == "" and "GroupQueryAttention" in {
+        node.op_type for node in onnx.load(str(kept.decoder_file), load_external_data=False).graph.node}
