@@ -63,7 +63,8 @@ def test_the_operator_streams_an_answer_to_a_long_prompt(attention_server):
     client = OpenAI(base_url=attention_server.url + "/v1", api_key="none", max_retries=0, timeout=300)
     texts = {}
     for model in ("ours", "theirs"):
-        stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": DOCUMENT + QUESTION}],
-                                                max_tokens=24, temperature=0, stream=True)
+        messages = [{"role": "user", "content": DOCUMENT + QUESTION}]
+        stream = client.chat.completions.create(model=model, messages=messages, max_tokens=24, temperature=0,
+                                                stream=True)
         texts[model] = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert texts["ours"].strip() and texts["theirs"].strip()

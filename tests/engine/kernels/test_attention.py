@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 import pytest
 
-from phi_api.engine.kernels import native, op
 from phi_api.engine.kernels import attention_reference as reference
+from phi_api.engine.kernels import native, op
 from phi_api.engine.kernels.attention_graph import PHI35, SMOLLM2, Shape, gqa_model
 from phi_api.engine.runtime import attention
 from phi_api.errors import KernelError
