@@ -53,6 +53,15 @@ def model_path(user_cache: Path) -> str:
     return str(prepare_default_model(default_model_dir(user_cache)))
 
 
+@pytest.fixture(scope="session")
+def tiny_phi3(model_path, tmp_path_factory) -> Path:
+    """A tiny random-weight Phi-3 with LongRoPE (see tests/support/tiny_phi3.py), built once per run."""
+    from tests.support.tiny_phi3 import build_tiny_phi3
+
+    work = tmp_path_factory.mktemp("tiny-phi3")
+    return build_tiny_phi3(Path(model_path), work / "model", work)
+
+
 @pytest.fixture
 def make_app(tmp_path: Path) -> Callable[..., Flask]:
     """Build an app from the factory around a given engine (default: a fake saying "Hello, world!")."""

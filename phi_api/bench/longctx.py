@@ -10,7 +10,8 @@ every core) in one run, and each figure as a share of the machine's limits measu
   its float32 keys and values fit in memory.
 
 Prompts are token ids (the same for both), each led by tokens no earlier prompt shares, so that no prompt cache
-answers them. Medians of ``--runs``.
+answers them; the streams of a decode measurement share a document and end with tokens of their own. Medians of
+``--runs``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from phi_api.bench.client import stream_completion
 from phi_api.bench.common import PROMPT, emit, median, say
 
 MAX_TOKENS = 64  # decoded per stream in the decode measurements
+TAIL = 8  # each decoding stream's own last prompt tokens
 RAW_MEMORY_SHARE = 0.5  # the raw engine's float32 keys and values may take this share of the machine's memory
 
 
@@ -126,8 +128,11 @@ def server_decode(url: str, model: str, prompts: Prompts, context: int, streams:
     """Aggregate decode tokens a second of ``streams`` streams at ``context`` tokens each."""
     from concurrent.futures import ThreadPoolExecutor
 
-    bodies = [{"model": model, "prompt": prompts.fresh(context), "max_tokens": MAX_TOKENS, "temperature": 0,
-               "ignore_eos": True} for _ in range(streams)]
+    # One document, each stream's own last tokens: the server computes the document once (its prefix cache copies
+    # it to the other rows) and every row still reads keys and values of its own at each step.
+    document = prompts.fresh(context - TAIL)
+    bodies = [{"model": model, "prompt": document + prompts.fresh(TAIL), "max_tokens": MAX_TOKENS,
+               "temperature": 0, "ignore_eos": True} for _ in range(streams)]
     with ThreadPoolExecutor(streams) as pool:
         results = list(pool.map(lambda body: stream_completion(url, body), bodies))
     # the span in which every stream decodes: from the last first token to the first last token
@@ -139,7 +144,7 @@ def server_decode(url: str, model: str, prompts: Prompts, context: int, streams:
 
 
 def measure_decode(url: str, model: str, raw: Any, prompts: Prompts, contexts: list[int], runs: int,
-                   costs: Costs, bandwidth: float, raw_fits: Any) -> list[dict[str, Any]]:
+                   costs: Costs, bandwidth: float, raw_fits: Any, raw_streams: set[int]) -> list[dict[str, Any]]:
     rows = []
     for context in contexts:
         for streams in (1, 8):
@@ -149,7 +154,7 @@ def measure_decode(url: str, model: str, raw: Any, prompts: Prompts, contexts: l
             rate = median(rates)
             row: dict[str, Any] = {"context": context, "streams": streams, "server_tokens_per_s": rate,
                                    "server_share_of_bandwidth": step * rate / streams / 1e9 / bandwidth}
-            if raw is not None and raw_fits(streams, context):
+            if raw is not None and raw_fits(streams, context) and streams in raw_streams:
                 raw_rates = [raw.decode_ids(prompts.fresh(context), MAX_TOKENS, streams) for _ in range(runs)]
                 row.update(raw_tokens_per_s=median(raw_rates),
                            raw_share_of_bandwidth=step * median(raw_rates) / streams / 1e9 / bandwidth,
@@ -192,7 +197,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         report["prompts"] = measure_prompts(server.url, "bench-model", raw, prompts, lengths, args.runs, costs,
                                             limits.int8_gmacs)
         report["decode"] = measure_decode(server.url, "bench-model", raw, prompts, contexts, args.runs, costs,
-                                          limits.read_gbs, raw_fits)
+                                          limits.read_gbs, raw_fits, {int(n) for n in args.raw_streams.split(",")})
     return report
 
 
@@ -202,6 +207,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contexts", default="1024,4096,8192", help="decode contexts, in tokens")
     parser.add_argument("--runs", type=int, default=3, help="repetitions per figure (medians are reported)")
     parser.add_argument("--no-raw", dest="raw", action="store_false", help="the server alone")
+    parser.add_argument("--raw-streams", default="1,8", help="stream counts whose decode the raw engine also "
+                        "measures (its static batch computes every row's prompt: 8 rows of 4k tokens take minutes)")
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting of the server, e.g. ATTENTION_KERNEL=onnxruntime (repeatable)")
     parser.add_argument("--out", default="", help="also write the report (JSON) here")

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from openai import OpenAI
 
 from tests.support.server import Server
-from tests.support.tiny_phi3 import build_tiny_phi3
 
 MODEL_ID = "smollm2-135m-instruct"
 
@@ -32,12 +30,6 @@ def client(server):
     """The official openai client, pointed at the server."""
     return OpenAI(base_url=server.url + "/v1", api_key="not-needed", max_retries=0, timeout=120)
 
-
-@pytest.fixture(scope="session")
-def tiny_phi3(model_path, tmp_path_factory) -> Path:
-    """A tiny random-weight Phi-3 with LongRoPE (see tests/support/tiny_phi3.py), built once per run."""
-    work = tmp_path_factory.mktemp("tiny-phi3")
-    return build_tiny_phi3(Path(model_path), work / "model", work)
 
 
 @pytest.fixture(scope="session")

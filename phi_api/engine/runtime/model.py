@@ -185,6 +185,7 @@ class LanguageModel:
         from phi_api.engine.runtime.prepack import prepacked_model
         from phi_api.engine.runtime.rewrite import MODEL_FILE as OWN_MODEL_FILE
         from phi_api.engine.runtime.rewrite import own_kernel_graph
+        from phi_api.engine.runtime.rowwise import row_wise
         from phi_api.engine.runtime.session import Decoder
         from phi_api.engine.runtime.spec import DecoderSpec
         from phi_api.engine.sampling.guidance import GuideFactory
@@ -217,6 +218,7 @@ class LanguageModel:
                                            threads=os.cpu_count() or 1)
             self._own_attention(attention_kernel, cache_dir)
             self.spec = Decoder(self.decoder_file, self.spec, threads=1).spec
+        self.spec = dataclasses.replace(self.spec, row_wise=row_wise(self.decoder_file))
         self.guides = GuideFactory(root / "tokenizer.json", self.info.vocab_size, self.info.eos_token_ids)
         # Read once, at load (before gunicorn forks), without keeping the table: workers that never answer with
         # log-probabilities never hold it.

@@ -1,10 +1,12 @@
 """The decoder graph with phi-api's 4-bit operator in place of ONNX Runtime's MatMulNBits, made once per model.
 
 A MatMulNBits node is replaced when the kernel computes exactly what it does: 4 bits, blocks of 128, no zero points,
-bias or group index, accuracy level 4 (activations as int8 per block), K a multiple of 128 and N of 16, weights and
-scales stored in the graph. Its weights are repacked (:func:`phi_api.engine.kernels.reference.repack`) into the new
-graph's data file, each tensor at a page-aligned offset, so that ONNX Runtime memory-maps them and the workers share one
-copy in the page cache. Every other node and initializer is kept as it is.
+bias or group index, accuracy level 4 (activations as int8 per block), K a multiple of 128, weights and scales stored
+in the graph. An N that is not a multiple of 16 (the kernel's column tile) is padded with zero columns and the
+padding sliced off the result (a vocabulary such as 49,156 tokens). Its weights are repacked
+(:func:`phi_api.engine.kernels.reference.repack`) into the new graph's data file, each tensor at a page-aligned
+offset, so that ONNX Runtime memory-maps them and the workers share one copy in the page cache. Every other node
+and initializer is kept as it is.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def eligible(node: Any, initializers: dict[str, Any]) -> bool:
     k, n = int(attributes.get("K", 0)), int(attributes.get("N", 0))
     return (len(inputs) == 3 and inputs[1] in initializers and inputs[2] in initializers
             and attributes.get("bits", 4) == 4 and attributes.get("block_size") == BLOCK
-            and attributes.get("accuracy_level", 0) == 4 and k > 0 and n > 0 and k % BLOCK == 0 and n % 16 == 0)
+            and attributes.get("accuracy_level", 0) == 4 and k > 0 and n > 0 and k % BLOCK == 0)
 
 
 def rewrite(source: Path, target: Path) -> int:
@@ -67,11 +69,18 @@ def rewrite(source: Path, target: Path) -> int:
     chosen_ids = {id(node) for node in chosen}
     still_used = {name for node in graph.node if id(node) not in chosen_ids for name in node.input}
     target.mkdir(parents=True, exist_ok=True)
+    following: dict[int, Any] = {}  # a node's slice of its padded columns, put right after it
     with open(target / DATA_FILE, "wb") as data:
         tensors = [_externalized(tensor, source.parent, data) for tensor in graph.initializer
                    if tensor.name not in replaced or tensor.name in still_used]
         for node in chosen:  # one at a time: a large model's repacked weights never sit in memory together
-            tensors += _replace(node, initializers, source.parent, data)
+            made, cut = _replace(node, initializers, source.parent, data)
+            tensors += made
+            if cut is not None:
+                following[id(node)] = cut
+    nodes = [kept for node in graph.node for kept in (node, following.get(id(node))) if kept is not None]
+    del graph.node[:]
+    graph.node.extend(nodes)
     del graph.initializer[:]
     graph.initializer.extend(tensors)
     model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
@@ -79,19 +88,33 @@ def rewrite(source: Path, target: Path) -> int:
     return len(chosen)
 
 
-def _replace(node: Any, initializers: dict[str, Any], base: Path, data: BinaryIO) -> list[Any]:
-    """Turn ``node`` into the kernel's operator: its repacked weights and scales, written to ``data``."""
+def _replace(node: Any, initializers: dict[str, Any], base: Path, data: BinaryIO) -> tuple[list[Any], Any]:
+    """Turn ``node`` into the kernel's operator: its repacked weights and scales, written to ``data``, and the Slice
+    node that cuts its padded columns off (None when N needs no padding)."""
     from onnx import helper
 
     attributes = _attributes(node)
     n, k = int(attributes["N"]), int(attributes["K"])
+    padded = -(-n // 16) * 16
     weights = _read(initializers[node.input[1]], base).reshape(n, k // BLOCK, BLOCK // 2)
-    tiles, block_scales = repack(weights, _read(initializers[node.input[2]], base))
+    scales = _read(initializers[node.input[2]], base).reshape(n, k // BLOCK)
+    if padded != n:  # zero columns: zero weights (nibble 8 is zero) with zero scales
+        weights = np.concatenate([weights, np.full((padded - n, *weights.shape[1:]), 0x88, dtype=weights.dtype)])
+        scales = np.concatenate([scales, np.zeros((padded - n, scales.shape[1]), dtype=scales.dtype)])
+    tiles, block_scales = repack(weights, scales)
     key = node.name or node.output[0]
     names = (f"{key}.q4_weights", f"{key}.q4_scales")
-    node.CopyFrom(helper.make_node(OP_TYPE, [node.input[0], *names], list(node.output), name=node.name,
-                                   domain=DOMAIN, K=k, N=n))
-    return [_written(tiles, names[0], data), _written(block_scales, names[1], data)]
+    output = node.output[0]
+    wide = output if padded == n else f"{key}.q4_padded"
+    node.CopyFrom(helper.make_node(OP_TYPE, [node.input[0], *names], [wide], name=node.name, domain=DOMAIN, K=k,
+                                   N=padded))
+    tensors = [_written(tiles, names[0], data), _written(block_scales, names[1], data)]
+    if padded == n:
+        return tensors, None
+    bounds = [f"{key}.q4_{part}" for part in ("starts", "ends", "axes")]
+    tensors += [_written(np.array([value], dtype=np.int64), name, data) for value, name in zip((0, n, -1), bounds,
+                                                                                              strict=True)]
+    return tensors, helper.make_node("Slice", [wide, *bounds], [output], name=f"{key}.q4_slice")
 
 
 def _read(tensor: Any, base: Path) -> np.ndarray:
@@ -144,7 +167,7 @@ def _written(array: np.ndarray, name: str, data: BinaryIO) -> Any:
     tensor.data_location = TensorProto.EXTERNAL
     return tensor
 
-RECIPE = 1  # bump when the rewrite changes
+RECIPE = 2  # bump when the rewrite changes
 RECORD = "rewrite.json"  # the source and how many nodes were replaced (none: the source is served as it is)
 
 

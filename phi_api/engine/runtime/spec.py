@@ -36,6 +36,9 @@ class DecoderSpec:
     # How a head's run of tokens is laid out: "" as [tokens, head_size]; "tiles16" as phi-api's attention operator
     # keeps it (tiles of 16 tokens: whole tiles are what can be copied, kept or stored apart).
     kv_layout: str = ""
+    # Every operator computes a row on its own, in the same order at any row count (engine.runtime.rowwise): a step
+    # needs no padding row to give a row the same bits alone and beside others.
+    row_wise: bool = False
 
     @property
     def kv_granule(self) -> int:

@@ -78,7 +78,8 @@ class ContinuousBatch:
         self.prefilling = self.scheduler.prefilling
         self._switch = decoder.spec.rope_switch
         self.costs = planner.costs
-        self.padding = Padding(self.rows, self._switch)
+        # Batch-invariant, odd steps take a padding row, unless every operator computes a row on its own anyway.
+        self.padding = Padding(self.rows, self._switch) if invariant and not decoder.spec.row_wise else None
         self.endings = Endings(self.waiting, self.prefilling, self.kv, self.outputs, publish)
         self.speculation = Speculation(self.rows, policy, self.costs, self.outputs, self.endings, self.step,
                                        self._switch, invariant)
@@ -210,7 +211,7 @@ class ContinuousBatch:
 
     def _step_rows(self, first: int, end: int, riding: set[int]) -> None:
         rows = self.rows.group(first, end)
-        pad = self.padding.plan(first, end) if self.invariant else None
+        pad = self.padding.plan(first, end) if self.padding else None
         ids = [[row.pending] for row in rows] + ([[PAD_TOKEN]] if pad else [])
         past = [row.length for row in rows] + ([pad.past] if pad else [])
         try:
@@ -221,7 +222,8 @@ class ContinuousBatch:
                 self.outputs.finish(row, "error", detail)
             return
         finally:
-            self.padding.done(pad)
+            if self.padding:
+                self.padding.done(pad)
         taking = [(index, row) for index, row in enumerate(rows) if id(row) not in riding]
         for _, row in taking:  # every row holds its new key and value before any row moves
             row.fed(self.policy, len(rows))

@@ -11,7 +11,9 @@ more, a padding row whose result is thrown away, so that every row goes
 through the pair kernel, alone or beside others
 (``tests/engine/runtime/test_invariance.py`` checks the whole graph on the
 real model: attention, norms and the last projection give a row the same bits
-beside any neighbours).
+beside any neighbours). A graph whose every operator computes a row on its own
+at any row count (phi-api's 4-bit and attention operators:
+:mod:`engine.runtime.rowwise`) takes no padding row.
 
 The step binds contiguous rows of the pool, so the padding row is the row
 right after the group. Whatever occupies it, the padding writes one key and

@@ -21,7 +21,7 @@ from phi_api.errors import KernelError
 from phi_api.settings import cache_root
 
 SUPPORTED = native.unsupported() is None
-SHAPES = [(128, 16), (256, 48), (384, 160), (1024, 32)]  # (K, N)
+SHAPES = [(128, 16), (256, 48), (384, 160), (1024, 32), (256, 52)]  # (K, N); 52: padded to 64, cut back
 
 
 def weights(k: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

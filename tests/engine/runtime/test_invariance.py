@@ -4,6 +4,7 @@ the last projection (engine.sched.padding pads odd steps to an even count)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,34 +17,59 @@ ROWS = 8
 TARGET = [5, 8, 17, 29, 101, 7, 64, 12, 300, 41, 9, 77]  # the row under test: its prompt, then its next token
 
 
-def prefill(decoder: Decoder, pool: KVPool, row: int, tokens: np.ndarray) -> None:
-    decoder.step(pool, row, tokens[None, :].astype(np.int64), np.array([0]), True)
+def target_logits(decoder: Decoder, steps: list[tuple[int, int, int]], seed: int, vocab: int) -> list[np.ndarray]:
+    """The target row's logits in each of ``steps`` (first row, row count, the target's index in the step): the
+    target's prompt sits in rows 0 and 3, the other rows hold prompts of other lengths and feed other tokens."""
+    pool = KVPool(decoder.spec, ROWS, 256)
+    rng = np.random.default_rng(seed)
+    try:
+        prompt, token = np.array(TARGET[:-1]), TARGET[-1]
+        lengths = {}
+        for row in range(ROWS):
+            tokens = prompt if row in (0, 3) else rng.integers(10, vocab - 10, size=4 + 13 * row)
+            decoder.step(pool, row, tokens[None, :].astype(np.int64), np.array([0]), True)
+            lengths[row] = len(tokens)
+        seen = []
+        for first, count, at in steps:
+            ids = rng.integers(10, vocab - 10, size=(count, 1))
+            ids[at, 0] = token
+            past = np.array([lengths[first + index] for index in range(count)])
+            seen.append(decoder.step(pool, first, ids, past, False)[at].copy())
+        assert np.isfinite(seen[0]).all() and seen[0].std() > 0
+        return seen
+    finally:
+        decoder.unbind()
+        pool.close()
 
 
 def test_a_row_s_logits_do_not_depend_on_its_neighbours_in_even_steps(model_path):
     folder = Path(model_path)
     spec = DecoderSpec.read(folder)
     decoder = Decoder(folder / "model.onnx", spec, threads=2)
-    pool = KVPool(decoder.spec, ROWS, 256)
-    rng = np.random.default_rng(3)
-    try:
-        prompt, token = np.array(TARGET[:-1]), TARGET[-1]
-        lengths = {}
-        for row in range(ROWS):  # the target's prompt in rows 0 and 3; the others, prompts of other lengths
-            tokens = prompt if row in (0, 3) else rng.integers(10, spec.vocab_size - 10, size=4 + 13 * row)
-            prefill(decoder, pool, row, tokens)
-            lengths[row] = len(tokens)
-        seen = []
-        # (first row, row count, the target's index in the step): two to eight rows, the target first or inside.
-        for first, count, at in ((0, 2, 0), (0, 4, 0), (0, 8, 0), (2, 2, 1), (2, 6, 1), (0, 6, 3)):
-            for _ in range(2):  # the neighbours feed other tokens each time
-                ids = rng.integers(10, spec.vocab_size - 10, size=(count, 1))
-                ids[at, 0] = token
-                past = np.array([lengths[first + index] for index in range(count)])
-                logits = decoder.step(pool, first, ids, past, False)
-                seen.append(logits[at].copy())
-        assert all(np.array_equal(seen[0], logits) for logits in seen[1:])
-        assert np.isfinite(seen[0]).all() and seen[0].std() > 0
-    finally:
-        decoder.unbind()
-        pool.close()
+    # two to eight rows, the target first or inside, each twice (the neighbours feed other tokens each time)
+    steps = [step for step in ((0, 2, 0), (0, 4, 0), (0, 8, 0), (2, 2, 1), (2, 6, 1), (0, 6, 3)) for _ in range(2)]
+    seen = target_logits(decoder, steps, seed=3, vocab=spec.vocab_size)
+    assert all(np.array_equal(seen[0], logits) for logits in seen[1:])
+
+
+def test_a_graph_of_row_wise_operators_gives_a_row_the_same_bits_at_any_row_count(model_path, tiny_phi3, tmp_path):
+    """Phi-3.5's recipe (4-bit weights, int8 keys and values) on phi-api's two operators: a row's logits are the same
+    bits alone, in odd steps and in even ones, so BATCH_INVARIANT needs no padding row there; the default model
+    (ONNX Runtime's 8-bit matrices and float32 ones) keeps it."""
+    from phi_api.engine.kernels import op
+    from phi_api.engine.kernels.native import unsupported
+    from phi_api.engine.runtime.model import LanguageModel
+    from phi_api.engine.runtime.rowwise import row_wise
+    from phi_api.settings import cache_root
+
+    assert not row_wise(Path(model_path) / "model.onnx")
+    if unsupported() is None:  # the library `make install` built, where this model's cache looks for it
+        op.library_path(tmp_path).parent.mkdir(parents=True)
+        shutil.copy(op.build_library(cache_root() / "runtime"), op.library_path(tmp_path))
+    model = LanguageModel(str(tiny_phi3), cache_dir=tmp_path, kv_dtype="int8")
+    assert model.spec.row_wise == (unsupported() is None)
+    if not model.spec.row_wise:
+        return  # no AVX-512 VNNI: ONNX Runtime's operators serve, and the padding row with them
+    steps = [(0, 1, 0), (3, 1, 0), (0, 3, 0), (2, 3, 1), (0, 5, 3), (0, 2, 0), (3, 5, 0)]
+    seen = target_logits(model.new_decoder(2), steps, seed=5, vocab=1000)
+    assert all(np.array_equal(seen[0], logits) for logits in seen[1:])
