@@ -149,6 +149,8 @@ def measure_decode(url: str, model: str, raw: Any, prompts: Prompts, contexts: l
     for context in contexts:
         for streams in (1, 8):
             say(f"decode: {streams} streams at {context} tokens")
+            if rows:
+                say(f"decode so far: {json.dumps(rows)}")
             rates = [server_decode(url, model, prompts, context, streams) for _ in range(runs)]
             step = costs.step_bytes(streams, context)
             rate = median(rates)
@@ -196,6 +198,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with Server(logs, **env) as server:
         report["prompts"] = measure_prompts(server.url, "bench-model", raw, prompts, lengths, args.runs, costs,
                                             limits.int8_gmacs)
+        say(f"prompts: {json.dumps(report['prompts'])}")  # a long run's first half, should the second fail
         report["decode"] = measure_decode(server.url, "bench-model", raw, prompts, contexts, args.runs, costs,
                                           limits.read_gbs, raw_fits, {int(n) for n in args.raw_streams.split(",")})
     return report
@@ -204,7 +207,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", required=True, help="the model folder (served and run raw)")
     parser.add_argument("--prompts", default="1024,4096,8192,16384", help="prompt lengths, in tokens")
-    parser.add_argument("--contexts", default="1024,4096,8192", help="decode contexts, in tokens")
+    parser.add_argument("--contexts", default="1024,4000,8192", help="decode contexts, in tokens (4,000 rather than "
+                        "4,096: LongRoPE models such as Phi-3.5 compute a row again when it crosses 4,096 tokens)")
     parser.add_argument("--runs", type=int, default=3, help="repetitions per figure (medians are reported)")
     parser.add_argument("--no-raw", dest="raw", action="store_false", help="the server alone")
     parser.add_argument("--raw-streams", default="1,8", help="stream counts whose decode the raw engine also "
