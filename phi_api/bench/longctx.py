@@ -145,7 +145,7 @@ def server_decode(url: str, model: str, prompts: Prompts, context: int, streams:
 
 def measure_decode(url: str, model: str, raw: Any, prompts: Prompts, contexts: list[int], runs: int,
                    costs: Costs, bandwidth: float, raw_fits: Any, raw_streams: set[int]) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for context in contexts:
         for streams in (1, 8):
             say(f"decode: {streams} streams at {context} tokens")
