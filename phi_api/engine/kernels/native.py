@@ -29,14 +29,25 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def unsupported() -> str | None:
-    """Why the kernel cannot run here (a missing CPU feature or compiler), or None."""
+def cpu_unsupported() -> str | None:
+    """Why this CPU cannot run the kernel (the instructions it lacks), or None: the check at run time, where a
+    library built elsewhere (the Docker image's) needs no compiler."""
     missing = [flag for flag in NEEDED if flag not in cpu_flags()]
     if missing:
         return f"this CPU lacks {', '.join(missing)}"
+    return None
+
+
+def compiler_missing() -> str | None:
+    """Why no library can be built here (no g++), or None: the check at build time."""
     if shutil.which("g++") is None:
         return "g++ is not installed"
     return None
+
+
+def unsupported() -> str | None:
+    """Why the kernel can be neither built nor run here (a missing CPU feature or compiler), or None."""
+    return cpu_unsupported() or compiler_missing()
 
 
 def library_file(source: Path, flags: tuple[str, ...], folder: Path, name: str) -> Path:

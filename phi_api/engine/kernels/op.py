@@ -1,5 +1,6 @@
 """The custom-operator library (``ops.cpp``: phi-api's 4-bit matrix kernel and its attention): built from source by
-``phi-api build-kernel`` (``make install`` runs it), found by the engine when it loads a model.
+``phi-api build-kernel`` (``make install`` runs it), found by the engine when it loads a model: in the cache, else
+beside the source (:data:`PREBUILT`, where the Docker image's builder stage puts it).
 
 The library is compiled against ONNX Runtime's C and C++ API headers, which the onnxruntime wheel does not ship:
 the build takes them from Debian's ``libonnxruntime-dev`` package (one pinned file, checked by its SHA-256), of an
@@ -16,10 +17,13 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-from phi_api.engine.kernels.native import FLAGS, compiled, library_file, unsupported
+from phi_api.engine.kernels.native import FLAGS, compiled, compiler_missing, cpu_unsupported, library_file, unsupported
 from phi_api.errors import KernelError
 
 SOURCE = Path(__file__).with_name("ops.cpp")
+# A library built elsewhere and shipped with the source: the Docker image's runtime stage copies its builder
+# stage's here, not into the cache folder, which is a volume and would hide it.
+PREBUILT = SOURCE.with_name("prebuilt")
 HEADERS_URL = "http://deb.debian.org/debian/pool/main/o/onnxruntime/libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb"
 HEADERS_SHA256 = "14f7d959d5deacbcf1504830d4189f91fc67382b399ed9ae9d3aa9c4050ced08"
 HEADERS_DIR = "ort-headers-1.21.0"
@@ -27,32 +31,44 @@ LIBRARY = "libphi_api_q4"
 OP_FLAGS = tuple(flag for flag in FLAGS if flag != "-fopenmp")
 
 
+def library_in(folder: Path) -> Path:
+    """The library's file in ``folder`` (whether or not it is built). Its name is keyed by the source, the headers
+    and the flags, so a library built from another source is never taken for this one."""
+    return library_file(SOURCE, OP_FLAGS, folder, LIBRARY)
+
+
 def library_path(cache_dir: Path) -> Path:
-    """Where the library built from this source with these flags lives (whether or not it is built)."""
-    return library_file(SOURCE, OP_FLAGS, cache_dir / "kernels", LIBRARY)
+    """Where the library built from this source with these flags lives in the cache (whether or not it is built)."""
+    return library_in(cache_dir / "kernels")
 
 
 def find_library(cache_dir: Path) -> tuple[Path | None, str]:
-    """The built library, or None and why the kernel cannot serve here."""
-    reason = unsupported()
+    """The built library (the cache's, else the one in :data:`PREBUILT`), or None and why the kernel cannot serve
+    here. Only the CPU is checked: a library already built needs no compiler."""
+    reason = cpu_unsupported()
     if reason:
         return None, reason
-    path = library_path(cache_dir)
-    if not path.is_file():
-        return None, "its library is not built (`make install` or `phi-api build-kernel` builds it)"
-    return path, ""
+    for path in (library_path(cache_dir), library_in(PREBUILT)):
+        if path.is_file():
+            return path, ""
+    if compiler_missing():
+        return None, "its library is not built, and g++, which builds it, is not installed"
+    return None, "its library is not built (`make install` or `phi-api build-kernel` builds it)"
 
 
-def build_library(cache_dir: Path) -> Path:
-    """Build the library (once: a second call returns the same file): its path, or KernelError saying why not."""
-    reason = unsupported()
+def build_library(cache_dir: Path, into: Path | None = None, any_cpu: bool = False) -> Path:
+    """Build the library (once: a second call returns the same file) into ``into``, by default the cache's
+    ``kernels`` folder: its path, or KernelError saying why not. ``any_cpu`` builds even where this CPU lacks the
+    instructions, for the machines that have them (the flags name an instruction set, not this CPU)."""
+    reason = compiler_missing() if any_cpu else unsupported()
     if reason:
-        raise KernelError(f"phi-api's 4-bit kernel cannot run here: {reason}")
-    path = library_path(cache_dir)
+        raise KernelError(f"phi-api's 4-bit kernel cannot {'be built' if any_cpu else 'run'} here: {reason}")
+    folder = into or cache_dir / "kernels"
+    path = library_in(folder)
     if path.is_file():
         return path
-    include = _headers(cache_dir / "kernels" / HEADERS_DIR)
-    return compiled(SOURCE, OP_FLAGS, cache_dir / "kernels", LIBRARY, include)
+    include = _headers(cache_dir / "kernels" / HEADERS_DIR)  # downloaded once per cache, wherever libraries go
+    return compiled(SOURCE, OP_FLAGS, folder, LIBRARY, include)
 
 
 def _headers(folder: Path) -> Path:

@@ -173,10 +173,55 @@ def test_build_kernel_says_why_it_cannot_and_leaves_mlas_unless_strict(monkeypat
     from phi_api.tools import build_kernel
 
     monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma"})
-    assert build_kernel.main(argparse.Namespace(strict=False)) == 0
+    assert build_kernel.main(argparse.Namespace(strict=False, any_cpu=False, into=None)) == 0
     assert "this CPU lacks avx512f" in capsys.readouterr().out
-    assert build_kernel.main(argparse.Namespace(strict=True)) == 1
+    assert build_kernel.main(argparse.Namespace(strict=True, any_cpu=False, into=None)) == 1
     assert "ONNX Runtime's kernel (MLAS)" in capsys.readouterr().out
+
+
+def test_build_kernel_for_any_cpu_skips_this_cpu_s_check_but_still_needs_g_plus_plus(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from phi_api.tools import build_kernel
+
+    monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    arguments = argparse.Namespace(strict=True, any_cpu=True, into=tmp_path / "out")
+    assert build_kernel.main(arguments) == 1
+    assert "cannot be built here: g++ is not installed" in capsys.readouterr().out
+    monkeypatch.setattr(native.shutil, "which", lambda name: f"/usr/bin/{name}")
+    calls = []
+    monkeypatch.setattr(op, "_headers", lambda folder: folder)  # no download, no compiler: where they would go
+    monkeypatch.setattr(op, "compiled", lambda *given: calls.append(given) or op.library_in(given[2]))
+    assert build_kernel.main(arguments) == 0
+    assert capsys.readouterr().out.strip() == str(op.library_in(tmp_path / "out"))
+    ((source, flags, folder, name, include),) = calls
+    assert (source, flags, folder, name) == (op.SOURCE, op.OP_FLAGS, tmp_path / "out", op.LIBRARY)
+    assert include == cache_root() / "runtime" / "kernels" / op.HEADERS_DIR  # the headers stay in the cache
+    with pytest.raises(KernelError, match="cannot run here: this CPU lacks avx512f"):
+        op.build_library(tmp_path, into=tmp_path / "out")  # make install's way: this CPU must run it
+
+
+def test_a_prebuilt_library_serves_without_g_plus_plus_after_the_cache_s_and_only_on_a_cpu_that_runs_it(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(native, "cpu_flags", lambda: set(native.NEEDED))
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)  # as in the Docker image
+    monkeypatch.setattr(op, "PREBUILT", tmp_path / "prebuilt")
+    cache = tmp_path / "cache"
+    assert op.find_library(cache) == (None, "its library is not built, and g++, which builds it, is not installed")
+    (tmp_path / "prebuilt").mkdir()
+    (tmp_path / "prebuilt" / f"{op.LIBRARY}-0123456789abcdef.so").write_bytes(b"")  # of another source
+    assert op.find_library(cache)[0] is None
+    shipped = op.library_in(tmp_path / "prebuilt")
+    shipped.write_bytes(b"")
+    assert op.find_library(cache) == (shipped, "")
+    built = op.library_path(cache)
+    built.parent.mkdir(parents=True)
+    built.write_bytes(b"")
+    assert op.find_library(cache) == (built, "")  # this machine's own build first
+    monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma"})
+    assert op.find_library(cache) == (None, "this CPU lacks avx512f, avx512bw, avx512cd, avx512dq, avx512vl, "
+                                            "avx512_vnni")
 
 
 def test_weights_in_a_symbolically_linked_data_file_are_read(tmp_path):
