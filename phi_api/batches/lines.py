@@ -72,6 +72,8 @@ def _count(resources: Resources, line: Line, answered: Answer, started: float) -
     resources.metrics.requests.labels(line.url, "POST", str(answered.status)).inc()
     if answered.status == 429:
         resources.metrics.rate_limited.inc()
+    if line.owner and answered.status >= 400:
+        resources.metrics.ops.key_errors.labels(line.owner, str(answered.status)).inc()
     elapsed = (time.perf_counter() - started) * 1000
     access.info("POST %s %d %.1fms (batch %s line %d)", line.url, answered.status, elapsed, line.batch_id, line.line,
                 extra={"fields": {"method": "POST", "path": line.url, "status": answered.status,

@@ -25,6 +25,7 @@ from gevent.pool import Pool
 from phi_api.batches.lines import Answer, answer_line
 from phi_api.storage.batches import BatchStore, Line
 from phi_api.storage.database import DatabaseError
+from phi_api.telemetry.watch import OperatorMetrics
 from phi_api.web.resources import Resources
 
 log = logging.getLogger(__name__)
@@ -61,11 +62,13 @@ def _start_time(pid: int) -> str:
 class BatchRunner:
     """Runs queued batch lines with ``dispatch``, ``concurrency`` at a time."""
 
-    def __init__(self, store: BatchStore, dispatch: Dispatch, concurrency: int) -> None:
+    def __init__(self, store: BatchStore, dispatch: Dispatch, concurrency: int,
+                 metrics: OperatorMetrics | None = None) -> None:
         self.store = store
         self.dispatch = dispatch
         self.pool = Pool(concurrency)
         self.owner = owner_id()
+        self.metrics = metrics  # the lines' outcomes and the queue's length, for /metrics
 
     def run_forever(self) -> None:
         recovered_at = 0.0
@@ -74,6 +77,8 @@ class BatchRunner:
                 if time.monotonic() - recovered_at > RECOVER_SECONDS:
                     self.store.recover(alive)
                     self.store.expire(time.time())
+                    if self.metrics is not None:
+                        self.metrics.observe_batch_queue(self.store.queued_lines())
                     recovered_at = time.monotonic()
                 line = self.store.claim(self.owner) if self.pool.free_count() else None
             except DatabaseError as error:  # down or busy: logged, and tried again a little later
@@ -99,19 +104,29 @@ class BatchRunner:
         except Exception as error:  # a bug of ours: the line fails, the runner goes on
             log.exception("batch %s line %d failed", line.batch_id, line.line)
             self.store.finish(line, None, None, None, {"code": "server_error", "message": type(error).__name__})
+            self._count("failed")
             return
         finally:
             renewer.kill()
         if answer.wait is not None:  # its key's limits: the key rests until its window opens; the others go on
             self.store.rest(line, time.time() + max(answer.wait, POLL_SECONDS))
+            self._count("rate_limited")
             return
         if answer.unavailable:  # shutting down, or its model not ready: back in the queue, a moment
             self.store.release(line)
+            self._count("requeued")
             gevent.sleep(POLL_SECONDS)
             return
         if not self.store.finish(line, answer.status, answer.body, answer.request_id):
             log.warning("batch %s line %d: its lease ran out while it ran; another worker's answer counts",
                         line.batch_id, line.line)
+            self._count("lease_lost")
+            return
+        self._count("succeeded" if answer.status < 400 else "failed")
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.batch_lines.labels(outcome).inc()
 
     def _renew(self, line: Line) -> None:
         """Renew the line's lease a few times per lease, while it runs (a database that is down: tried again)."""
@@ -127,4 +142,4 @@ class BatchRunner:
 def runner_of(resources: Resources) -> BatchRunner:
     """The batch runner of an app's resources (a worker runs its ``run_forever`` in a greenlet)."""
     return BatchRunner(resources.batches, functools.partial(answer_line, resources),
-                       resources.settings.BATCH_CONCURRENCY)
+                       resources.settings.BATCH_CONCURRENCY, resources.metrics.ops)

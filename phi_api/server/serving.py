@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 EXIT_CONFIG_ERROR = 2
 RECONCILE_SECONDS = 1.0
 LOAD_SECONDS = 0.25  # how stale the gateway metrics may be
+DATABASE_SECONDS = 5.0  # how often each store's database is checked
 HUB_TICK = 0.05  # how often the hub's lateness is measured (about 1% of a core: cheap enough to keep on)
 # gunicorn's WORKER_BOOT_ERROR: when workers load the model themselves
 # (PRELOAD_MODEL=false), the arbiter then halts instead of respawning them.
@@ -106,6 +107,7 @@ def post_worker_init(worker: Any) -> None:
     gevent.spawn(_keep_in_step, models)
     gevent.spawn(_publish_load, models, resources.metrics, resources.memory, resources.line)
     gevent.spawn(_watch_hub, resources.metrics)
+    gevent.spawn(_watch_databases, resources)
     if tracing.configured():
         resources.tracing.start_worker()
     if resources.settings.BATCH_CONCURRENCY:
@@ -132,6 +134,19 @@ def _watch_hub(metrics: Metrics) -> None:
             metrics.hub_longest_stall.set(late)
 
 
+def _watch_databases(resources: Resources) -> None:
+    """Check that each store's database answers, and publish what its calls failed, every ``DATABASE_SECONDS``."""
+    stores = {store.database.name: store.database
+              for store in (resources.batches, resources.responses, resources.keys.usage)}
+    while True:
+        for name, database in stores.items():
+            try:
+                resources.metrics.ops.observe_database(name, database.ping(), database.failures)
+            except Exception:  # a metrics hiccup must not end the loop
+                log.exception("could not check the %s database", name)
+        gevent.sleep(DATABASE_SECONDS)
+
+
 def _keep_in_step(models: Models) -> None:
     """Load and unload what other workers did, within a second, even when no request asks."""
     while True:
@@ -149,7 +164,9 @@ def _publish_load(models: Models, metrics: Metrics, memory: ServerMemory, line: 
     while True:
         gevent.sleep(LOAD_SECONDS)
         try:
-            engines = {served.spec.id: served.engine for served in models.all()}
+            served = models.all()
+            engines = {each.spec.id: each.engine for each in served}
+            metrics.ops.observe_models({each.spec.id: each.loaded_at for each in served})
             memory.observe(bool(engines), models.ready, models.weights())
             metrics.queued.set(line.waiting)
             metrics.observe_engines(engines)

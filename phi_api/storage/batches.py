@@ -242,6 +242,14 @@ class BatchStore(FileStore):
                        for claimant in dead)
 
     @off_the_hub
+    def queued_lines(self) -> dict[str, int]:
+        """How many lines of every batch wait (``pending``) and run (``running``) now (for /metrics)."""
+        with self.database.read() as db:
+            rows = db.execute(sa.select(_LINES.c.state, sa.func.count()).where(
+                _LINES.c.state.in_(("pending", "running"))).group_by(_LINES.c.state)).all()
+        return {state: int(count) for state, count in rows}
+
+    @off_the_hub
     def expire(self, now: float) -> None:
         """Batches past their completion window: their lines not yet taken will not run."""
         with self.database.read() as db:

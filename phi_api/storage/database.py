@@ -65,6 +65,7 @@ class Database:
         self._engine: sa.Engine | None = None
         self._lock = new_rlock()  # SQLite: one call at a time in a process
         self._holders: set[int] = set()  # the OS threads running a call now (PostgreSQL: several at once)
+        self.failures: dict[str, int] = {}  # calls that failed in this process, by kind (see _failure_kind)
 
     @property
     def is_sqlite(self) -> bool:
@@ -74,7 +75,26 @@ class Database:
         """``work()`` on a pooled thread (directly when already inside a call of this database)."""
         if _thread_id() in self._holders:
             return work()
-        return off_hub(self._held, work)
+        try:
+            return off_hub(self._held, work)
+        except DatabaseError as error:  # counted for /metrics (telemetry.watch), then the caller's to handle
+            kind = _failure_kind(error)
+            self.failures[kind] = self.failures.get(kind, 0) + 1
+            raise
+
+    def ping(self) -> bool:
+        """Whether the database answers a trivial query now (its schema migrated first, as at any first use); a
+        failure here is not counted in :attr:`failures`."""
+
+        def answer() -> None:
+            with self.read() as connection:
+                connection.execute(sa.text("SELECT 1"))
+
+        try:
+            off_hub(self._held, answer)
+        except DatabaseError:
+            return False
+        return True
 
     def _held(self, work: Callable[[], T]) -> T:
         if not self.is_sqlite:
@@ -148,6 +168,13 @@ class Database:
                 statement = self.upsert(_VERSIONS).values(store=self.name, version=len(self._steps))
                 connection.execute(statement.on_conflict_do_update(index_elements=["store"],
                                                                    set_={"version": len(self._steps)}))
+
+
+def _failure_kind(error: BaseException) -> str:
+    """``unavailable`` for a database that is down, restarting or busy past its timeout (what clients get 503 for:
+    web.foreign), ``other`` for the rest."""
+    unavailable = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError)
+    return "unavailable" if isinstance(error, unavailable) else "other"
 
 
 def private_folder(folder: Path) -> None:

@@ -18,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from phi_api.engine import Finished
 from phi_api.engine.choice import Choice
+from phi_api.telemetry.watch import WORKER_EXITS, OperatorMetrics
 
 _RATE_BUCKETS = (5, 10, 25, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
 _ROW_BUCKETS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
@@ -40,6 +41,7 @@ class Metrics:
         self._declare_disk(own)
         self._declare_keys(own)
         self._declare_hub(own)
+        self.ops = OperatorMetrics(own)  # what the operator's dashboard and alerts watch besides
         self._published: set[str] = set()
         self._totals: dict[tuple[str, str], int] = {}  # what each cumulative count was at its last look
 
@@ -151,6 +153,7 @@ class Metrics:
             self.decode_rate.observe(finished.decode_tokens_per_second)
         if finished.batch_rows:
             self.batch_rows.observe(finished.batch_rows)
+        self.ops.observe_latency(finished)
 
     def observe_engines(self, engines: dict[str, Any]) -> None:
         """Publish what this worker's engines (by model id) hold now, and drop the series of models no longer
@@ -206,11 +209,11 @@ class Metrics:
             self.disk_bytes.set(stats.bytes_on_disk)
 
     def _advance(self, counter: Counter, model: str, total: int) -> None:
-        """Count what a cumulative ``total`` of ``model``'s engine gained since the last look."""
+        """Count what a cumulative ``total`` of ``model``'s engine gained since the last look (the series is made at
+        zero: a panel or an alert finds it before the first event)."""
         key = (str(id(counter)), model)
         new = total - self._totals.get(key, 0)
-        if new > 0:
-            counter.labels(model).inc(new)
+        counter.labels(model).inc(max(new, 0))
         self._totals[key] = total
 
     def exposition(self) -> tuple[bytes, str]:
@@ -270,6 +273,7 @@ class _GatewayMetrics:
 
 
 def mark_worker_dead(pid: int) -> None:
-    """Drop a dead worker's live gauges (gunicorn's ``child_exit`` hook, in the master)."""
+    """Drop a dead worker's live gauges and count its exit (gunicorn's ``child_exit`` hook, in the master)."""
     if multiprocess_dir():
         multiprocess.mark_process_dead(pid)
+        WORKER_EXITS.inc()

@@ -16,7 +16,8 @@ log = logging.getLogger("phi_api.access")
 
 
 def count_requests(app: Flask, metrics: Metrics) -> None:
-    """Count every request: by route (the URL rule, not the raw path), method and status."""
+    """Count every request: by route (the URL rule, not the raw path), method and status; and a key's requests
+    answered with an error, by key name and status."""
 
     @app.before_request
     def _enter() -> None:
@@ -33,6 +34,9 @@ def count_requests(app: Flask, metrics: Metrics) -> None:
         metrics.requests.labels(route, request.method, str(status)).inc()
         if status == 429:
             metrics.rate_limited.inc()
+        key = g.get("api_key")
+        if key is not None and status >= 400:
+            metrics.ops.key_errors.labels(key.name, str(status)).inc()
         response.call_on_close(metrics.in_flight.dec)
         return response
 
