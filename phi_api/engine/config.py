@@ -29,6 +29,7 @@ class EngineConfig:
     draft_max: int = 0  # SPECULATIVE_DRAFT_MAX: how far a sequence may draft (engine.sched.verify)
     tool_parser: str = "auto"  # TOOL_PARSER: how the model writes tool calls (read by the service, not the engine)
     reasoning_parser: str = "auto"  # REASONING_PARSER: how its thinking is told apart (read by the service)
+    sampling_defaults: tuple[tuple[str, float], ...] = ()  # what a request that omits a field gets (the service's)
     prefix_disk_dir: str = ""  # PREFIX_CACHE_DIR: the disk tier's folder ("": none; engine.kv.disk)
     prefix_disk_bytes: int = 0  # PREFIX_CACHE_DISK_MB: the most the folder holds
     idle_wait: float = 1.0  # seconds the engine thread sleeps without work before it looks again

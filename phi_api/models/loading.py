@@ -7,6 +7,7 @@ import os
 
 from phi_api.engine import Engine, EngineConfig, SharedBudget
 from phi_api.errors import ModelLoadingError
+from phi_api.models.sampling import sampling_defaults
 from phi_api.models.specs import ModelSpec
 from phi_api.settings import Settings, engine_values
 
@@ -36,7 +37,8 @@ def load_engine(settings: Settings, spec: ModelSpec, memory: SharedBudget | None
         raise ModelLoadingError(path, str(exc), spec.id) from exc
     except ORT_ERRORS + (DecodeError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadingError(path, f"unreadable model ({type(exc).__name__}: {exc})", spec.id) from exc
-    return Engine(model, engine_config(settings, spec.id), memory)
+    config = engine_config(settings, spec.id).replace(sampling_defaults=sampling_defaults(settings, path))
+    return Engine(model, config, memory)
 
 
 def engine_config(settings: Settings, name: str = "") -> EngineConfig:

@@ -10,15 +10,20 @@ from phi_api.models.registry import Served
 from phi_api.settings import Settings
 from phi_api.version import __version__
 
+# Ollama's names of the sampling fields whose names differ (a Modelfile's PARAMETER lines)
+OLLAMA_NAMES = {"repetition_penalty": "repeat_penalty"}
+
 
 def _iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).isoformat().replace("+00:00", "Z")
 
 
 def openai_model(served: Served) -> dict[str, Any]:
-    """OpenAI's model object, with its context length (vLLM's ``max_model_len``), so clients can size prompts."""
+    """OpenAI's model object, with its context length (vLLM's ``max_model_len``), so clients can size prompts, and
+    the sampling defaults a request that omits a field gets (phi-api's ``sampling_defaults``)."""
     return {"id": served.spec.id, "object": "model", "created": served.loaded_at, "owned_by": "system",
-            "max_model_len": served.engine.info.context_length}
+            "max_model_len": served.engine.info.context_length,
+            "sampling_defaults": dict(served.engine.config.sampling_defaults)}
 
 
 def openai_list(models: list[Served]) -> dict[str, Any]:
@@ -55,7 +60,8 @@ def ollama_show(served: Served) -> dict[str, Any]:
     info = served.engine.info
     return {
         "modelfile": f"# served by phi-api {__version__}\n",
-        "parameters": f"num_ctx {info.context_length}",
+        "parameters": "\n".join(f"{OLLAMA_NAMES.get(name, name)} {value}" for name, value in
+                                 (("num_ctx", info.context_length), *served.engine.config.sampling_defaults)),
         "template": info.chat_template,
         "details": _details(served),
         "model_info": {"general.architecture": info.model_type, f"{info.model_type}.context_length":

@@ -102,7 +102,8 @@ def _chat_plan(engine: Engine, settings: Settings, request: ChatRequest) -> Plan
     if plan and plan.forced:  # the call is the answer: thinking its template opened is closed first
         prompt, thinking = reasoning.closed_for_an_answer(engine, prompt, thinking)
     params = request.sampling.to_params(prompt_tokens=len(prompt), prompt_param=request.prompt_param,
-                                        model=engine.info, settings=settings, logprobs=request.logprobs,
+                                        model=engine.info, settings=settings,
+                                        defaults=dict(engine.config.sampling_defaults), logprobs=request.logprobs,
                                         guidance=guidance,
                                         thinking=reasoning.thinking_budget(engine, request, thinking))
     return Plan([prompt], params, tools=plan, reasoning=thinking)
@@ -134,7 +135,9 @@ def _completion_plan(engine: Engine, settings: Settings, request: CompletionRequ
     for prompt, _ in parts:
         # With echo, logprobs covers the prompt's tokens too (the first has none), as lm-eval's loglikelihood needs.
         params += request.sampling.to_params(prompt_tokens=len(prompt), prompt_param=request.prompt_param,
-                                             model=engine.info, settings=settings, logprobs=request.logprobs,
+                                             model=engine.info, settings=settings,
+                                             defaults=dict(engine.config.sampling_defaults),
+                                             logprobs=request.logprobs,
                                              prompt_logprobs=request.logprobs if request.echo else None,
                                              guidance=guidance)
     echo = tuple(text for _, text in parts) if request.echo else ()

@@ -5,6 +5,7 @@ request becomes engine parameters (as vLLM's ``ChatCompletionRequest.to_sampling
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -42,9 +43,13 @@ class Sampling:
     context_limit: int | None = None  # Ollama's num_ctx: the context this request may use, within the model's
 
     def to_params(self, *, prompt_tokens: int, prompt_param: str, model: ModelInfo, settings: Settings,
-                  logprobs: int | None = None, guidance: tuple[str, str] | None = None,
-                  prompt_logprobs: int | None = None, thinking: ThinkingBudget | None = None) -> list[SamplingParams]:
+                  defaults: Mapping[str, float] | None = None, logprobs: int | None = None,
+                  guidance: tuple[str, str] | None = None, prompt_logprobs: int | None = None,
+                  thinking: ThinkingBudget | None = None) -> list[SamplingParams]:
         """Engine parameters for a prompt of ``prompt_tokens`` tokens, one set per choice.
+
+        A sampling field the request omits takes the model's default (``defaults``:
+        :func:`phi_api.models.sampling.sampling_defaults`), else the server's.
 
         ``max_tokens``: when the request gives none, ``DEFAULT_MAX_TOKENS``
         clamped to the room the context leaves; when it gives one that does
@@ -57,20 +62,21 @@ class Sampling:
         if self.min_tokens > max_tokens:
             raise InvalidParameterError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({max_tokens}).",
                                         param="min_tokens")
+        chosen = self._chosen({"temperature": settings.DEFAULT_TEMPERATURE, **(defaults or {})})
         params = SamplingParams(
             max_tokens=max_tokens,
-            temperature=float(settings.DEFAULT_TEMPERATURE if self.temperature is None else self.temperature),
-            top_p=float(1.0 if self.top_p is None else self.top_p),
-            top_k=_top_k(self.top_k or 0, model.vocab_size),
+            temperature=float(chosen("temperature", 1.0)),
+            top_p=float(chosen("top_p", 1.0)),
+            top_k=_top_k(int(chosen("top_k", 0)), model.vocab_size),
             seed=self.seed,
             stop=self.stop,
-            presence_penalty=float(self.presence_penalty or 0.0),
-            frequency_penalty=float(self.frequency_penalty or 0.0),
-            repetition_penalty=float(1.0 if self.repetition_penalty is None else self.repetition_penalty),
+            presence_penalty=float(chosen("presence_penalty", 0.0)),
+            frequency_penalty=float(chosen("frequency_penalty", 0.0)),
+            repetition_penalty=float(chosen("repetition_penalty", 1.0)),
             logit_bias=_logit_bias(self.logit_bias, model.vocab_size),
             min_tokens=self.min_tokens,
             ignore_eos=self.ignore_eos,
-            min_p=float(self.min_p or 0.0),
+            min_p=float(chosen("min_p", 0.0)),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             guidance=guidance,
@@ -81,6 +87,14 @@ class Sampling:
         if self.n == 1 or params.seed is None:
             return [params] * self.n
         return [dataclasses.replace(params, seed=params.seed + index) for index in range(self.n)]
+
+    def _chosen(self, defaults: Mapping[str, float]) -> Callable[[str, float], float]:
+        """The value of a sampling field: the request's, else ``defaults``', else the engine's neutral one."""
+        def value(name: str, neutral: float) -> float:
+            given = getattr(self, name)
+            return given if given is not None else defaults.get(name, neutral)
+
+        return value
 
     def _max_tokens(self, prompt_tokens: int, prompt_param: str, model: ModelInfo, default: int) -> int:
         context = min(model.context_length, self.context_limit or model.context_length)

@@ -9,6 +9,7 @@ from phi_api.settings.parsing import (
     _database_url,
     _integer,
     _number,
+    _sampling,
     _stripped,
     _text,
     setting,
@@ -39,8 +40,20 @@ class Declared:
     PRELOAD_MODEL: bool = setting(True, _boolean, "Load and check the model in the master, before the fork")
     MAX_CONCURRENT_REQUESTS: int = setting(10, _integer(1, 10_000),
                                            "Generations running at once in the whole server; more get 429")
+    GENERATION_CONFIG: str = setting("auto", _text(choices=("auto", "off")),
+                                     "A model's sampling defaults: auto reads its folder's generation_config.json "
+                                     "(temperature, top_p, top_k, min_p, repetition_penalty) for the fields a request "
+                                     "omits, as vLLM does; off: the server's own (DEFAULT_TEMPERATURE, no penalty)",
+                                     per_model=True)
+    SAMPLING_DEFAULTS: tuple = setting((), _sampling,
+                                       "Sampling defaults over the folder's, as a JSON object of temperature, top_p, "
+                                       "top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty (vLLM's "
+                                       "--override-generation-config); per model in MODELS_FILE's options",
+                                       per_model=True)
     DEFAULT_MAX_TOKENS: int = setting(1024, _integer(1, 1_000_000), "max_tokens when a request gives none")
-    DEFAULT_TEMPERATURE: float = setting(0.7, _number(0.0, 2.0), "temperature when a request gives none")
+    DEFAULT_TEMPERATURE: float = setting(0.7, _number(0.0, 2.0),
+                                         "temperature when a request gives none and the model has no default of "
+                                         "its own (GENERATION_CONFIG, SAMPLING_DEFAULTS)")
     GENERATION_TIMEOUT: float = setting(600.0, _number(0.0, exclusive_low=True),
                                         "Seconds a generation may run (waiting for room included)", engine="timeout")
     REQUEST_READ_TIMEOUT: float = setting(30.0, _number(0.0, exclusive_low=True),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable
 from typing import Any
@@ -77,6 +78,47 @@ def _text(*, choices: tuple[str, ...] = (), upper: bool = False) -> Callable[[st
         return value
 
     return parse
+
+
+# The sampling fields a model may default (vLLM's --generation-config: the fields of generation_config.json), with
+# the bounds the request schemas give them (schemas/sampling.json)
+SAMPLING_FIELDS: dict[str, Callable[[str, Any], float]] = {
+    "temperature": _number(0.0, 2.0),
+    "top_p": _number(0.0, 1.0, exclusive_low=True),
+    "top_k": _integer(-1, 1_000_000),
+    "min_p": _number(0.0, 1.0),
+    "repetition_penalty": _number(0.0, 2.0, exclusive_low=True),
+    "presence_penalty": _number(-2.0, 2.0),
+    "frequency_penalty": _number(-2.0, 2.0),
+}
+
+
+def sampling_values(name: str, values: Any) -> tuple[tuple[str, float], ...]:
+    """Sampling defaults (an object of :data:`SAMPLING_FIELDS`), checked, as sorted pairs; ConfigError naming the
+    first field that is not one or out of its bounds."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{name} must be a JSON object of sampling fields ({', '.join(SAMPLING_FIELDS)})")
+    pairs = []
+    for field, raw in values.items():
+        if field not in SAMPLING_FIELDS:
+            raise ConfigError(f"{name}: {field!r} is not a sampling field; these are: {', '.join(SAMPLING_FIELDS)}")
+        pairs.append((field, SAMPLING_FIELDS[field](f"{name}.{field}", raw)))
+    return tuple(sorted(pairs))
+
+
+def _sampling(name: str, raw: Any) -> tuple[tuple[str, float], ...]:
+    """Sampling defaults as a JSON object (the environment's text, or an object in MODELS_FILE's options)."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            raise ConfigError(f"{name} must be a JSON object, such as {{\"temperature\": 0.6}}") from None
+    if isinstance(raw, (tuple, list)):  # already parsed: pairs (a settings object's, the registry file's)
+        try:
+            raw = dict(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be a JSON object of sampling fields") from None
+    return sampling_values(name, raw)
 
 
 def setting(default: Any, parse: Callable[[str, Any], Any], description: str, *, engine: str = "",

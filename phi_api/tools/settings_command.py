@@ -49,7 +49,8 @@ def table(environ: Mapping[str, str]) -> list[dict[str, Any]]:
         value = environ.get(field.name, "").strip() or None
         if value is not None and field.name in SECRET:
             value = "(set)"
-        rows.append({"name": field.name, "default": field.default, "value": value,
+        default = json.dumps(dict(field.default)) if isinstance(field.default, tuple) else field.default
+        rows.append({"name": field.name, "default": default, "value": value,
                      "description": field.metadata["description"]})
     return rows
 
@@ -66,4 +67,23 @@ def main(args: argparse.Namespace) -> int:
     for row in rows:
         shown = f"{row['value']} (default {row['default']!r})" if row["value"] is not None else repr(row["default"])
         print(f"{row['name']} = {shown}\n    {row['description']}")
+    print("\n# Sampling defaults of the declared models (what a request that omits a field gets)")
+    for model, defaults in model_defaults(os.environ):
+        print(f"{model} = {json.dumps(defaults) if isinstance(defaults, dict) else defaults}")
     return 0
+
+
+def model_defaults(environ: Mapping[str, str]) -> list[tuple[str, dict[str, float] | str]]:
+    """Each declared model's sampling defaults (models declared by name only once pulled), or why none can be
+    shown."""
+    from phi_api.models.sampling import sampling_defaults
+    from phi_api.models.specs import declared
+    from phi_api.settings import ConfigError, load_settings
+
+    try:
+        settings = load_settings(environ)
+        specs = declared(settings, pull=False)
+    except ConfigError as exc:
+        return [("(none)", str(exc))]
+    return [(spec.id, dict(sampling_defaults(dataclasses.replace(settings, **spec.options), spec.path)))
+            for spec in specs]

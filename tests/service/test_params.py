@@ -78,3 +78,32 @@ def test_top_k_minus_one_means_disabled():
 def test_top_k_beyond_the_vocabulary_keeps_every_token():
     assert params({"top_k": 10**6}).top_k == 0  # the engine would refuse it
     assert params({"top_k": 5}).top_k == 5
+
+
+MODEL_DEFAULTS = {"temperature": 0.2, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1,
+                  "presence_penalty": 0.5, "frequency_penalty": 0.25}
+
+
+def defaulted(body):
+    return sampling(body).to_params(prompt_tokens=10, prompt_param="messages", model=MODEL, settings=SETTINGS,
+                                   defaults=MODEL_DEFAULTS)[0]
+
+
+def test_a_models_defaults_fill_what_a_request_omits():
+    result = defaulted({})
+    assert (result.temperature, result.top_p, result.top_k, result.min_p, result.repetition_penalty,
+            result.presence_penalty, result.frequency_penalty) == (0.2, 0.9, 40, 0.05, 1.1, 0.5, 0.25)
+
+
+def test_what_a_request_sets_wins_over_the_models_defaults_even_neutral_values():
+    body = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    result = defaulted(body)
+    assert (result.temperature, result.top_p, result.top_k, result.min_p, result.repetition_penalty,
+            result.presence_penalty, result.frequency_penalty) == (1.0, 1.0, 0, 0.0, 1.0, 0.0, 0.0)
+
+
+def test_default_temperature_stays_the_fallback_of_a_model_without_one():
+    result = sampling({}).to_params(prompt_tokens=10, prompt_param="messages", model=MODEL, settings=SETTINGS,
+                                    defaults={"top_p": 0.8})[0]
+    assert (result.temperature, result.top_p) == (0.7, 0.8)

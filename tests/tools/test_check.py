@@ -22,8 +22,10 @@ def phi_api(*args: str, **environ: str) -> subprocess.CompletedProcess:
 def test_settings_lists_every_declared_setting_and_hides_keys():
     listed = phi_api("settings", SERVER_PORT="8123", API_KEYS="sk-secret-one")
     assert listed.returncode == 0, listed.stderr
-    names = [line.split(" = ")[0] for line in listed.stdout.splitlines() if not line.startswith(" ")]
+    table, models = listed.stdout.split("\n\n# Sampling defaults of the declared models")
+    names = [line.split(" = ")[0] for line in table.splitlines() if not line.startswith(" ")]
     assert names == list(SETTING_NAMES)
+    assert models.splitlines()[1].startswith("(none) = no model to serve")
     assert "SERVER_PORT = 8123 (default 8000)" in listed.stdout
     assert "sk-secret-one" not in listed.stdout and "API_KEYS = (set)" in listed.stdout
     rows = settings_command.table({})
@@ -79,3 +81,18 @@ def test_the_settings_reference_in_docs_is_generated_from_the_declarations():
     page = (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text(encoding="utf-8")
     assert page == settings_command.reference(), "run: python -m phi_api settings --markdown > docs/settings.md"
     assert all(f"| `{name}` |" in page for name in SETTING_NAMES)
+
+
+def test_settings_shows_each_declared_models_sampling_defaults(tmp_path):
+    for name, generation_config in (("a", {"temperature": 0.6, "top_k": 20}), ("b", None)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "genai_config.json").write_text(json.dumps({"model": {"context_length": 64}}))
+        if generation_config:
+            (tmp_path / name / "generation_config.json").write_text(json.dumps(generation_config))
+    listing = tmp_path / "models.json"
+    listing.write_text(json.dumps([{"id": "alpha", "path": str(tmp_path / "a"),
+                                    "options": {"SAMPLING_DEFAULTS": {"top_k": 40}}},
+                                   {"id": "beta", "path": str(tmp_path / "b")}]))
+    listed = phi_api("settings", MODELS_FILE=str(listing))
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[-2:] == ['alpha = {"temperature": 0.6, "top_k": 40}', "beta = {}"]

@@ -17,6 +17,7 @@ from typing import Any
 from phi_api.errors import FolderError
 
 CONFIG_FILE = "genai_config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"  # Hugging Face's: the authors' sampling defaults
 REQUIRED_FILES = (CONFIG_FILE, "tokenizer.json")
 # Fill-in-the-middle tokens, prefix, suffix, middle, by family (prompts are laid out prefix-suffix-middle)
 FIM_FAMILIES = (
@@ -109,6 +110,14 @@ class ModelFolder:
         """The files a model needs (its configuration, tokenizer and graph, and ``extra``) that are not there."""
         names = (*REQUIRED_FILES, self.decoder_file, *extra)
         return [name for name in dict.fromkeys(names) if not (self.root / name).is_file()]
+
+    def generation_config(self) -> dict[str, Any]:
+        """``generation_config.json``, parsed ({} when there is none or it cannot be read)."""
+        try:
+            config = json.loads((self.root / GENERATION_CONFIG_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return config if isinstance(config, dict) else {}
 
     def tokenizer(self) -> dict[str, Any]:
         """``tokenizer.json``, parsed ({} when it cannot be read); it can be megabytes: read it once."""
