@@ -26,6 +26,7 @@ from phi_api.models.specs import ModelSpec, declared
 from phi_api.models.state import state_dir
 from phi_api.settings import Settings, load_settings
 from phi_api.storage.batches import BatchStore
+from phi_api.storage.conversations import ConversationStore
 from phi_api.storage.database import sqlite_url
 from phi_api.storage.files import Quota
 from phi_api.storage.responses import ResponseStore
@@ -107,6 +108,8 @@ def compose(settings: Settings, load: Callable[[ModelSpec, SharedBudget], Engine
         keys=Keys(read_keys(settings.API_KEYS_FILE, settings.api_keys), Usage(database_url(settings, "keys"))),
         responses=ResponseStore(database_url(settings, "responses"), settings.RESPONSES_STORE_MAX,
                                 settings.RESPONSES_STORE_SECONDS),
+        conversations=ConversationStore(database_url(settings, "responses"), settings.CONVERSATIONS_MAX_PER_KEY,
+                                        settings.CONVERSATION_ITEMS_MAX),
         batches=BatchStore(database_url(settings, "batches"), settings.batch_dir, settings.BATCH_LEASE_SECONDS,
                            Quota(settings.FILES_MAX_PER_KEY, int(settings.FILES_MAX_MB_PER_KEY * 2**20))),
         metrics=Metrics(), tracing=Tracing(),

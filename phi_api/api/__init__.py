@@ -3,6 +3,7 @@
 from phi_api.api.batches import bp as batches_bp
 from phi_api.api.chat import bp as chat_bp
 from phi_api.api.completions import bp as completions_bp
+from phi_api.api.conversations import bp as conversations_bp
 from phi_api.api.infill import bp as infill_bp
 from phi_api.api.messages import bp as messages_bp
 from phi_api.api.models import bp as models_bp
@@ -13,4 +14,4 @@ from phi_api.api.responses import bp as responses_bp
 from phi_api.api.usage import bp as usage_bp
 
 BLUEPRINTS = (models_bp, chat_bp, completions_bp, responses_bp, messages_bp, ollama_bp, operations_bp, openarc_bp,
-              batches_bp, usage_bp, infill_bp)
+              batches_bp, usage_bp, infill_bp, conversations_bp)

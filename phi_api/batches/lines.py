@@ -95,7 +95,8 @@ def _caller(resources: Resources, line: Line, request_id: str) -> Caller:
 
 def _needs(resources: Resources, line: Line, caller: Caller) -> Needs:
     key = caller.key
-    return Needs(resources.validator, resources.responses, line.owner, None if key is None or key.admin else key.name)
+    return Needs(resources.validator, resources.responses, resources.conversations, line.owner,
+                 None if key is None or key.admin else key.name)
 
 
 def _refusal(error: APIError, caller: Caller, request_id: str) -> Answer:

@@ -5,12 +5,13 @@ items as chat messages (messages with text parts, ``function_call`` and
 ``function_call_output`` items), its function tools and ``tool_choice``, its
 ``text.format`` as the answer's schema, its sampling fields. A follow-up
 names its predecessor (``previous_response_id``): its conversation, kept by
-the :mod:`phi_api.storage.responses`, comes first. :class:`ResponseRenderer` shapes the
+the :mod:`phi_api.storage.responses`, comes first; or a conversation of the
+Conversations API (``conversation``, :mod:`phi_api.protocols.conversations`). :class:`ResponseRenderer` shapes the
 run's events as the response object, or as the documented stream of events
 with their ``sequence_number``.
 
 What these models cannot mean is refused (hosted tools, images, files,
-background runs, stored prompts and conversations), except for fields that
+background runs, stored prompts), except for fields that
 only tune a reasoning model or the service (``reasoning``, ``include`` of
 reasoning content, ``service_tier``, ``prompt_cache_key``, ``user``,
 ``safety_identifier``): accepted and left without effect, as vLLM and
@@ -119,10 +120,12 @@ def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
 def _refuse(body: dict[str, Any]) -> None:
     if given(body, "background", False):
         raise UnsupportedParameterError("background responses are not supported.", param="background")
-    for name in ("conversation", "prompt"):
-        if given(body, name) is not None:
-            raise UnsupportedParameterError(f"{name} is not supported: send the input itself, or "
-                                            "previous_response_id.", param=name)
+    if given(body, "prompt") is not None:
+        raise UnsupportedParameterError("prompt is not supported: send the input itself, previous_response_id or "
+                                        "conversation.", param="prompt")
+    if given(body, "conversation") is not None and given(body, "previous_response_id") is not None:
+        raise InvalidParameterError("Mutually exclusive parameters: ensure you are only providing one of: "
+                                    "'previous_response_id' or 'conversation'.", param="conversation")
     if given(body, "top_logprobs"):
         raise UnsupportedParameterError("top_logprobs is not supported by this server's Responses API; the chat "
                                         "completions API has logprobs.", param="top_logprobs")
@@ -140,6 +143,7 @@ class ResponsesRequest:
     input: tuple[dict[str, Any], ...]  # this request's own input, as chat messages
     instructions: str | None
     previous_response_id: str | None
+    conversation_id: str | None  # the conversation it reads and extends (the Conversations API); None: none
     store: bool
     stream: bool
     tools: tuple[dict[str, Any], ...] = ()
@@ -156,6 +160,7 @@ class ResponsesRequest:
                             temperature=given(body, "temperature"), top_p=given(body, "top_p"))
         return cls(body=body, model=body["model"], input=tuple(input_messages(body["input"])),
                    instructions=given(body, "instructions"), previous_response_id=given(body, "previous_response_id"),
+                   conversation_id=_conversation_id(given(body, "conversation")),
                    store=bool(given(body, "store", True)), stream=bool(given(body, "stream", False)),
                    tools=tuple(tools), tool_choice=choice, response_format=_response_format(body), sampling=sampling)
 
@@ -172,10 +177,20 @@ class ResponsesRequest:
         body = {"messages": self.conversation(history), "tools": list(self.tools) or None,
                 "tool_choice": self.tool_choice, "parallel_tool_calls": given(self.body, "parallel_tool_calls", True),
                 "response_format": self.response_format}
+        # With truncation "auto" the history's oldest messages may go when the context is full (OpenAI's rule)
+        truncatable = len(history or []) if given(self.body, "truncation") == "auto" else 0
         return ChatRequest(model=self.model, messages=tuple(body["messages"]), sampling=self.sampling,
+                           prompt_param="conversation" if self.conversation_id else "input", truncatable=truncatable,
                            stream=self.stream, **output_fields(body["response_format"]),
                            tools=tool_plan(body["tools"] or [], body["tool_choice"], bool(body["parallel_tool_calls"])),
                            cache_salt=given(self.body, "cache_salt"))
+
+
+def _conversation_id(conversation: Any) -> str | None:
+    """The id a request's ``conversation`` names (a string, or an object with its ``id``)."""
+    if conversation is None or isinstance(conversation, str):
+        return conversation
+    return str(conversation["id"])
 
 
 def history_of(request: ResponsesRequest, store: ResponseStore,
@@ -214,7 +229,8 @@ class ResponseRenderer:
         finished = done.finished if done else None
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         # Absent rather than null, as OpenAI's schema has them: usage until the end; user (deprecated) unless given.
-        optional = {"usage": _usage(finished) if finished else None, "user": given(body, "user")}
+        optional = {"usage": _usage(finished) if finished else None, "user": given(body, "user"),
+                    "conversation": {"id": self.request.conversation_id} if self.request.conversation_id else None}
         return {
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
             "background": False, "error": error, "incomplete_details": incomplete,

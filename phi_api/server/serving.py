@@ -137,7 +137,7 @@ def _watch_hub(metrics: Metrics) -> None:
 def _watch_databases(resources: Resources) -> None:
     """Check that each store's database answers, and publish what its calls failed, every ``DATABASE_SECONDS``."""
     stores = {store.database.name: store.database
-              for store in (resources.batches, resources.responses, resources.keys.usage)}
+              for store in (resources.batches, resources.responses, resources.conversations, resources.keys.usage)}
     while True:
         for name, database in stores.items():
             try:

@@ -93,6 +93,25 @@ class Plan:
 
 
 def _chat_plan(engine: Engine, settings: Settings, request: ChatRequest) -> Plan:
+    """The chat's plan; one whose context is full drops its oldest truncatable messages, as few as make it fit
+    (OpenAI's ``truncation: "auto"``), or is refused when even dropping them all does not."""
+    try:
+        return _chat_plan_whole(engine, settings, request)
+    except ContextLengthExceededError:
+        if not request.truncatable:
+            raise
+    low, high = 1, request.truncatable  # fits when dropping high (else raise); find the fewest dropped that fit
+    plan = _chat_plan_whole(engine, settings, request.truncated(high))
+    while low < high:
+        middle = (low + high) // 2
+        try:
+            plan, high = _chat_plan_whole(engine, settings, request.truncated(middle)), middle
+        except ContextLengthExceededError:
+            low = middle + 1
+    return plan
+
+
+def _chat_plan_whole(engine: Engine, settings: Settings, request: ChatRequest) -> Plan:
     plan = request.tools and dataclasses.replace(request.tools, format=tool_format(engine))
     prompt = prompts.chat_prompt(engine, list(request.messages), plan,
                                  variables=reasoning.template_variables(engine, request))

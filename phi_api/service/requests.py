@@ -154,8 +154,16 @@ class ChatRequest:
     reasoning_effort: str | None = None  # how hard a reasoning model should think ("none": not at all)
     reasoning_param: str = "reasoning_effort"  # where that came from, for errors that name it
     thinking_budget: int | None = None  # the most tokens a reasoning model may think; None: no limit
+    prompt_param: str = "messages"  # what the prompt came as, for errors that name it
+    truncatable: int = 0  # the oldest messages after the leading system ones that may go when the context is full
 
-    prompt_param: ClassVar[str] = "messages"
+    def truncated(self, count: int) -> ChatRequest:
+        """This chat without the ``count`` oldest of its truncatable messages (the system messages first stay)."""
+        start = next((index for index, message in enumerate(self.messages) if message.get("role") != "system"),
+                     len(self.messages))
+        count = min(count, self.truncatable)
+        return dataclasses.replace(self, messages=self.messages[:start] + self.messages[start + count:],
+                                   truncatable=self.truncatable - count)
 
 @dataclass(frozen=True)
 class CompletionRequest:

@@ -172,6 +172,12 @@ class Declared:
                                        "key's never evict another's); 0 keeps none")
     RESPONSES_STORE_SECONDS: float = setting(30 * 86_400.0, _number(0.0, exclusive_low=True),
                                              "How long a stored Responses API response is kept (OpenAI: 30 days)")
+    CONVERSATIONS_MAX_PER_KEY: int = setting(1000, _integer(0, 10_000_000),
+                                             "Most Conversations API conversations one API key keeps (they last until "
+                                             "deleted); past it, creating one is a 400")
+    CONVERSATION_ITEMS_MAX: int = setting(10_000, _integer(1, 10_000_000),
+                                          "Most items one conversation holds; past it, adding items (or a response "
+                                          "that would) is a 400")
     PREFIX_CACHE_SHARED: bool = setting(False, _boolean,
                                         "Let API keys reuse each other's prompts (in memory and on disk); off: a "
                                         "prompt is reused only for requests of the key that sent it")

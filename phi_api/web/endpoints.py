@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from phi_api.protocols.contract import Reading
+from phi_api.protocols.conversations import conversation_history, conversation_keeper
 from phi_api.protocols.openai.answer import Answer
 from phi_api.protocols.openai.parse import chat_request, completion_request
 from phi_api.protocols.openai.shapes import ChatShape, CompletionShape
 from phi_api.protocols.responses import ResponseRenderer, ResponsesRequest, history_of, output_messages
+from phi_api.storage.conversations import ConversationStore
 from phi_api.storage.responses import ResponseStore
 from phi_api.web.schemas import RequestValidator
 
@@ -24,6 +26,7 @@ class Needs:
 
     validator: RequestValidator
     store: ResponseStore
+    conversations: ConversationStore
     owner: str
     scope: str | None
 
@@ -48,9 +51,15 @@ def response(body: dict[str, Any], needs: Needs) -> Reading:
     needs.validator.validate("responses", body)
     request = ResponsesRequest.from_openai(body)
     store = needs.store
-    history = history_of(request, store, needs.scope)
+    history: list[dict[str, Any]] | None
+    if request.conversation_id is not None:
+        history = conversation_history(request, needs.conversations, needs.scope)
+    else:
+        history = history_of(request, store, needs.scope)
+    extend = conversation_keeper(request, needs.conversations, needs.scope)
 
     def keep(answered: dict[str, Any]) -> None:
+        extend(answered)
         if request.store and store.max_items:
             store.put(answered, list(history or []) + list(request.input) + output_messages(answered), needs.owner)
 

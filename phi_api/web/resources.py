@@ -22,6 +22,7 @@ from phi_api.models.memory import ServerMemory
 from phi_api.models.registry import Models
 from phi_api.settings import Settings
 from phi_api.storage.batches import BatchStore
+from phi_api.storage.conversations import ConversationStore
 from phi_api.storage.responses import ResponseStore
 from phi_api.telemetry.metrics import Metrics
 from phi_api.telemetry.tracing import Tracing
@@ -39,6 +40,7 @@ class Resources:
     limiter: ConcurrencyLimiter
     keys: Keys
     responses: ResponseStore
+    conversations: ConversationStore
     batches: BatchStore
     metrics: Metrics
     tracing: Tracing
@@ -61,7 +63,8 @@ def teardown(app: Flask) -> None:
     if resources.models is not None:
         resources.models.stop()
     resources.limiter.remove_file()
-    for database in (resources.batches.database, resources.responses.database, resources.keys.usage.database):
+    for database in (resources.batches.database, resources.responses.database, resources.conversations.database,
+                     resources.keys.usage.database):
         database.close()
 
 
@@ -100,6 +103,10 @@ def get_line(app: Flask | None = None) -> WaitingLine:
 
 def get_store(app: Flask | None = None) -> ResponseStore:
     return get_resources(app).responses
+
+
+def get_conversations(app: Flask | None = None) -> ConversationStore:
+    return get_resources(app).conversations
 
 
 def get_batches(app: Flask | None = None) -> BatchStore:

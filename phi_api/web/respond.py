@@ -41,7 +41,7 @@ def respond(reading: Reading) -> Response:
 def needs() -> Needs:
     """What reading a body of this HTTP request needs (:mod:`phi_api.web.endpoints`)."""
     resources, tenant = get_resources(), current_tenant()
-    return Needs(resources.validator, resources.responses, tenant.name, tenant.scope)
+    return Needs(resources.validator, resources.responses, resources.conversations, tenant.name, tenant.scope)
 
 
 def gate(resources: Resources | None = None) -> Gate:

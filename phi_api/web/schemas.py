@@ -54,6 +54,9 @@ REQUEST_SCHEMAS = {
     "messages": "messages.json",
     "messages_count_tokens": "messages_count_tokens.json",
     "batch_create": "batch_create.json",
+    "conversation_create": "conversation_create.json",
+    "conversation_update": "conversation_update.json",
+    "conversation_items": "conversation_items.json",
     "ollama_pull": "ollama_pull.json",
     "infill": "infill.json",
 }

@@ -121,6 +121,18 @@ def test_a_response_stored_on_one_is_retrieved_and_continued_on_the_other(replic
         client(replicas.b, "sk-shared-limited").responses.retrieve(first.id)
 
 
+def test_a_conversation_made_on_one_is_continued_on_the_other(replicas):
+    conversation = client(replicas.a).conversations.create(
+        items=[{"type": "message", "role": "user", "content": "My name is Ada."}])
+    answered = client(replicas.b).responses.create(model=MODEL_ID, conversation=conversation.id,
+                                                   input="What is my name?", max_output_tokens=8)
+    assert answered.conversation.id == conversation.id
+    items = client(replicas.a).conversations.items.list(conversation.id, order="asc").data
+    assert [item.role for item in items] == ["user", "user", "assistant"]
+    with pytest.raises(openai.NotFoundError):  # another key neither reads it on either replica
+        client(replicas.b, "sk-shared-limited").conversations.retrieve(conversation.id)
+
+
 def test_a_key_s_limit_holds_across_both_together(replicas):
     # the limit counts in the current minute: start early in one, so that the four requests share it
     wait_until(lambda: time.time() % 60 < 40, timeout=25, interval=0.2, message="an early second of a minute")

@@ -1,0 +1,63 @@
+"""The conversations' store: items in order and in pages, owners kept apart, bounds that refuse rather than drop."""
+
+from __future__ import annotations
+
+import pytest
+
+from phi_api.storage.conversations import ConversationFull, ConversationStore
+from phi_api.storage.database import sqlite_url
+
+
+def message(number: int) -> dict:
+    return {"id": f"msg_{number}", "type": "message", "role": "user", "content": [{"type": "input_text",
+                                                                                    "text": str(number)}]}
+
+
+@pytest.fixture
+def store(tmp_path):
+    return ConversationStore(sqlite_url(tmp_path / "responses.sqlite3"), max_per_key=2, max_items=5)
+
+
+def ids(page) -> list[str]:
+    return [item["id"] for item in page.items]
+
+
+def test_items_in_order_in_pages_both_ways(store):
+    store.create("conv_a", {"k": "v"}, [message(1), message(2)], "team")
+    assert store.add("conv_a", [message(3), message(4)], "team")
+    assert ids(store.items("conv_a", "team")) == ["msg_1", "msg_2", "msg_3", "msg_4"]
+    first = store.items("conv_a", "team", limit=2, descending=True)
+    assert ids(first) == ["msg_4", "msg_3"] and first.has_more
+    rest = store.items("conv_a", "team", after="msg_3", limit=2, descending=True)
+    assert ids(rest) == ["msg_2", "msg_1"] and not rest.has_more
+    assert ids(store.items("conv_a", "team", after="msg_2")) == ["msg_3", "msg_4"]
+    assert store.delete_item("conv_a", "msg_2", "team")
+    assert ids(store.items("conv_a", "team")) == ["msg_1", "msg_3", "msg_4"]
+
+
+def test_another_owner_finds_nothing_and_changes_nothing(store):
+    store.create("conv_a", {}, [message(1)], "team")
+    assert store.conversation("conv_a", "other") is None and store.items("conv_a", "other") is None
+    assert store.item("conv_a", "msg_1", "other") is None
+    assert not store.add("conv_a", [message(2)], "other") and not store.update("conv_a", {"x": "y"}, "other")
+    assert not store.delete_item("conv_a", "msg_1", "other") and not store.delete("conv_a", "other")
+    assert ids(store.items("conv_a", None)) == ["msg_1"]  # an admin's scope sees it, unchanged
+    assert store.conversation("conv_a", "team")[1] == {}
+
+
+def test_bounds_refuse_and_never_drop(store):
+    store.create("conv_a", {}, [message(1)], "team")
+    store.create("conv_b", {}, [], "team")
+    with pytest.raises(ConversationFull):
+        store.create("conv_c", {}, [], "team")
+    store.create("conv_c", {}, [], "other")  # the bound is per key
+    with pytest.raises(ConversationFull):
+        store.add("conv_a", [message(n) for n in range(2, 7)], "team")
+    assert ids(store.items("conv_a", "team")) == ["msg_1"]
+
+
+def test_deleting_a_conversation_deletes_its_items(store):
+    store.create("conv_a", {}, [message(1)], "team")
+    assert store.delete("conv_a", "team") and store.items("conv_a", "team") is None
+    store.create("conv_b", {}, [message(1)], "team")  # the item's id is free again
+    assert ids(store.items("conv_b", "team")) == ["msg_1"]
