@@ -4,8 +4,9 @@ of items, and the answers to deletions.
 An item given (by ``POST /v1/conversations``, ``.../items``, or a response's input) is kept in the shape OpenAI
 lists it in: a message with its content as parts (``input_text`` for what the user, system or developer said,
 ``output_text`` for the assistant), a ``function_call``, a ``function_call_output`` or a ``reasoning`` item, each
-with an ``id`` of its kind and a ``status``. A response's conversation is its items read back as chat messages
-(:func:`phi_api.protocols.responses.input_messages`).
+with a ``status`` and an ``id`` of its kind, a new one (a client that adds a response's output items back, as
+openai-agents' session does, would give ids already kept). A response's conversation is its items read back as
+chat messages (:func:`phi_api.protocols.responses.input_messages`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _kept(item: dict[str, Any], where: str) -> dict[str, Any]:
     kind = item.get("type", "message")
     if kind not in _ID_PREFIX:
         raise UnsupportedParameterError(f"{where}: items of type '{kind}' are not supported.", param=where)
-    kept = {**item, "type": kind, "id": item.get("id") or new_id(_ID_PREFIX[kind])}
+    kept = {**item, "type": kind, "id": new_id(_ID_PREFIX[kind])}  # its own: ids given may repeat
     if kind == "message":
         kept["content"] = _parts(item.get("content"), item.get("role"))
     if kind != "reasoning":
