@@ -81,7 +81,7 @@ class Sampling:
             prompt_logprobs=prompt_logprobs,
             guidance=guidance,
             draft_max=self.draft_max,
-            penalty_window=self.penalty_window,
+            penalty_window=self._penalty_window(defaults or {}),
             thinking=thinking,
         )
         if self.n == 1 or params.seed is None:
@@ -95,6 +95,13 @@ class Sampling:
             return given if given is not None else defaults.get(name, neutral)
 
         return value
+
+    def _penalty_window(self, defaults: Mapping[str, float]) -> int | None:
+        """The repetition penalty's window: the request's, else the model's ``repeat_last_n`` (-1: all tokens)."""
+        if self.penalty_window is not None or "repeat_last_n" not in defaults:
+            return self.penalty_window
+        window = int(defaults["repeat_last_n"])
+        return None if window == -1 else window
 
     def _max_tokens(self, prompt_tokens: int, prompt_param: str, model: ModelInfo, default: int) -> int:
         context = min(model.context_length, self.context_limit or model.context_length)

@@ -42,13 +42,15 @@ class Declared:
                                            "Generations running at once in the whole server; more get 429")
     GENERATION_CONFIG: str = setting("auto", _text(choices=("auto", "off")),
                                      "A model's sampling defaults: auto reads its folder's generation_config.json "
-                                     "(temperature, top_p, top_k, min_p, repetition_penalty) for the fields a request "
-                                     "omits, as vLLM does; off: the server's own (DEFAULT_TEMPERATURE, no penalty)",
+                                     "(temperature, top_p, top_k, min_p, repetition_penalty, ...) for the fields a "
+                                     "request omits, as vLLM does; off: the server's own (DEFAULT_TEMPERATURE, no "
+                                     "penalty)",
                                      per_model=True)
     SAMPLING_DEFAULTS: tuple = setting((), _sampling,
                                        "Sampling defaults over the folder's, as a JSON object of temperature, top_p, "
-                                       "top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty (vLLM's "
-                                       "--override-generation-config); per model in MODELS_FILE's options",
+                                       "top_k, min_p, repetition_penalty, repeat_last_n (its window: -1 all tokens), "
+                                       "presence_penalty, frequency_penalty (vLLM's --override-generation-config); "
+                                       "per model in MODELS_FILE's options",
                                        per_model=True)
     DEFAULT_MAX_TOKENS: int = setting(1024, _integer(1, 1_000_000), "max_tokens when a request gives none")
     DEFAULT_TEMPERATURE: float = setting(0.7, _number(0.0, 2.0),

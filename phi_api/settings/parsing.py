@@ -88,6 +88,7 @@ SAMPLING_FIELDS: dict[str, Callable[[str, Any], float]] = {
     "top_k": _integer(-1, 1_000_000),
     "min_p": _number(0.0, 1.0),
     "repetition_penalty": _number(0.0, 2.0, exclusive_low=True),
+    "repeat_last_n": _integer(-1, 1_000_000),  # the repetition penalty's window (Ollama's, llama.cpp's): -1 all, 0 off
     "presence_penalty": _number(-2.0, 2.0),
     "frequency_penalty": _number(-2.0, 2.0),
 }

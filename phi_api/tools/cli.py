@@ -48,6 +48,8 @@ BENCHES = {
     "kv": ("phi_api.bench.kv", "int8 keys and values against float32: accuracy and memory"),
     "quality": ("phi_api.bench.quality", "a build's perplexity and top-1 agreement against the float32 build "
                 "of the same source, and its decode speed"),
+    "loops": ("phi_api.bench.loops", "open prompts at the server's defaults: the share of answers that run to "
+              "the token limit in a repeating loop, per sampling configuration"),
     "structured": ("phi_api.bench.structured", "forced tool calls and json_schema answers: the share that "
                    "comes out whole and valid (greedy)"),
     "kernels": ("phi_api.bench.kernels", "ONNX Runtime's 4-bit matrix kernel at 1 to 16 rows: alone at "

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from phi_api.engine.runtime.folder import GENERATION_CONFIG_FILE
 from phi_api.errors import PreparationError
 from phi_api.settings import cache_root
 
@@ -56,6 +57,14 @@ REFERENCE_RECIPE: dict[str, Any] = {
 # (version 1 got block size 32). 3: 8-bit weights, float32 down projections (every prepared model is rebuilt).
 RECIPE_VERSION = 3
 _BITS = {"int4": 4, "int8": 8}
+# The default model's sampling defaults, written as its folder's generation_config.json (its GGUF recommends none;
+# chosen by `phi-api bench loops`: docs/quality.md)
+DEFAULT_SAMPLING: dict[str, float] = {"presence_penalty": 1.0}
+# llama.cpp's GGUF keys of recommended sampling, and their generation_config.json names (repeat_last_n: Ollama's)
+GGUF_SAMPLING = {"general.sampling.temp": "temperature", "general.sampling.top_k": "top_k",
+                 "general.sampling.top_p": "top_p", "general.sampling.min_p": "min_p",
+                 "general.sampling.penalty_repeat": "repetition_penalty",
+                 "general.sampling.penalty_last_n": "repeat_last_n"}
 READY_MARKER = ".phi-api-ready.json"
 MODEL_FILES = ("genai_config.json", "model.onnx", "model.onnx.data", "tokenizer.json")
 
@@ -100,10 +109,38 @@ def is_ready(folder: Path, expected: dict | None = None) -> bool:
 def prepare_default_model(output: Path | None = None, progress: Progress | None = None,
                           reference: bool = False) -> Path:
     """Convert the default model (or its float32 ``reference`` build) into ``output`` (or the cache) and return the
-    folder (at once when it is ready)."""
+    folder (at once when it is ready: the conversion tools are needed only to convert)."""
     recipe = REFERENCE_RECIPE if reference else DEFAULT_RECIPE
     target = Path(output).expanduser().resolve() if output else default_model_dir(reference=reference)
-    return prepare_gguf_model(_find_gguf(), target, recipe, f"{GGUF_PACKAGE}/{GGUF_FILE}", progress)
+    if not is_ready(target, {"recipe_version": RECIPE_VERSION, "builder": recipe}):
+        prepare_gguf_model(_find_gguf(), target, recipe, f"{GGUF_PACKAGE}/{GGUF_FILE}", progress)
+    else:
+        (progress or _stderr)(f"Model already prepared in {target}")
+    write_generation_config(target, DEFAULT_SAMPLING)  # also into a folder an earlier phi-api prepared
+    return target
+
+
+def write_generation_config(folder: Path, sampling: dict[str, float]) -> None:
+    """Write ``sampling`` (defaults for what a request omits) as the folder's ``generation_config.json``, unless it
+    already says so (nothing is written for none)."""
+    path = folder / GENERATION_CONFIG_FILE
+    text = json.dumps(sampling, indent=2, sort_keys=True) + "\n"
+    if sampling and (not path.is_file() or path.read_text(encoding="utf-8") != text):
+        path.write_text(text, encoding="utf-8")
+
+
+def gguf_sampling(gguf: Path) -> dict[str, float]:
+    """The sampling defaults a GGUF file's metadata recommends (llama.cpp's ``general.sampling.*`` keys, which
+    Ollama's and llama.cpp's servers apply), by their ``generation_config.json`` names."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf)).fields
+    found = {}
+    for key, name in GGUF_SAMPLING.items():
+        field = fields.get(key)
+        if field is not None and field.data:
+            found[name] = field.contents()
+    return found
 
 
 def prepare_gguf_model(gguf: Path, target: Path, recipe: dict[str, Any], source: str,
@@ -124,6 +161,7 @@ def prepare_gguf_model(gguf: Path, target: Path, recipe: dict[str, Any], source:
         _timed(say, builder_step("2/3", recipe),
                lambda: run_builder(hf_dir, onnx_dir, staging / "builder-cache", staging / "builder.log", recipe))
         _timed(say, "3/3 Checking the converted model files", lambda: _check_output(onnx_dir))
+        write_generation_config(onnx_dir, gguf_sampling(gguf))
         return {**marker, "source": source}
 
     build_into(target, build)

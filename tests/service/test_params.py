@@ -107,3 +107,16 @@ def test_default_temperature_stays_the_fallback_of_a_model_without_one():
     result = sampling({}).to_params(prompt_tokens=10, prompt_param="messages", model=MODEL, settings=SETTINGS,
                                     defaults={"top_p": 0.8})[0]
     assert (result.temperature, result.top_p) == (0.7, 0.8)
+
+
+def test_a_models_repeat_last_n_is_the_penalty_window_unless_the_request_gives_one():
+    def window(defaults, given=None):
+        request = sampling({})
+        if given is not None:
+            import dataclasses
+            request = dataclasses.replace(request, penalty_window=given)
+        return request.to_params(prompt_tokens=10, prompt_param="messages", model=MODEL, settings=SETTINGS,
+                                 defaults=defaults)[0].penalty_window
+
+    assert (window({}), window({"repeat_last_n": 64}), window({"repeat_last_n": -1})) == (None, 64, None)
+    assert window({"repeat_last_n": 64}, given=16) == 16
