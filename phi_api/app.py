@@ -25,6 +25,7 @@ from phi_api.models.registry import Loader, Models
 from phi_api.models.specs import ModelSpec, declared
 from phi_api.models.state import state_dir
 from phi_api.settings import Settings, load_settings
+from phi_api.storage.background import BackgroundStore
 from phi_api.storage.batches import BatchStore
 from phi_api.storage.conversations import ConversationStore
 from phi_api.storage.database import sqlite_url
@@ -110,6 +111,10 @@ def compose(settings: Settings, load: Callable[[ModelSpec, SharedBudget], Engine
                                 settings.RESPONSES_STORE_SECONDS),
         conversations=ConversationStore(database_url(settings, "responses"), settings.CONVERSATIONS_MAX_PER_KEY,
                                         settings.CONVERSATION_ITEMS_MAX),
+        background=BackgroundStore(database_url(settings, "responses"), max_active=settings.BACKGROUND_MAX_PER_KEY,
+                                   max_events=settings.BACKGROUND_EVENTS_MAX,
+                                   events_seconds=settings.BACKGROUND_EVENTS_SECONDS,
+                                   max_age=settings.RESPONSES_STORE_SECONDS, lease=settings.BACKGROUND_LEASE_SECONDS),
         batches=BatchStore(database_url(settings, "batches"), settings.batch_dir, settings.BATCH_LEASE_SECONDS,
                            Quota(settings.FILES_MAX_PER_KEY, int(settings.FILES_MAX_MB_PER_KEY * 2**20))),
         metrics=Metrics(), tracing=Tracing(),

@@ -93,7 +93,7 @@ LAYERS = (
     ("phi_api.service",),
     ("phi_api.protocols",),
     ("phi_api.web",),
-    ("phi_api.batches",),
+    ("phi_api.batches", "phi_api.background"),
     ("phi_api.api",),
     ("phi_api.app",),
     ("phi_api.server",),

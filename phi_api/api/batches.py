@@ -12,6 +12,7 @@ from phi_api.errors import InvalidParameterError, MissingParameterError, NotFoun
 from phi_api.web.auth import current_tenant
 from phi_api.web.bodies import read_request
 from phi_api.web.openapi import operation
+from phi_api.web.paging import limit_arg, list_page, order_arg
 from phi_api.web.resources import get_batches, get_settings
 from phi_api.web.respond import count_request
 
@@ -44,12 +45,9 @@ def upload_file() -> Response:
 @bp.get("/v1/files")
 @operation("List files", statuses=(400,))
 def list_files() -> Response:
-    order = request.args.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise InvalidParameterError("order must be asc or desc.", param="order")
-    files, more = get_batches().files(request.args.get("purpose"), _limit(10_000), request.args.get("after"), order,
-                                      current_tenant().scope)
-    return jsonify(_list(files, more))
+    files, more = get_batches().files(request.args.get("purpose"), limit_arg(10_000), request.args.get("after"),
+                                      order_arg(), current_tenant().scope)
+    return jsonify(list_page(files, more))
 
 
 @bp.get("/v1/files/<file_id>")
@@ -91,8 +89,8 @@ def create_batch() -> Response:
 @bp.get("/v1/batches")
 @operation("List batches", statuses=(400,))
 def list_batches() -> Response:
-    batches, more = get_batches().batches(_limit(100), request.args.get("after"), current_tenant().scope)
-    return jsonify(_list(batches, more))
+    batches, more = get_batches().batches(limit_arg(100), request.args.get("after"), current_tenant().scope)
+    return jsonify(list_page(batches, more))
 
 
 @bp.get("/v1/batches/<batch_id>")
@@ -126,14 +124,3 @@ def _safe_name(filename: str) -> str:
     """A file name for a header: printable ASCII, no quotes or backslashes."""
     return "".join(char if " " <= char <= "~" and char not in '"\\' else "_" for char in filename) or "file"
 
-
-def _limit(most: int) -> int:
-    raw = request.args.get("limit", "20")
-    if not raw.isdigit() or not 1 <= int(raw) <= most:
-        raise InvalidParameterError(f"limit must be an integer from 1 to {most}.", param="limit")
-    return int(raw)
-
-
-def _list(items: list[dict[str, Any]], more: bool) -> dict[str, Any]:
-    return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
-            "last_id": items[-1]["id"] if items else None, "has_more": more}

@@ -11,12 +11,13 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from phi_api.errors import InvalidParameterError, NotFoundError
-from phi_api.protocols.conversations import conversation_object, deleted, item_list, kept_items
-from phi_api.protocols.responses import input_messages, new_id
-from phi_api.storage.conversations import ConversationFull, Page
+from phi_api.protocols.conversations import conversation_object, deleted, kept_items
+from phi_api.protocols.responses_request import input_messages, new_id
+from phi_api.storage.conversations import ConversationFull
 from phi_api.web.auth import current_tenant
 from phi_api.web.bodies import read_request
 from phi_api.web.openapi import operation
+from phi_api.web.paging import limit_arg, list_page, order_arg
 from phi_api.web.resources import get_conversations
 
 bp = Blueprint("conversations", __name__)
@@ -63,14 +64,11 @@ def delete_conversation(conversation_id: str) -> Response:
 @bp.get("/v1/conversations/<conversation_id>/items")
 @operation("List a conversation's items (after, limit, order)", statuses=(400, 404))
 def list_items(conversation_id: str) -> Response:
-    order = request.args.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise InvalidParameterError("order must be asc or desc.", param="order")
     page = get_conversations().items(conversation_id, current_tenant().scope, after=request.args.get("after"),
-                                     limit=_limit(), descending=order == "desc")
+                                     limit=limit_arg(MOST_LISTED), descending=order_arg() == "desc")
     if page is None:
         raise _not_found(conversation_id)
-    return jsonify(item_list(page))
+    return jsonify(list_page(page.items, page.has_more))
 
 
 @bp.post("/v1/conversations/<conversation_id>/items")
@@ -83,7 +81,7 @@ def add_items(conversation_id: str) -> Response:
         raise InvalidParameterError(str(full), param="items") from None
     if not added:
         raise _not_found(conversation_id)
-    return jsonify(item_list(Page(items, False)))
+    return jsonify(list_page(items, False))
 
 
 @bp.get("/v1/conversations/<conversation_id>/items/<item_id>")
@@ -120,9 +118,3 @@ def _conversation(conversation_id: str) -> dict[str, Any]:
 def _not_found(conversation_id: str) -> NotFoundError:
     return NotFoundError(f"Conversation with id '{conversation_id}' not found.", param="conversation_id")
 
-
-def _limit() -> int:
-    raw = request.args.get("limit", "20")
-    if not raw.isdigit() or not 1 <= int(raw) <= MOST_LISTED:
-        raise InvalidParameterError(f"limit must be an integer from 1 to {MOST_LISTED}.", param="limit")
-    return int(raw)

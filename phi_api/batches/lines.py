@@ -25,10 +25,10 @@ from phi_api.service import admission, generation
 from phi_api.service.admission import Caller
 from phi_api.storage.batches import Line
 from phi_api.telemetry.logs import bind_request_id, reset_request_id
-from phi_api.web.endpoints import BATCHABLE, Needs
+from phi_api.web.endpoints import BATCHABLE
 from phi_api.web.foreign import from_foreign
 from phi_api.web.resources import Resources
-from phi_api.web.respond import built, gate
+from phi_api.web.respond import built, gate, needs_of
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("phi_api.access")
@@ -53,7 +53,7 @@ def answer_line(resources: Resources, line: Line) -> Answer:
     caller = Caller(key=None, request_id=request_id, batch=True)
     try:
         caller = _caller(resources, line, request_id)
-        reading = BATCHABLE[line.url](line.body, _needs(resources, line, caller))
+        reading = BATCHABLE[line.url](line.body, needs_of(resources, line.owner, caller.key))
         run = admission.admit(gate(resources), caller, reading.request)
         answer = reading.renderer(run)
         results = generation.collect(run)
@@ -91,12 +91,6 @@ def _caller(resources: Resources, line: Line, request_id: str) -> Caller:
     if key is None:
         raise AuthenticationError("The key that created this batch is no longer accepted.")
     return Caller(key=key, request_id=request_id, batch=True)
-
-
-def _needs(resources: Resources, line: Line, caller: Caller) -> Needs:
-    key = caller.key
-    return Needs(resources.validator, resources.responses, resources.conversations, line.owner,
-                 None if key is None or key.admin else key.name)
 
 
 def _refusal(error: APIError, caller: Caller, request_id: str) -> Answer:

@@ -1,12 +1,12 @@
-"""OpenAI's Conversations API, in its own shapes: items as a conversation keeps them, the conversation object, pages
-of items, and the answers to deletions.
+"""OpenAI's Conversations API, in its own shapes: items as a conversation keeps them, the conversation object, and
+the answers to deletions (pages of items: :mod:`phi_api.web.paging`).
 
 An item given (by ``POST /v1/conversations``, ``.../items``, or a response's input) is kept in the shape OpenAI
 lists it in: a message with its content as parts (``input_text`` for what the user, system or developer said,
 ``output_text`` for the assistant), a ``function_call``, a ``function_call_output`` or a ``reasoning`` item, each
 with a ``status`` and an ``id`` of its kind, a new one (a client that adds a response's output items back, as
 openai-agents' session does, would give ids already kept). A response's conversation is its items read back as
-chat messages (:func:`phi_api.protocols.responses.input_messages`).
+chat messages (:func:`phi_api.protocols.responses_request.input_messages`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from phi_api.errors import InvalidParameterError, NotFoundError, UnsupportedParameterError
-from phi_api.protocols.responses import ResponsesRequest, input_messages, new_id
-from phi_api.storage.conversations import ConversationFull, ConversationStore, Page
+from phi_api.protocols.responses_request import ResponsesRequest, input_messages, new_id
+from phi_api.storage.conversations import ConversationFull, ConversationStore
 
 OUTPUT_ITEMS_MOST = 8  # room kept for a response's output items when it is checked before it runs
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
@@ -53,13 +53,6 @@ def _parts(content: Any, role: Any) -> list[dict[str, Any]]:
 def conversation_object(conversation_id: str, created: float, metadata: dict[str, str]) -> dict[str, Any]:
     """OpenAI's conversation object."""
     return {"id": conversation_id, "object": "conversation", "created_at": int(created), "metadata": metadata}
-
-
-def item_list(page: Page) -> dict[str, Any]:
-    """OpenAI's page of conversation items."""
-    items = page.items
-    return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
-            "last_id": items[-1]["id"] if items else None, "has_more": page.has_more}
 
 
 def deleted(conversation_id: str) -> dict[str, Any]:

@@ -114,6 +114,10 @@ def post_worker_init(worker: Any) -> None:
         from phi_api.batches.runner import runner_of
 
         gevent.spawn(runner_of(resources).run_forever)
+    if resources.settings.BACKGROUND_CONCURRENCY:
+        from phi_api.background.runner import background_runner_of
+
+        gevent.spawn(background_runner_of(resources).run_forever)
     for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
         previous = signal.getsignal(signum)
         if callable(previous):
@@ -137,7 +141,8 @@ def _watch_hub(metrics: Metrics) -> None:
 def _watch_databases(resources: Resources) -> None:
     """Check that each store's database answers, and publish what its calls failed, every ``DATABASE_SECONDS``."""
     stores = {store.database.name: store.database
-              for store in (resources.batches, resources.responses, resources.conversations, resources.keys.usage)}
+              for store in (resources.batches, resources.responses, resources.conversations, resources.background,
+                            resources.keys.usage)}
     while True:
         for name, database in stores.items():
             try:

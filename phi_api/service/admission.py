@@ -63,7 +63,7 @@ class Gate:
 def admit(gate: Gate, caller: Caller, request: GenerationRequest) -> generation.Run:
     """Let ``caller``'s ``request`` onto the generation path, or refuse it (403, 429, and every error of
     :func:`phi_api.service.generation.prepare` and :func:`phi_api.service.generation.launch`)."""
-    request = dataclasses.replace(request, priority=_priority(caller, request))
+    request = dataclasses.replace(request, priority=priority_of(caller, request))
     span = _span(gate.tracing, caller, request)
     services = generation.Services(gate.models, Unlimited() if caller.batch else _Slots(gate, caller), gate.settings)
     held, reused_as = "", cache_key(gate.settings, caller, request)
@@ -124,7 +124,7 @@ def _reserve(gate: Gate, caller: Caller, tokens: int) -> str:
     return decision.held
 
 
-def _priority(caller: Caller, request: GenerationRequest) -> int:
+def priority_of(caller: Caller, request: GenerationRequest) -> int:
     """The field, else the header, else 0 (lower is sooner); a batch line's comes after every live request's. Only
     the operator's chosen keys may ask for sooner than the default (``raise_priority`` in the keys file)."""
     if caller.batch:

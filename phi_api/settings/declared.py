@@ -180,6 +180,24 @@ class Declared:
     CONVERSATION_ITEMS_MAX: int = setting(10_000, _integer(1, 10_000_000),
                                           "Most items one conversation holds; past it, adding items (or a response "
                                           "that would) is a 400")
+    BACKGROUND_CONCURRENCY: int = setting(2, _integer(0, 1024),
+                                          "Background responses (Responses API, background: true) each worker runs at "
+                                          "once, each through the gate as its key's request (inside "
+                                          "MAX_CONCURRENT_REQUESTS and the key's limits); 0: background responses are "
+                                          "refused (400)")
+    BACKGROUND_MAX_PER_KEY: int = setting(16, _integer(1, 1_000_000),
+                                          "Most background responses one API key may have queued or running; more "
+                                          "get 429 until one ends")
+    BACKGROUND_EVENTS_MAX: int = setting(20_000, _integer(16, 10_000_000),
+                                         "Most events of one streamed background response kept for a client that "
+                                         "resumes (starting_after); older ones go, and resuming before them is a 400")
+    BACKGROUND_EVENTS_SECONDS: float = setting(3600.0, _number(0.0, exclusive_low=True),
+                                               "How long a streamed background response's events are kept after it "
+                                               "ends (its response object stays RESPONSES_STORE_SECONDS)")
+    BACKGROUND_LEASE_SECONDS: float = setting(30.0, _number(1.0, 86_400.0),
+                                              "How long a running background response stays its worker's without word "
+                                              "from it (renewed while it runs); then any worker or replica marks it "
+                                              "failed")
     PREFIX_CACHE_SHARED: bool = setting(False, _boolean,
                                         "Let API keys reuse each other's prompts (in memory and on disk); off: a "
                                         "prompt is reused only for requests of the key that sent it")

@@ -1,6 +1,7 @@
 """What the operator's dashboard and alert rules (deploy/grafana, deploy/prometheus) watch beyond the serving metrics
 of :mod:`phi_api.telemetry.metrics`: the time per generated token and in an engine's queue, errors by API key, the
-models served and when each was loaded, the batch lines, the stores' databases, and workers that exited.
+models served and when each was loaded, the batch lines, the background responses, the stores' databases, and workers
+that exited.
 
 The series that have a fixed set of labels are made at once, at zero, so that a panel or a rule finds them before
 the first event.
@@ -18,6 +19,7 @@ _TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.
 _QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 BATCH_OUTCOMES = ("succeeded", "failed", "requeued", "rate_limited", "lease_lost")
 BATCH_STATES = ("pending", "running")
+BACKGROUND_OUTCOMES = ("ended", "stopped", "requeued")
 DATABASE_ERRORS = ("unavailable", "other")
 
 # Counted by the gunicorn master (the ``child_exit`` hook), which may hold no app and so no Metrics of its own; in
@@ -52,8 +54,13 @@ class OperatorMetrics:
         self.database_up = Gauge("phi_api_database_up", "1 when a store's database answered the last check (every "
                                  "few seconds), else 0; the workers' lowest", ["store"],
                                  multiprocess_mode="livemin", **own)
+        self.background_runs = Counter("phi_api_background_runs", "Background responses the runners took, by what "
+                                       "became of them (requeued: the gate could not take it yet)", ["outcome"],
+                                       **own)
         for outcome in BATCH_OUTCOMES:
             self.batch_lines.labels(outcome)
+        for outcome in BACKGROUND_OUTCOMES:
+            self.background_runs.labels(outcome)
         self._loaded: set[str] = set()
         self._failures: dict[tuple[str, str], int] = {}  # each database's cumulative count at its last look
 

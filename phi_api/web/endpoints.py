@@ -13,7 +13,9 @@ from phi_api.protocols.conversations import conversation_history, conversation_k
 from phi_api.protocols.openai.answer import Answer
 from phi_api.protocols.openai.parse import chat_request, completion_request
 from phi_api.protocols.openai.shapes import ChatShape, CompletionShape
-from phi_api.protocols.responses import ResponseRenderer, ResponsesRequest, history_of, output_messages
+from phi_api.protocols.response_objects import Identity, output_messages
+from phi_api.protocols.responses import ResponseRenderer
+from phi_api.protocols.responses_request import ResponsesRequest, history_of
 from phi_api.storage.conversations import ConversationStore
 from phi_api.storage.responses import ResponseStore
 from phi_api.web.schemas import RequestValidator
@@ -45,9 +47,10 @@ def completion(body: dict[str, Any], needs: Needs) -> Reading:
                    lambda run: Answer(run, CompletionShape))
 
 
-def response(body: dict[str, Any], needs: Needs) -> Reading:
+def response(body: dict[str, Any], needs: Needs, identity: Identity | None = None) -> Reading:
     """A ``/v1/responses`` body: after its predecessor's conversation (``previous_response_id``), and stored for
-    follow-ups once answered unless ``store`` is false."""
+    follow-ups once answered unless ``store`` is false; ``identity``: a background response's, made when it was
+    queued."""
     needs.validator.validate("responses", body)
     request = ResponsesRequest.from_openai(body)
     store = needs.store
@@ -63,7 +66,7 @@ def response(body: dict[str, Any], needs: Needs) -> Reading:
         if request.store and store.max_items:
             store.put(answered, list(history or []) + list(request.input) + output_messages(answered), needs.owner)
 
-    return Reading(request.chat(history), lambda run: ResponseRenderer(request, run, keep))
+    return Reading(request.chat(history), lambda run: ResponseRenderer(request, run, keep, identity))
 
 
 BATCHABLE: dict[str, Callable[[dict[str, Any], Needs], Reading]] = {

@@ -21,6 +21,7 @@ from phi_api.limits.slots import ConcurrencyLimiter
 from phi_api.models.memory import ServerMemory
 from phi_api.models.registry import Models
 from phi_api.settings import Settings
+from phi_api.storage.background import BackgroundStore
 from phi_api.storage.batches import BatchStore
 from phi_api.storage.conversations import ConversationStore
 from phi_api.storage.responses import ResponseStore
@@ -41,6 +42,7 @@ class Resources:
     keys: Keys
     responses: ResponseStore
     conversations: ConversationStore
+    background: BackgroundStore
     batches: BatchStore
     metrics: Metrics
     tracing: Tracing
@@ -64,7 +66,7 @@ def teardown(app: Flask) -> None:
         resources.models.stop()
     resources.limiter.remove_file()
     for database in (resources.batches.database, resources.responses.database, resources.conversations.database,
-                     resources.keys.usage.database):
+                     resources.background.database, resources.keys.usage.database):
         database.close()
 
 
@@ -107,6 +109,10 @@ def get_store(app: Flask | None = None) -> ResponseStore:
 
 def get_conversations(app: Flask | None = None) -> ConversationStore:
     return get_resources(app).conversations
+
+
+def get_background(app: Flask | None = None) -> BackgroundStore:
+    return get_resources(app).background
 
 
 def get_batches(app: Flask | None = None) -> BatchStore:

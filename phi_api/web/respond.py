@@ -13,6 +13,7 @@ from flask import Response, g, jsonify, request
 from phi_api import jsontext
 from phi_api.engine.threads.native import off_hub
 from phi_api.errors import InvalidParameterError
+from phi_api.limits.keys import Key
 from phi_api.protocols.contract import Reading
 from phi_api.service import admission, generation
 from phi_api.service.admission import Caller, Gate
@@ -44,6 +45,13 @@ def needs() -> Needs:
     return Needs(resources.validator, resources.responses, resources.conversations, tenant.name, tenant.scope)
 
 
+def needs_of(resources: Resources, owner: str, key: Key | None) -> Needs:
+    """What reading a body needs away from its HTTP request (a batch line, a background response): as ``owner``,
+    seeing what ``key`` sees (every owner's for an admin key, or when keys are off)."""
+    return Needs(resources.validator, resources.responses, resources.conversations, owner,
+                 None if key is None or key.admin else key.name)
+
+
 def gate(resources: Resources | None = None) -> Gate:
     """The gate's dependencies: an app's resources (default: the current app's)."""
     held = resources if resources is not None else get_resources()
@@ -53,13 +61,18 @@ def gate(resources: Resources | None = None) -> Gate:
 
 def start_generation(typed: GenerationRequest) -> generation.Run:
     """Start a typed request through the one gate (:func:`phi_api.service.admission.admit`) as this HTTP request's
-    caller: its key, its id, its ``X-Priority`` header (for clients that cannot add a ``priority`` field; the field
-    wins), its trace headers."""
+    caller."""
+    return admission.admit(gate(), current_caller(), typed)
+
+
+def current_caller() -> Caller:
+    """This HTTP request as the gate's caller: its key, its id, its ``X-Priority`` header (for clients that cannot
+    add a ``priority`` field; the field wins), its trace headers."""
     tracing = get_resources().tracing
     caller = Caller(key=current_key(), request_id=current_request_id(), header_priority=header_priority(),
                     trace_headers=dict(request.headers) if tracing.provider is not None else {})
     g.rate_headers = caller.rate_headers  # filled by the gate; sent with the answer, whatever it is
-    return admission.admit(gate(), caller, typed)
+    return caller
 
 
 def count_request() -> None:

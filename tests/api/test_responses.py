@@ -162,7 +162,6 @@ def test_the_store_is_bounded(make_app):
 @pytest.mark.parametrize("extra,param", [
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input"),
-    ({"background": True}, "background"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
 ])

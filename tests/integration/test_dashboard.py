@@ -30,7 +30,7 @@ DASHBOARD = DEPLOY / "grafana" / "phi-api-dashboard.json"
 RULES = DEPLOY / "prometheus" / "phi-api-alerts.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "phi-api-alerts.test.yml"
 ADMIN, TEAM = "sk-dashboard-ops", "sk-dashboard-team"
-STORES = {"batches", "responses", "conversations", "usage"}
+STORES = {"batches", "responses", "conversations", "background", "usage"}
 
 # What the issue asks the dashboard and the rules to show, each by a metric that must be among those they name.
 PANEL_SUBJECTS = {

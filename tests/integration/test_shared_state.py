@@ -2,10 +2,12 @@
 loopback), each with its own empty folders, as two replicas behind a load balancer; and the same suite on SQLite
 with one server, the embedded default.
 
-A response stored on one is retrieved and continued on the other; a key's limit holds across both together; usage
-read on one counts requests sent to the other; a file uploaded to one feeds a batch created on the other, each line
-running once; all of it survives restarting both (on PostgreSQL with new, empty folders, as new containers would);
-killing a replica mid-batch leaves no line lost or run twice.
+A response stored on one is retrieved and continued on the other; a background response started on one is polled
+and its stream resumed on the other; a key's limit holds across both together; usage read on one counts requests sent
+to the other; a file uploaded to one feeds a batch created on the other, each line running once; all of it survives
+restarting both (on PostgreSQL with new, empty folders, as new containers would), a queued background response too;
+killing a replica mid-batch leaves no line lost or run twice, and its running background response failed, not in
+progress forever.
 """
 
 from __future__ import annotations
@@ -26,8 +28,14 @@ from tests.support.server import Server, wait_until
 
 KEYS = [{"name": "admin", "key": "sk-shared-admin", "admin": True},
         {"name": "limited", "key": "sk-shared-limited", "requests_per_minute": 3},
-        {"name": "team", "key": "sk-shared-team"}]
+        {"name": "team", "key": "sk-shared-team"},
+        {"name": "daily", "key": "sk-shared-daily", "tokens_per_day": 1000}]
 LEASE_SECONDS = 3
+LONG = " ".join(f"Line {i}: the harbour master logged ship {i} at berth {i % 9}." for i in range(30))  # ~580 tokens
+# A grammar that cannot end before ~600 tokens, whatever the weights prefer: a run still going when its replica dies.
+MANY = {"format": {"type": "json_schema", "name": "numbers", "strict": True, "schema": {
+    "type": "object", "properties": {"numbers": {"type": "array", "items": {"type": "integer"}, "minItems": 300}},
+    "required": ["numbers"], "additionalProperties": False}}}
 
 
 class Replicas:
@@ -46,7 +54,8 @@ class Replicas:
         folder = self.work / ("data" if not self.database_url else f"data-{next(self.folders)}")  # new: empty
         return Server(self.logs_dir, MODEL_PATH=self.model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1,
                       API_KEYS_FILE=self.keys_file, DATABASE_URL=self.database_url, DATA_DIR=folder,
-                      BATCH_LEASE_SECONDS=LEASE_SECONDS, DEFAULT_MAX_TOKENS=8)
+                      BATCH_LEASE_SECONDS=LEASE_SECONDS, BACKGROUND_LEASE_SECONDS=LEASE_SECONDS,
+                      DEFAULT_MAX_TOKENS=8)
 
     @property
     def servers(self) -> list[Server]:
@@ -133,6 +142,26 @@ def test_a_conversation_made_on_one_is_continued_on_the_other(replicas):
         client(replicas.b, "sk-shared-limited").conversations.retrieve(conversation.id)
 
 
+def test_a_background_response_started_on_one_is_polled_and_resumed_on_the_other(replicas):
+    stream = client(replicas.a).responses.create(model=MODEL_ID, input="Name a color.", background=True, stream=True,
+                                                 max_output_tokens=16)
+    first = []
+    for event in stream:
+        first.append(event)
+        if len(first) == 3:
+            break
+    stream.close()  # dropped on a; resumed on b
+    response_id = first[0].response.id
+    rest = list(client(replicas.b).responses.retrieve(response_id, stream=True,
+                                                       starting_after=first[-1].sequence_number))
+    assert [event.sequence_number for event in first + rest] == list(range(len(first) + len(rest)))
+    assert rest[-1].type in ("response.completed", "response.incomplete")
+    polled = client(replicas.b).responses.retrieve(response_id)
+    assert (polled.status, polled.output_text) == (rest[-1].response.status, rest[-1].response.output_text)
+    with pytest.raises(openai.NotFoundError):  # another key neither reads it on either replica
+        client(replicas.a, "sk-shared-limited").responses.retrieve(response_id)
+
+
 def test_a_key_s_limit_holds_across_both_together(replicas):
     # the limit counts in the current minute: start early in one, so that the four requests share it
     wait_until(lambda: time.time() % 60 < 40, timeout=25, interval=0.2, message="an early second of a minute")
@@ -171,7 +200,14 @@ def test_everything_survives_restarting_both(replicas):
                                               completion_window="24h")
     finished(replicas.a, batch.id)
     used = usage_of(replicas.b, "team")
+    daily = client(replicas.a, "sk-shared-daily")
+    spent = daily.responses.create(model=MODEL_ID, input=LONG, max_output_tokens=1)
+    # its worst case fits the key's day, but not what is left of it today: queued until tomorrow
+    queued = daily.responses.create(model=MODEL_ID, input="Hi.", background=True,
+                                    max_output_tokens=1000 - spent.usage.total_tokens + 1)
     replicas.restart()
+    assert client(replicas.b, "sk-shared-daily").responses.retrieve(queued.id).status == "queued"
+    assert client(replicas.a, "sk-shared-daily").responses.cancel(queued.id).status == "cancelled"
     assert client(replicas.b).responses.retrieve(response.id).id == response.id
     assert client(replicas.a).files.content(uploaded.id).content == batch_file(1)
     assert client(replicas.a).batches.retrieve(batch.id).status == "completed"
@@ -188,6 +224,10 @@ def test_killing_a_replica_mid_batch_leaves_no_line_lost_or_run_twice(replicas):
                                               completion_window="24h")
     wait_until(lambda: client(replicas.a).batches.retrieve(batch.id).status == "in_progress", timeout=60,
                message="a to take lines of the batch")
+    running = client(replicas.a).responses.create(model=MODEL_ID, input="List numbers.", background=True, text=MANY,
+                                                  max_output_tokens=2000)
+    wait_until(lambda: client(replicas.a).responses.retrieve(running.id).status == "in_progress", timeout=60,
+               message="a to run the background response")
     os.killpg(replicas.a.master.pid, signal.SIGKILL)  # the whole replica: master and workers, mid-line
     replicas.a.master.wait()
     survivor = replicas.b if replicas.b is not replicas.a else replicas.a
@@ -195,6 +235,10 @@ def test_killing_a_replica_mid_batch_leaves_no_line_lost_or_run_twice(replicas):
     done = finished(survivor, batch.id, timeout=400)
     assert done.request_counts.completed == 4 and done.request_counts.failed == 0
     assert sorted(custom_ids(survivor, done.output_file_id)) == [f"line-{index}" for index in range(4)]
+    # the background response a ran is not left in progress: failed, once b noticed a gone
+    failed = wait_until(lambda: (found := client(survivor).responses.retrieve(running.id)).status != "in_progress"
+                        and found, timeout=60, interval=0.2, message="the dead replica's response to fail")
+    assert failed.status == "failed" and failed.error.code == "server_error"
     if replicas.b is not replicas.a:
         replicas.a = replicas.b  # (the module's last test: the fixture stops what still runs)
 
