@@ -21,6 +21,7 @@ from phi_api.web.resources import get_background, get_resources, get_settings, g
 from phi_api.web.respond import current_caller, needs, respond
 
 bp = Blueprint("responses", __name__)
+MOST_EVENTS = 2**31 - 1
 
 
 @bp.post("/v1/responses")
@@ -97,12 +98,11 @@ def delete_response(response_id: str) -> Response:
 
 
 def _starting_after() -> int:
-    raw = request.args.get("starting_after", "-1")
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidParameterError("starting_after must be an integer (an event's sequence_number).",
-                                    param="starting_after") from None
+    raw = request.args.get("starting_after", "-1").strip()
+    if not (raw.isdigit() or raw == "-1") or int(raw) > MOST_EVENTS:
+        raise InvalidParameterError(f"starting_after must be an event's sequence_number (an integer from -1 to "
+                                    f"{MOST_EVENTS}).", param="starting_after")
+    return int(raw)
 
 
 def _not_found(response_id: str) -> ResponseNotFoundError:

@@ -63,8 +63,9 @@ def test_a_streamed_one_is_replayed_whole_and_after_any_sequence_number(make_app
     assert [event["sequence_number"] for event in told] == list(range(len(told)))
     assert events(app_client, f"/v1/responses/{response_id}?stream=true") == told
     assert events(app_client, f"/v1/responses/{response_id}?stream=true&starting_after=4") == told[5:]
-    bad = app_client.get(f"/v1/responses/{response_id}?stream=true&starting_after=x")
-    assert bad.status_code == 400 and bad.get_json()["error"]["param"] == "starting_after"
+    for bad in ("x", "-2", "1e3", str(2**63)):
+        refused = app_client.get(f"/v1/responses/{response_id}?stream=true&starting_after={bad}")
+        assert refused.status_code == 400 and refused.get_json()["error"]["param"] == "starting_after"
 
 
 def test_cancel_answers_as_openai_does(make_app):
