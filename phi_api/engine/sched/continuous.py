@@ -173,19 +173,13 @@ class ContinuousBatch:
 
     def step(self, first: int, ids: np.ndarray, past: np.ndarray, *, prefill: bool, every_position: bool = False,
              timed: bool = True) -> np.ndarray:
-        """The one place the decoder runs (:meth:`Decoder.step`), timed into the cost model: a prompt chunk by its
-        tokens, a draft's check (several new tokens, not a prompt) by its draft, a decode step by its rows."""
+        """The one place the decoder runs (:meth:`Decoder.step`); a prompt chunk is timed into the cost model by its
+        tokens here. A decode step and a draft's check are timed by their callers, with the choices of their tokens
+        (sampling, penalties, grammars: per token, part of what a check costs against a batched step)."""
         started = self.costs.clock()
         logits = self.decoder.step(self.rows.pool, first, ids, past, prefill, every_position=every_position)
-        if timed:
-            seconds = self.costs.clock() - started
-            rows, new = ids.shape
-            if prefill:
-                self.costs.observe_prefill(new, seconds)
-            elif new > 1:
-                self.costs.observe_check(new - 1, seconds)
-            else:
-                self.costs.observe_step(rows, seconds)
+        if timed and prefill:
+            self.costs.observe_prefill(ids.shape[1], self.costs.clock() - started)
         return logits
 
     # Decode -----------------------------------------------------------------------------------------
@@ -211,6 +205,7 @@ class ContinuousBatch:
 
     def _step_rows(self, first: int, end: int, riding: set[int]) -> None:
         rows = self.rows.group(first, end)
+        started = self.costs.clock()
         pad = self.padding.plan(first, end) if self.padding else None
         ids = [[row.pending] for row in rows] + ([[PAD_TOKEN]] if pad else [])
         past = [row.length for row in rows] + ([pad.past] if pad else [])
@@ -233,6 +228,7 @@ class ContinuousBatch:
                 self.outputs.take_token(row, logits[index], chosen.get(index))
             except Exception as error:
                 self.endings.fail_row(row, trace(error))
+        self.costs.observe_step(len(rows), self.costs.clock() - started)
 
     def _cross(self, row: Sequence) -> None:
         """LongRoPE: the row reaches the switch; prefill it again whole, with the long factors."""

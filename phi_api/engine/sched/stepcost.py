@@ -1,9 +1,10 @@
 """What steps cost on this machine, measured as they run: the one cost model of an engine, and its clock.
 
-Every step the engine takes is timed here (:meth:`StepCosts.timed`): a
-batched decode step by its rows, a prompt chunk by its tokens, a draft's
-check by the draft's length. Two decisions read these running averages: how
-long a prompt chunk may be while others wait (:mod:`engine.sched.prefill`, from a
+Every step the engine takes is timed into it: a batched decode step by its
+rows and a draft's check by the draft's length, each with the choices of its
+tokens (a sampled row's check draws at every position it reaches: on a small
+model that is a good part of its price), and a prompt chunk by its tokens. Two
+decisions read these running averages: how long a prompt chunk may be while others wait (:mod:`engine.sched.prefill`, from a
 one-row step's cost and the cost of a prompt token), and whether checking a
 draft pays (below).
 

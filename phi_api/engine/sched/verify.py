@@ -105,6 +105,7 @@ class Speculation:
         """Check ``draft`` in one step; act on the tokens it keeps. True while the row goes on."""
         outputs = self.outputs
         ids = np.array([[row.pending, *draft]], dtype=np.int64)
+        started = self.costs.clock()
         try:
             # not a prompt chunk: the same tokens as that many decode steps (the fake model tells them apart)
             logits = self.step(row_of(row), ids, np.array([row.length]), prefill=False, every_position=True)
@@ -119,6 +120,8 @@ class Speculation:
         except Exception as error:  # one sequence's sampler or grammar failing ends that sequence only
             outputs.finish(row, "error", trace(error))
             return False
+        # timed with its choices: a sampled row's check draws at each position it reaches
+        self.costs.observe_check(len(draft), self.costs.clock() - started)
         accepted = len(chosen) - 1  # verify() stops at the first token of the model's own, which it always gives
         row.drafter.record(len(draft), accepted)
         for index, (token, record) in enumerate(chosen):

@@ -224,6 +224,37 @@ def test_checks_that_cost_more_than_the_steps_they_save_are_not_made():
     assert together.count("decode:2") >= 25  # plain batched steps
 
 
+def test_what_a_check_costs_includes_the_choice_of_its_tokens(monkeypatch):
+    """A check whose model step is cheap but whose choices are not (a sampled row draws at every position, with its
+    penalties: on a small model, a good part of the price) is declined among other rows as a slow step is."""
+    script = list(range(1, 61))
+    engine = fake_engine(script, text_pieces(*[f" w{token}".encode() for token in script]), draft_max=8,
+                         prefill_chunk=64)
+    fake = engine.model.script
+    verify = Sampler.verify
+
+    def slow_verify(self, rows, drafts):
+        fake.now += 0.0125 * len(drafts)  # the choices of a check's tokens cost more than the steps it saves
+        return verify(self, rows, drafts)
+
+    monkeypatch.setattr(Sampler, "verify", slow_verify)
+    fake.gate = threading.Semaphore(0)  # no step until both requests are in
+    choice = SamplingParams(max_tokens=50, temperature=0)
+    try:
+        generations = [engine.submit(np.array([70 + index, 71, *script], dtype=np.int32), choice)
+                       for index in range(2)]
+        fake.gate.release(10_000)
+        finished = [collect(generation)[1] for generation in generations]
+    finally:
+        engine.stop()
+    assert [(end.reason, end.completion_tokens) for end in finished] == [("length", 50)] * 2
+    steps = fake.steps
+    last = len(steps) - 1 - steps[::-1].index("decode:2")
+    together = steps[steps.index("decode:2"):last]
+    checks = [step for step in together if step.startswith("check:")]
+    assert len(checks) == len(set(checks)) and together.count("decode:2") >= 25  # tried once each, then declined
+
+
 def test_the_rows_of_a_request_alone_check_every_draft_whatever_the_costs():
     script = list(range(1, 61))
     engine = fake_engine(script, text_pieces(*[f" w{token}".encode() for token in script]), draft_max=8)
