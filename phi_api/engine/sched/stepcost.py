@@ -4,9 +4,9 @@ Every step the engine takes is timed into it: a batched decode step by its
 rows and a draft's check by the draft's length, each with the choices of its
 tokens (a sampled row's check draws at every position it reaches: on a small
 model that is a good part of its price), and a prompt chunk by its tokens. Two
-decisions read these running averages: how long a prompt chunk may be while others wait (:mod:`engine.sched.prefill`, from a
-one-row step's cost and the cost of a prompt token), and whether checking a
-draft pays (below).
+decisions read these running averages: how long a prompt chunk may be while
+others wait (:mod:`engine.sched.prefill`, from a one-row step's cost and the
+cost of a prompt token), and whether checking a draft pays (below).
 
 A drafting row checks its draft in a step of its own (the attention kernel
 takes several new tokens on top of past context only for a batch of one;
