@@ -11,7 +11,7 @@ from flask import Blueprint, Response, jsonify, request
 from phi_api.errors import InvalidParameterError, MissingParameterError, NotFoundError
 from phi_api.web.auth import current_tenant
 from phi_api.web.bodies import read_request
-from phi_api.web.openapi import operation
+from phi_api.web.openapi import PAGE_QUERY, operation
 from phi_api.web.paging import limit_arg, list_page, order_arg
 from phi_api.web.resources import get_batches, get_settings
 from phi_api.web.respond import count_request
@@ -43,7 +43,8 @@ def upload_file() -> Response:
 
 
 @bp.get("/v1/files")
-@operation("List files", statuses=(400,))
+@operation("List files (purpose, after, limit, order)", statuses=(400,),
+           query=(("purpose", "string", "only the files of this purpose"), *PAGE_QUERY))
 def list_files() -> Response:
     files, more = get_batches().files(request.args.get("purpose"), limit_arg(10_000), request.args.get("after"),
                                       order_arg(), current_tenant().scope)
@@ -87,7 +88,7 @@ def create_batch() -> Response:
 
 
 @bp.get("/v1/batches")
-@operation("List batches", statuses=(400,))
+@operation("List batches (after, limit; newest first)", statuses=(400,), query=PAGE_QUERY[:2])
 def list_batches() -> Response:
     batches, more = get_batches().batches(limit_arg(100), request.args.get("after"), current_tenant().scope)
     return jsonify(list_page(batches, more))

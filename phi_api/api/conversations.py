@@ -16,7 +16,7 @@ from phi_api.protocols.responses_request import input_messages, new_id
 from phi_api.storage.conversations import ConversationFull
 from phi_api.web.auth import current_tenant
 from phi_api.web.bodies import read_request
-from phi_api.web.openapi import operation
+from phi_api.web.openapi import PAGE_QUERY, operation
 from phi_api.web.paging import limit_arg, list_page, order_arg
 from phi_api.web.resources import get_conversations
 
@@ -62,7 +62,7 @@ def delete_conversation(conversation_id: str) -> Response:
 
 
 @bp.get("/v1/conversations/<conversation_id>/items")
-@operation("List a conversation's items (after, limit, order)", statuses=(400, 404))
+@operation("List a conversation's items (after, limit, order)", statuses=(400, 404), query=PAGE_QUERY)
 def list_items(conversation_id: str) -> Response:
     page = get_conversations().items(conversation_id, current_tenant().scope, after=request.args.get("after"),
                                      limit=limit_arg(MOST_LISTED), descending=order_arg() == "desc")

@@ -50,7 +50,9 @@ def _background(body: dict[str, Any]) -> Response:
 
 @bp.get("/v1/responses/<response_id>")
 @operation("A stored response (404 for any other id); a streamed background response's events with stream=true, "
-           "after starting_after", media=(JSON, SSE))
+           "after starting_after", media=(JSON, SSE), query=(
+               ("stream", "boolean", "true: a background response's events (one created with stream: true)"),
+               ("starting_after", "integer", "with stream: the events after this sequence_number (-1: all)")))
 def retrieve_response(response_id: str) -> Response:
     """A stored or background response object, or a streamed background response's events."""
     scope = current_tenant().scope

@@ -38,6 +38,12 @@ class Operation:
     media: tuple[str, ...] = (JSON,)  # success media types
     errors: str = "openai"  # "openai" (the error object), "ollama" ({"error": "..."}) or "health" ({"status": ...})
     statuses: tuple[int, ...] = (400, 401, 404, 405, 413, 415)
+    query: tuple[tuple[str, str, str], ...] = ()  # (name, JSON type, description) of each query parameter
+
+
+PAGE_QUERY = (("after", "string", "the id after which the page starts"),
+              ("limit", "integer", "how many items, from 1 to the route's most (20 by default)"),
+              ("order", "string", "asc or desc (the default)"))  # OpenAI's cursor pages (web.paging)
 
 
 def operation(summary: str, **details: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -129,9 +135,12 @@ def build(app: Flask) -> dict[str, Any]:
         path = _PATH_PARAMETER.sub(r"{\1}", rule.rule)
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             described = _operation(described_by, rule.endpoint, method)
-            if rule.arguments:
-                described["parameters"] = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-                                           for name in sorted(rule.arguments)]
+            parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                          for name in sorted(rule.arguments)]
+            parameters += [{"name": name, "in": "query", "required": False, "schema": {"type": kind},
+                            "description": description} for name, kind, description in described_by.query]
+            if parameters:
+                described["parameters"] = parameters
             paths.setdefault(path, {})[method.lower()] = described
     return {
         "openapi": "3.1.0",

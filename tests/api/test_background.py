@@ -125,3 +125,13 @@ def test_what_the_body_gets_wrong_is_a_400_before_anything_is_queued(make_app):
         assert answer.status_code == 400 and answer.get_json()["error"]["param"] == param, answer.get_json()
     assert create(app_client, input="Hi", background=True, model="elsewhere").status_code == 404
     assert get_background(app).claim("w") is None
+
+
+def test_the_openapi_document_names_the_query_parameters(client):
+    document = client.get("/openapi.json").get_json()
+    retrieve = document["paths"]["/v1/responses/{response_id}"]["get"]["parameters"]
+    assert [(item["name"], item["in"]) for item in retrieve] == [
+        ("response_id", "path"), ("stream", "query"), ("starting_after", "query")]
+    listed = document["paths"]["/v1/conversations/{conversation_id}/items"]["get"]["parameters"]
+    assert [item["name"] for item in listed if item["in"] == "query"] == ["after", "limit", "order"]
+    assert "post" in document["paths"]["/v1/responses/{response_id}/cancel"]
