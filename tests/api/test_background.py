@@ -5,9 +5,10 @@ object and event checked against OpenAI's published schemas."""
 from __future__ import annotations
 
 from phi_api.background.job import run_job
-from phi_api.web.resources import get_background, get_resources
+from phi_api.web.resources import get_background, get_limiter, get_resources
 from tests.api.test_responses import create, scripted
 from tests.support.openai_schemas import validate
+from tests.support.server import wait_until
 from tests.support.sse import parse_named_sse
 
 
@@ -94,6 +95,19 @@ def test_a_running_response_cancelled_stops_and_its_end_is_not_recorded(make_app
     app_client.post(f"/v1/responses/{queued['id']}/cancel")
     assert run_job(get_resources(app), job).kind == "stopped"
     assert app_client.get(f"/v1/responses/{queued['id']}").get_json()["status"] == "cancelled"
+
+
+def test_a_response_waits_in_the_queue_while_the_server_is_full_then_runs(make_app):
+    app_client, _ = scripted(make_app, b"ok", MAX_CONCURRENT_REQUESTS=1, QUEUE_TIMEOUT=0.05)
+    app = app_client.application
+    held = get_limiter(app).try_acquire()  # a live request holds the only slot
+    queued = create(app_client, input="Hi", background=True).get_json()
+    assert run_next(app) == "requeued"  # the gate's line timed out: back in the queue, not failed
+    assert app_client.get(f"/v1/responses/{queued['id']}").get_json()["status"] == "queued"
+    held.release()
+    job = wait_until(lambda: get_background(app).claim("test-worker"), timeout=10, message="its turn again")
+    assert job.id == queued["id"] and run_job(get_resources(app), job).kind == "ended"
+    assert app_client.get(f"/v1/responses/{queued['id']}").get_json()["status"] == "completed"
 
 
 def test_a_request_the_gate_refuses_for_good_fails_the_response(make_app):
