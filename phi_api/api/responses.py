@@ -74,7 +74,7 @@ def retrieve_response(response_id: str) -> Response:
 
 
 @bp.post("/v1/responses/<response_id>/cancel")
-@operation("Cancel a background response (its slot is freed at once)", statuses=(400, 404))
+@operation("Cancel a background response (its run stops, its slot freed, within half a second)", statuses=(400, 404))
 def cancel_response(response_id: str) -> Response:
     """The response, cancelled (a queued or running one), or as it is (one cancelled before)."""
     scope = current_tenant().scope

@@ -22,7 +22,6 @@ import gevent.event
 
 from phi_api.errors import (
     APIError,
-    AuthenticationError,
     KeyRequestTooLargeError,
     RateLimitError,
     ServiceUnavailableError,
@@ -36,7 +35,7 @@ from phi_api.telemetry.logs import bind_request_id, reset_request_id
 from phi_api.web import endpoints
 from phi_api.web.foreign import from_foreign
 from phi_api.web.resources import Resources
-from phi_api.web.respond import built, gate, needs_of
+from phi_api.web.respond import built, gate, needs_of, owner_caller
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("phi_api.access")
@@ -49,10 +48,9 @@ RETRY_SECONDS = 1.0  # how soon a response the gate could not take is tried agai
 @dataclass(frozen=True)
 class Outcome:
     """How a run ended: ``ended`` (recorded), ``stopped`` (cancelled, deleted, or its claim lost), or ``requeued``
-    (back in the queue, not to be claimed before ``not_before``)."""
+    (back in the queue until the gate may take it)."""
 
     kind: str
-    not_before: float = 0.0
 
 
 def run_job(resources: Resources, job: Job) -> Outcome:
@@ -78,7 +76,7 @@ def _run(resources: Resources, job: Job, request_id: str, stop: gevent.event.Eve
     store = resources.background
     caller = Caller(request_id=request_id, header_priority=job.priority)
     try:
-        caller = _caller(resources, job, request_id)
+        caller = owner_caller(resources, job.owner, request_id, "background response", header_priority=job.priority)
         identity = Identity(job.id, int(job.created), background=True)
         reading = endpoints.response(job.body, needs_of(resources, job.owner, caller.key), identity)
         run = admission.admit(gate(resources), caller, reading.request)
@@ -87,7 +85,7 @@ def _run(resources: Resources, job: Job, request_id: str, stop: gevent.event.Eve
         wait = _wait(error, caller)
         if wait is not None:
             store.release(job, time.time() + wait)
-            return Outcome("requeued", time.time() + wait)
+            return Outcome("requeued")
         return _failed(store, job, error)
     renderer = reading.renderer(run)
     try:
@@ -132,23 +130,12 @@ def _watch(store: BackgroundStore, job: Job, stop: gevent.event.Event) -> None:
             log.warning("background response %s: its claim could not be renewed", job.id)
 
 
-def _caller(resources: Resources, job: Job, request_id: str) -> Caller:
-    """The response as a request of the key that made it (none: keys are off), at the priority it was made with."""
-    if not resources.keys.keys:
-        return Caller(request_id=request_id, header_priority=job.priority)
-    key = resources.keys.named(job.owner)
-    if key is None:
-        raise AuthenticationError("The key that created this background response is no longer accepted.")
-    return Caller(key=key, request_id=request_id, header_priority=job.priority)
-
-
 def _wait(error: APIError, caller: Caller) -> float | None:
     """Seconds until a refused response may be tried again, or None when it never may (it fails)."""
     if isinstance(error, KeyRequestTooLargeError):
         return None
     if isinstance(error, RateLimitError):  # the server full (its waiting line timed out), or the key's limits
-        retry = caller.rate_headers.get("Retry-After", "")
-        return max(RETRY_SECONDS, float(retry) if retry.isdigit() else 0.0)
+        return max(RETRY_SECONDS, caller.retry_after())
     if isinstance(error, ServiceUnavailableError):  # shutting down, its model not ready: another worker may take it
         return RETRY_SECONDS
     return None

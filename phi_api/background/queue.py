@@ -15,7 +15,7 @@ from typing import Any
 
 import gevent
 
-from phi_api.errors import KeyRateLimitError, ModelNotFoundError
+from phi_api.errors import KeyRateLimitError
 from phi_api.protocols.response_objects import Identity, queued_response
 from phi_api.protocols.responses_request import ResponsesRequest
 from phi_api.service import admission
@@ -35,9 +35,8 @@ def enqueue(resources: Resources, body: dict[str, Any], needs: Needs, caller: Ca
     identity = Identity(background=True)
     reading = endpoints.response(body, needs, identity)
     assert resources.models is not None, "the app's models are loaded before it answers"
-    if resources.models.get(reading.request.model) is None:
-        raise ModelNotFoundError(f"The model '{reading.request.model}' does not exist; this server serves: "
-                                 f"{', '.join(resources.models.ids()) or 'no model'}.")
+    if resources.models.get(reading.request.model) is None:  # not served(): a queued response is no use of it yet
+        raise resources.models.missing(reading.request.model)
     priority = admission.priority_of(caller, reading.request)
     response, events = queued_response(ResponsesRequest.from_openai(body), identity)
     try:

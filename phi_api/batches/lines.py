@@ -14,7 +14,6 @@ from typing import Any
 
 from phi_api.errors import (
     APIError,
-    AuthenticationError,
     InvalidParameterError,
     KeyRateLimitError,
     KeyRequestTooLargeError,
@@ -28,7 +27,7 @@ from phi_api.telemetry.logs import bind_request_id, reset_request_id
 from phi_api.web.endpoints import BATCHABLE
 from phi_api.web.foreign import from_foreign
 from phi_api.web.resources import Resources
-from phi_api.web.respond import built, gate, needs_of
+from phi_api.web.respond import built, gate, needs_of, owner_caller
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("phi_api.access")
@@ -85,12 +84,7 @@ def _caller(resources: Resources, line: Line, request_id: str) -> Caller:
     """The line as a request of the key that created its batch (none: keys are off)."""
     if line.body.get("stream"):
         raise InvalidParameterError("A batch request cannot stream.", param="stream")
-    if not resources.keys.keys:
-        return Caller(request_id=request_id, batch=True)
-    key = resources.keys.named(line.owner)
-    if key is None:
-        raise AuthenticationError("The key that created this batch is no longer accepted.")
-    return Caller(key=key, request_id=request_id, batch=True)
+    return owner_caller(resources, line.owner, request_id, "batch", batch=True)
 
 
 def _refusal(error: APIError, caller: Caller, request_id: str) -> Answer:
@@ -98,7 +92,6 @@ def _refusal(error: APIError, caller: Caller, request_id: str) -> Answer:
         log.error("a batch line failed: %s", type(error).__name__)
     wait = None
     if isinstance(error, KeyRateLimitError) and not isinstance(error, KeyRequestTooLargeError):
-        retry = caller.rate_headers.get("Retry-After", "")
-        wait = float(retry) if retry.isdigit() else 0.0
+        wait = caller.retry_after()
     return Answer(error.status, openai_body(error), request_id, wait=wait,
                   unavailable=isinstance(error, ServiceUnavailableError))

@@ -100,11 +100,15 @@ class Models:
         """The model ``model_id``; 404 ``model_not_found`` when the server serves no such model."""
         served = self.get(model_id)
         if served is None:
-            raise ModelNotFoundError(f"The model '{model_id}' does not exist; this server serves: "
-                                     f"{', '.join(self.ids()) or 'no model'}.")
+            raise self.missing(model_id)
         served.used_at = time.monotonic()
         self.keep_alive.note_use(model_id)
         return served
+
+    def missing(self, model_id: str) -> ModelNotFoundError:
+        """The error for a model the server does not serve (404 ``model_not_found``, naming those it serves)."""
+        return ModelNotFoundError(f"The model '{model_id}' does not exist; this server serves: "
+                                  f"{', '.join(self.ids()) or 'no model'}.")
 
     def get(self, model_id: str) -> Served | None:
         """The model ``model_id``, if the server serves it."""

@@ -45,6 +45,11 @@ class Caller:
     batch: bool = False
     rate_headers: dict[str, str] = field(default_factory=dict)  # set here: the key's, for the answer whatever it is
 
+    def retry_after(self) -> float:
+        """Seconds the gate's refusal said to wait (its ``Retry-After`` header; 0 when it said none)."""
+        retry = self.rate_headers.get("Retry-After", "")
+        return float(retry) if retry.isdigit() else 0.0
+
 
 @dataclass(frozen=True)
 class Gate:

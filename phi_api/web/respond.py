@@ -12,7 +12,7 @@ from flask import Response, g, jsonify, request
 
 from phi_api import jsontext
 from phi_api.engine.threads.native import off_hub
-from phi_api.errors import InvalidParameterError
+from phi_api.errors import AuthenticationError, InvalidParameterError
 from phi_api.limits.keys import Key
 from phi_api.protocols.contract import Reading
 from phi_api.service import admission, generation
@@ -43,6 +43,18 @@ def needs() -> Needs:
     """What reading a body of this HTTP request needs (:mod:`phi_api.web.endpoints`)."""
     resources, tenant = get_resources(), current_tenant()
     return Needs(resources.validator, resources.responses, resources.conversations, tenant.name, tenant.scope)
+
+
+def owner_caller(resources: Resources, owner: str, request_id: str, made: str, *, batch: bool = False,
+                 header_priority: int | None = None) -> Caller:
+    """A request made away from its HTTP request (a batch line, a background response) as a caller of the key that
+    ``made`` it, by name (no key: keys are off); 401 when that key is no longer accepted."""
+    if not resources.keys.keys:
+        return Caller(request_id=request_id, batch=batch, header_priority=header_priority)
+    key = resources.keys.named(owner)
+    if key is None:
+        raise AuthenticationError(f"The key that created this {made} is no longer accepted.")
+    return Caller(key=key, request_id=request_id, batch=batch, header_priority=header_priority)
 
 
 def needs_of(resources: Resources, owner: str, key: Key | None) -> Needs:
