@@ -85,7 +85,8 @@ test: system-packages install-dev install $(INSTRUCTOR_STAMP) $(OPENWEBUI_STAMP)
 	$(VENV)/bin/ruff check phi_api tests wsgi.py gunicorn.conf.py setup.py
 	$(VENV)/bin/mypy
 	model_path="$$($(PY) -m phi_api prepare-model | tail -n 1)"; \
-	PHI_API_TEST_MODEL_PATH="$$model_path" $(PY) -m pytest $(PYTEST_ARGS)
+	embedding_path="$$($(PY) -m phi_api prepare-model --embedding | tail -n 1)"; \
+	PHI_API_TEST_MODEL_PATH="$$model_path" PHI_API_TEST_EMBEDDING_PATH="$$embedding_path" $(PY) -m pytest $(PYTEST_ARGS)
 
 # SHAPE=phi-3.5-mini benchmarks a random-weight model of Phi-3.5-mini's shape instead (built once: minutes, ~23 GB).
 bench: install-dev install

@@ -13,7 +13,7 @@ from flask.json.provider import DefaultJSONProvider
 from flask_cors import CORS
 
 from phi_api.api import BLUEPRINTS, playground
-from phi_api.engine import Engine, SharedBudget
+from phi_api.engine import Engine, ServedEngine, SharedBudget
 from phi_api.engine.threads.native import give_back_memory
 from phi_api.errors import openai_body
 from phi_api.limits.keys import Keys, Usage, read_keys
@@ -67,7 +67,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
     if loader is None and engine is not None:
         loader = lambda spec: engine  # noqa: E731
 
-    def load(spec: ModelSpec, memory: SharedBudget) -> Engine:
+    def load(spec: ModelSpec, memory: SharedBudget) -> ServedEngine:
         return loader(spec) if loader is not None else load_engine(settings, spec, memory)
 
     resources = compose(settings, load)
@@ -92,7 +92,7 @@ def create_app(config: Mapping[str, Any] | None = None, *, engine: Engine | None
     return app
 
 
-def compose(settings: Settings, load: Callable[[ModelSpec, SharedBudget], Engine]) -> Resources:
+def compose(settings: Settings, load: Callable[[ModelSpec, SharedBudget], ServedEngine]) -> Resources:
     """Every resource of an app, made from ``settings``; ``load`` makes a model's engine, its keys and values in the
     worker's budget it is given; the declared models are loaded now.
 
@@ -122,7 +122,7 @@ def compose(settings: Settings, load: Callable[[ModelSpec, SharedBudget], Engine
                             shared=SharedBudget(0, settings.KV_IDLE_SECONDS)),
         caps=KeyCaps(folder), line=WaitingLine(settings.MAX_QUEUED_REQUESTS, settings.QUEUE_TIMEOUT))
 
-    def engine_of(spec: ModelSpec) -> Engine:
+    def engine_of(spec: ModelSpec) -> ServedEngine:
         engine = load(spec, resources.memory.shared)
         engine.observers.append(resources.metrics.observe_generation)
         return engine

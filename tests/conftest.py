@@ -62,6 +62,38 @@ def tiny_phi3(model_path, tmp_path_factory) -> Path:
     return build_tiny_phi3(Path(model_path), work / "model", work)
 
 
+@pytest.fixture(scope="session")
+def embedding_model_path(user_cache: Path) -> str:
+    """The prepared default embedding model (all-MiniLM-L6-v2, float32 ONNX); prepared here if `make` did not."""
+    explicit = os.environ.get("PHI_API_TEST_EMBEDDING_PATH")
+    if explicit:
+        return explicit
+    from phi_api.tools.prepare_encoder import default_embedding_dir, prepare_default_embedding
+
+    return str(prepare_default_embedding(default_embedding_dir(user_cache)))
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder(embedding_model_path, tmp_path_factory) -> Path:
+    """A tiny random-weight BERT cross-encoder (task rerank; see tests/support/tiny_encoders.py), built once per
+    run: the ONNX folder, its Hugging Face source beside it at ``<folder>/../hf``."""
+    from tests.support.tiny_encoders import build_tiny_cross_encoder
+
+    work = tmp_path_factory.mktemp("tiny-cross-encoder")
+    return build_tiny_cross_encoder(Path(embedding_model_path), work / "model", work)
+
+
+@pytest.fixture(scope="session")
+def tiny_embedder(embedding_model_path, tmp_path_factory) -> Path:
+    """A tiny random-weight BERT embedder (CLS pooling, normalized, Matryoshka 32/16/8; see
+    tests/support/tiny_encoders.py), built once per run: the ONNX folder, its Hugging Face source beside it at
+    ``<folder>/../hf``."""
+    from tests.support.tiny_encoders import build_tiny_embedder
+
+    work = tmp_path_factory.mktemp("tiny-embedder")
+    return build_tiny_embedder(Path(embedding_model_path), work / "model", work)
+
+
 @pytest.fixture
 def make_app(tmp_path: Path) -> Callable[..., Flask]:
     """Build an app from the factory around a given engine (default: a fake saying "Hello, world!")."""

@@ -139,6 +139,7 @@ ENGINE_ROOMS = (
     ("phi_api.engine.runtime",),
     ("phi_api.engine.kv",),
     ("phi_api.engine.sched",),
+    ("phi_api.engine.encoder",),  # encoders: their own thread and session, beside the generators' rooms
     ("phi_api.engine.facade", "phi_api.engine"),
 )
 

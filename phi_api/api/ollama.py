@@ -16,8 +16,8 @@ from flask import Blueprint, Response, jsonify
 from phi_api.api.models import check_pull_allowed, pull_events
 from phi_api.errors import ModelLoadingError, ollama_body
 from phi_api.models.registry import Models
-from phi_api.protocols import catalog, ollama
-from phi_api.protocols.contract import Framing, Reading
+from phi_api.protocols import catalog, ollama, ollama_embed
+from phi_api.protocols.contract import EncodeReading, Framing, Reading
 from phi_api.service.generation import Run
 from phi_api.version import __version__
 from phi_api.web.auth import is_admin, require_admin
@@ -62,19 +62,65 @@ def _generation(schema: str, parse: Callable[[dict[str, Any]], Any], *, chat: bo
     started = time.monotonic()
     body = read_request(schema, any_media_type=True)
     request = parse(body)
-    models, keep = get_models(), ollama.keeps_alive(body)
-    if not keep:  # keep_alive 0 unloads the model for everyone
-        require_admin("unload models (keep_alive 0)")
+    models, keep = get_models(), _keeping(body)
 
     def reply(run: Run) -> ollama.Reply:
-        asked = ollama.keep_alive_seconds(body)
-        if keep and asked:  # an ordinary key's may keep the model longer, within KEEP_ALIVE_MAX_SECONDS
-            models.keep_alive.note_use(request.model, asked, by_admin=is_admin())
+        _note_use(models, body, request.model)
         if not keep:  # keep_alive 0: unloaded once answered (if nobody did meanwhile)
             run.on_close.append(functools.partial(_unload, models, request.model))
         return ollama.Reply(run, started, chat=chat)
 
     return respond(Reading(request, reply))
+
+
+def _keeping(body: dict[str, Any]) -> bool:
+    """Whether the request keeps its model loaded: keep_alive 0 unloads it for everyone (admins only)."""
+    keep = ollama.keeps_alive(body)
+    if not keep:
+        require_admin("unload models (keep_alive 0)")
+    return keep
+
+
+def _note_use(models: Models, body: dict[str, Any], model_id: str) -> None:
+    """An ordinary key's keep_alive may keep the model longer, within KEEP_ALIVE_MAX_SECONDS."""
+    asked = ollama.keep_alive_seconds(body)
+    if ollama.keeps_alive(body) and asked:
+        models.keep_alive.note_use(model_id, asked, by_admin=is_admin())
+
+
+def _embedding(schema: str, legacy: bool) -> Response:
+    """Ollama's embed routes: the texts through the one gate (none: the model checked, no embeddings), then the
+    model kept or unloaded as keep_alive says."""
+    started = time.monotonic()
+    body = read_request(schema, any_media_type=True)
+    request = ollama_embed.embed_request(body, legacy)
+    models, keep = get_models(), _keeping(body)
+    try:
+        if not request.count:
+            models.encoder(request.model, "embed")
+            return jsonify({"embedding": []} if legacy else {"model": request.model, "embeddings": []})
+        _note_use(models, body, request.model)
+        return respond(EncodeReading(request, lambda run, vectors: ollama_embed.embeddings_answer(vectors) if legacy
+                                     else ollama_embed.embed_answer(request.model, vectors,
+                                                                    sum(len(one) for one in run.inputs), started)))
+    finally:
+        if not keep:
+            _unload(models, request.model)
+
+
+@bp.post("/api/embed")
+@operation("Ollama embed: vectors of texts", request="ollama_embed", errors="ollama", statuses=GENERATION_STATUSES)
+def embed() -> Response:
+    """Ollama's embed: each text's unit vector."""
+    return _embedding("ollama_embed", legacy=False)
+
+
+@bp.post("/api/embeddings")
+@operation("Ollama's older embeddings route: one prompt's vector", request="ollama_embeddings", errors="ollama",
+           statuses=GENERATION_STATUSES)
+def embeddings() -> Response:
+    """Ollama's older embeddings route."""
+    return _embedding("ollama_embeddings", legacy=True)
 
 
 def _unload(models: Models, model_id: str) -> None:

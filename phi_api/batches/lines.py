@@ -20,6 +20,7 @@ from phi_api.errors import (
     ServiceUnavailableError,
     openai_body,
 )
+from phi_api.protocols.contract import EncodeReading
 from phi_api.service import admission, generation
 from phi_api.service.admission import Caller
 from phi_api.storage.batches import Line
@@ -27,7 +28,7 @@ from phi_api.telemetry.logs import bind_request_id, reset_request_id
 from phi_api.web.endpoints import BATCHABLE
 from phi_api.web.foreign import from_foreign
 from phi_api.web.resources import Resources
-from phi_api.web.respond import built, gate, needs_of, owner_caller
+from phi_api.web.respond import built, encoded_whole, gate, needs_of, owner_caller
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("phi_api.access")
@@ -53,10 +54,14 @@ def answer_line(resources: Resources, line: Line) -> Answer:
     try:
         caller = _caller(resources, line, request_id)
         reading = BATCHABLE[line.url](line.body, needs_of(resources, line.owner, caller.key))
-        run = admission.admit(gate(resources), caller, reading.request)
-        answer = reading.renderer(run)
-        results = generation.collect(run)
-        answered = Answer(200, built(run, lambda: answer.whole(results)), request_id)
+        if isinstance(reading, EncodeReading):
+            answered = Answer(200, encoded_whole(reading, admission.admit(gate(resources), caller, reading.request)),
+                              request_id)
+        else:
+            run = admission.admit(gate(resources), caller, reading.request)
+            answer = reading.renderer(run)
+            results = generation.collect(run)
+            answered = Answer(200, built(run, lambda: answer.whole(results)), request_id)
     except Exception as exc:  # the error a live request would get, in OpenAI's shape
         answered = _refusal(from_foreign(exc), caller, request_id)
     try:

@@ -23,6 +23,7 @@ class EngineConfig:
     threads: int = 1  # INTRA_OP_THREADS: ONNX Runtime threads of the engine thread's session
     kv_budget_bytes: int = 1 << 30  # this model's keys and values in this worker at most (KV_CACHE_MB)
     max_rows: int = 64  # MAX_BATCH_ROWS: sequences advanced together at most
+    encoder_batch_tokens: int = 8192  # ENCODER_BATCH_TOKENS: an encoder call's padded tokens at most
     prefix_cache: str = "on"  # PREFIX_CACHE: on, exact or off (engine.kv.reuse)
     prefill_slice: float = 0.2  # PREFILL_SLICE_SECONDS: the longest a prompt chunk holds others up
     batch_invariant: bool = False  # BATCH_INVARIANT: a row's numbers do not depend on the other rows of its steps

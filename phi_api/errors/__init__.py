@@ -7,6 +7,7 @@ request speaks, and nothing else:
 
 - :func:`openai_body`: OpenAI's error object, ``{"error": {"message", "type", "param", "code"}}``;
 - :func:`ollama_body`: Ollama's, ``{"error": "message"}``;
+- :func:`rerank_body`: the rerank routes', ``{"message": ..., "error": {OpenAI's}}``;
 - :func:`anthropic_body`: Anthropic's, ``{"type": "error", "error": {"type", "message"}}``.
 
 This package imports nothing else of phi-api, so every layer, the engine
@@ -31,6 +32,7 @@ The tree, with the rows of the specification's error table:
       (``invalid_function_parameters``): a ``strict`` schema outside OpenAI's strict mode
     - ``InvalidJSONError`` (``invalid_json``)
     - ``ModelNotFoundError`` (404 ``model_not_found``, param ``model``)
+    - ``ModelTaskError`` (400 ``unsupported_model_task``, param ``model``: an encoder asked to generate, or back)
     - ``PreviousResponseNotFoundError`` (``previous_response_not_found``) and ``ResponseNotFoundError`` (404
       ``not_found``): stored responses of the Responses API
     - ``RouteNotFoundError`` (404 ``not_found``)
@@ -79,6 +81,7 @@ from phi_api.errors.api import (
     ModelLimitError,
     ModelLoadingError,
     ModelNotFoundError,
+    ModelTaskError,
     NotFoundError,
     PermissionDeniedError,
     PreviousResponseNotFoundError,
@@ -117,6 +120,7 @@ from phi_api.errors.render import (
     anthropic_body,
     ollama_body,
     openai_body,
+    rerank_body,
 )
 
 __all__ = [
@@ -154,6 +158,7 @@ __all__ = [
     "ModelLimitError",
     "ModelLoadingError",
     "ModelNotFoundError",
+    "ModelTaskError",
     "NotFoundError",
     "OgaError",
     "PermissionDeniedError",
@@ -179,4 +184,5 @@ __all__ = [
     "anthropic_body",
     "ollama_body",
     "openai_body",
+    "rerank_body",
 ]

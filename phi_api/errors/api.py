@@ -88,6 +88,13 @@ class ModelNotFoundError(InvalidRequestError):
     default_param = "model"
 
 
+class ModelTaskError(InvalidRequestError):
+    """The model serves another task (an embedding model asked to chat, a generator asked for embeddings)."""
+
+    code = "unsupported_model_task"
+    default_param = "model"
+
+
 class PreviousResponseNotFoundError(InvalidRequestError):
     """A Responses API follow-up names a predecessor that is not stored (any more), as OpenAI answers it (400)."""
 

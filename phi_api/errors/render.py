@@ -1,4 +1,5 @@
-"""Each protocol's renderer of the API's error tree: OpenAI's error object, Ollama's, Anthropic's."""
+"""Each protocol's renderer of the API's error tree: OpenAI's error object, Ollama's, Anthropic's, and the rerank
+routes' (Cohere's ``message`` beside OpenAI's ``error``, which vLLM's and llama.cpp's clients read)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,9 @@ def anthropic_body(error: APIError) -> dict[str, Any]:
     by the status."""
     kind = _ANTHROPIC_TYPES.get(error.status, "invalid_request_error" if error.status < 500 else "api_error")
     return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+def rerank_body(error: APIError) -> dict[str, Any]:
+    """``error`` for the rerank and score routes: Cohere's clients read ``message``, vLLM's and llama.cpp's
+    OpenAI's ``error`` object; both are there."""
+    return {"message": error.message, **openai_body(error)}

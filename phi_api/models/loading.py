@@ -5,16 +5,21 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from phi_api.engine import Engine, EngineConfig, SharedBudget
-from phi_api.errors import ModelLoadingError
+from phi_api.engine import EncoderEngine, EncoderInfo, Engine, EngineConfig, SharedBudget, is_encoder_folder
+from phi_api.errors import FolderError, ModelLoadingError
 from phi_api.models.sampling import sampling_defaults
 from phi_api.models.specs import ModelSpec
 from phi_api.settings import Settings, engine_values
 
 
-def load_engine(settings: Settings, spec: ModelSpec, memory: SharedBudget | None = None) -> Engine:
+def load_engine(settings: Settings, spec: ModelSpec, memory: SharedBudget | None = None) -> Engine | EncoderEngine:
     """Load the model ``spec`` names, with its own engine options over ``settings``, its keys and values in the
     worker's ``memory``; raises :class:`ModelLoadingError` with the model, its path and the cause."""
+    if os.path.isdir(spec.path) and is_encoder_folder(spec.path):
+        return load_encoder(settings, spec)
+    if spec.task not in (None, "generate"):
+        raise ModelLoadingError(spec.path, f"declared for the task {spec.task}, but it holds a generator "
+                                "(genai_config.json), not an encoder", spec.id)
     from google.protobuf.message import DecodeError
 
     from phi_api.engine.runtime import oga
@@ -39,6 +44,18 @@ def load_engine(settings: Settings, spec: ModelSpec, memory: SharedBudget | None
         raise ModelLoadingError(path, f"unreadable model ({type(exc).__name__}: {exc})", spec.id) from exc
     config = engine_config(settings, spec.id).replace(sampling_defaults=sampling_defaults(settings, path))
     return Engine(model, config, memory)
+
+
+def load_encoder(settings: Settings, spec: ModelSpec) -> EncoderEngine:
+    """An encoder folder's engine (its session is made by each worker's encoder thread, after the fork)."""
+    try:
+        info = EncoderInfo.read(spec.path)
+    except (FolderError, OSError) as exc:
+        raise ModelLoadingError(spec.path, str(exc), spec.id) from exc
+    if spec.task not in (None, info.task):
+        raise ModelLoadingError(spec.path, f"declared for the task {spec.task}, but its folder's is {info.task}",
+                                spec.id)
+    return EncoderEngine(info, engine_config(dataclasses.replace(settings, **spec.options), spec.id))
 
 
 def engine_config(settings: Settings, name: str = "") -> EngineConfig:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from phi_api.engine import Engine
+from phi_api.engine import EncoderEngine, Engine, ServedEngine
 from phi_api.engine.kv.ledger import row_bytes
 from phi_api.errors import (
     InsufficientMemoryError,
@@ -36,6 +36,7 @@ from phi_api.errors import (
     ModelLimitError,
     ModelLoadingError,
     ModelNotFoundError,
+    ModelTaskError,
 )
 from phi_api.models.keepalive import KeepAlive
 from phi_api.models.memory import MIN_REQUEST_TOKENS, ServerMemory
@@ -45,13 +46,39 @@ from phi_api.settings import Settings
 
 log = logging.getLogger(__name__)
 
-def _request_bytes(engine: Engine) -> int:
+_TASK_NAMES = {"embed": "embedding", "rerank": "reranking"}
+_TASK_VERBS = {"embed": "make embeddings", "rerank": "rerank documents"}
+_TASK_ROUTES = {"generate": "use /v1/chat/completions or /v1/completions",
+                "embed": "use /v1/embeddings (or Ollama's /api/embed)",
+                "rerank": "use /v1/rerank (or /v1/score)"}
+
+
+def generator_of(model_id: str, engine: ServedEngine) -> Engine:
+    """``engine`` as a generator; 400 naming the task an encoder does instead."""
+    if isinstance(engine, EncoderEngine):
+        raise ModelTaskError(f"The model '{model_id}' is an {_TASK_NAMES[engine.task]} model: it does not generate "
+                             f"text; {_TASK_ROUTES[engine.task]}.")
+    return engine
+
+
+def encoder_of(model_id: str, engine: ServedEngine, task: str) -> EncoderEngine:
+    """``engine`` as an encoder of ``task``; 400 naming what the model does instead."""
+    if not isinstance(engine, EncoderEngine):
+        raise ModelTaskError(f"The model '{model_id}' generates text: it does not {_TASK_VERBS[task]}; "
+                             f"{_TASK_ROUTES['generate']}.")
+    if engine.task != task:
+        raise ModelTaskError(f"The model '{model_id}' is an {_TASK_NAMES[engine.task]} model: it does not "
+                             f"{_TASK_VERBS[task]}; {_TASK_ROUTES[engine.task]}.")
+    return engine
+
+
+def _request_bytes(engine: ServedEngine) -> int:
     """Keys and values of one request of ``MIN_REQUEST_TOKENS`` (or the whole context, when shorter)."""
     spec = getattr(engine.model, "spec", None)
     return row_bytes(spec, min(engine.info.context_length, MIN_REQUEST_TOKENS)) if spec is not None else 0
 
 
-def _idle(engine: Engine) -> bool:
+def _idle(engine: ServedEngine) -> bool:
     load = engine.load
     return not (load.waiting or load.running)
 
@@ -61,7 +88,7 @@ class Served:
     """A model this process serves: its spec, its engine, and when the server loaded it."""
 
     spec: ModelSpec
-    engine: Engine
+    engine: ServedEngine
     loaded_at: int
     used_at: float = field(default_factory=time.monotonic)  # when a request of this process last asked for it
 
@@ -70,7 +97,7 @@ class Served:
         return {**self.spec.to_json(), "loaded_at": self.loaded_at}
 
 
-Loader = Callable[[ModelSpec], Engine]
+Loader = Callable[[ModelSpec], ServedEngine]
 
 
 class Models:
@@ -93,8 +120,14 @@ class Models:
     # Reading --------------------------------------------------------------------------------------
 
     def engine(self, model_id: str) -> Engine:
-        """The engine serving ``model_id``; 404 ``model_not_found`` when the server serves no such model."""
-        return self.served(model_id).engine
+        """The generator serving ``model_id``; 404 ``model_not_found`` when the server serves no such model, 400
+        ``unsupported_model_task`` when an encoder serves it."""
+        return generator_of(model_id, self.served(model_id).engine)
+
+    def encoder(self, model_id: str, task: str) -> EncoderEngine:
+        """The encoder serving ``model_id`` for ``task`` (``embed``, ``rerank``); 404 as :meth:`engine`, 400
+        ``unsupported_model_task`` when the model serves another task."""
+        return encoder_of(model_id, self.served(model_id).engine, task)
 
     def served(self, model_id: str) -> Served:
         """The model ``model_id``; 404 ``model_not_found`` when the server serves no such model."""
@@ -247,7 +280,7 @@ class Models:
             self._served.pop(model_id).engine.retire()
         for model_id, entry in wanted.items():
             if model_id not in self._served:
-                spec = ModelSpec(entry["id"], entry["path"], entry.get("options", {}))
+                spec = ModelSpec(entry["id"], entry["path"], entry.get("options", {}), entry.get("task"))
                 try:
                     served = Served(spec, self._loading(spec), int(entry.get("loaded_at", time.time())))
                 except ModelLoadingError:
@@ -259,7 +292,7 @@ class Models:
         self._served = {model_id: self._served[model_id] for model_id in wanted if model_id in self._served}
         self._stamp = registry["stamp"]  # in step with the file (a model that failed here is logged, not retried)
 
-    def _loading(self, spec: ModelSpec) -> Engine:
+    def _loading(self, spec: ModelSpec) -> ServedEngine:
         from phi_api.engine.threads.native import off_hub
 
         engine = off_hub(self._load, spec) if self._started else self._load(spec)

@@ -14,29 +14,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phi_api.engine import EncoderInfo, is_encoder_folder
 from phi_api.engine.runtime.folder import CONFIG_FILE, REQUIRED_FILES, ModelFolder
 from phi_api.errors import ConfigError, FolderError, InvalidParameterError, ModelLoadingError
 from phi_api.settings import Settings, parse_option
 
 log = logging.getLogger(__name__)
+TASKS = ("generate", "embed", "rerank")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model to serve: the id clients name, its folder on the server's disk, and engine options (settings
-    such as ``KV_CACHE_MB`` for this model alone)."""
+    """A model to serve: the id clients name, its folder on the server's disk, engine options (settings such as
+    ``KV_CACHE_MB`` for this model alone), and the task it is declared for (``generate``, ``embed``, ``rerank``;
+    None: whatever its folder holds; a folder of another task is refused at load)."""
 
     id: str
     path: str
     options: dict[str, Any] = field(default_factory=dict)
+    task: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The spec as the registry file and ``MODELS_FILE`` write it."""
-        return {"id": self.id, "path": self.path, "options": self.options}
+        return {"id": self.id, "path": self.path, "options": self.options,
+                **({"task": self.task} if self.task else {})}
 
     @classmethod
-    def checked(cls, model_id: Any, path: Any, options: Any = None, *, param: str = "options") -> ModelSpec:
+    def checked(cls, model_id: Any, path: Any, options: Any = None, *, param: str = "options",
+                task: Any = None) -> ModelSpec:
         """A spec from untrusted values; 400 naming what is wrong."""
+        if task is not None and task not in TASKS:
+            raise InvalidParameterError(f"A model's task must be one of {', '.join(TASKS)}.", param="task")
         if not isinstance(model_id, str) or not model_id.strip() or len(model_id) > 256:
             raise InvalidParameterError("A model needs an id: a non-empty string.", param="model")
         if not isinstance(path, str) or not path:
@@ -49,11 +57,12 @@ class ModelSpec:
                 checked[name] = parse_option(name, value)
             except ConfigError as exc:
                 raise InvalidParameterError(f"{param}: {exc}", param=param) from None
-        return cls(model_id.strip(), path, checked)
+        return cls(model_id.strip(), path, checked, task)
 
 
 def check_folder(path: str) -> None:
-    """400 unless ``path`` is an ONNX Runtime GenAI model folder (its config, its graph and its files)."""
+    """400 unless ``path`` is an ONNX Runtime GenAI model folder (its config, its graph and its files) or an encoder's
+    (:mod:`phi_api.engine.encoder.folder`)."""
     folder = Path(path)
     try:
         found = folder.is_dir()
@@ -62,6 +71,12 @@ def check_folder(path: str) -> None:
         raise InvalidParameterError(f"The file system refuses that path ({reason}).", param="path") from None
     if not found:
         raise InvalidParameterError(f"No folder {path} on the server.", param="path")
+    if is_encoder_folder(folder):
+        try:
+            EncoderInfo.read(folder)
+        except FolderError as exc:
+            raise InvalidParameterError(f"{path} is not a usable encoder folder: {exc}", param="path") from None
+        return
     if not (folder / CONFIG_FILE).is_file():
         missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
     else:
@@ -109,7 +124,8 @@ def declared(settings: Settings, pull: bool = True) -> list[ModelSpec]:
                 if not pull:
                     continue
                 path = pulled(entry["model"])
-            specs.append(ModelSpec.checked(entry.get("id") or entry.get("model"), path, entry.get("options")))
+            specs.append(ModelSpec.checked(entry.get("id") or entry.get("model"), path, entry.get("options"),
+                                           task=entry.get("task")))
         except (AttributeError, InvalidParameterError) as exc:
             raise ConfigError(f"MODELS_FILE {settings.MODELS_FILE}: {getattr(exc, 'message', exc)}") from None
     ids = [spec.id for spec in specs]

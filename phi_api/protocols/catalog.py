@@ -6,10 +6,12 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
+from phi_api.engine import EncoderEngine
 from phi_api.models.registry import Served
 from phi_api.settings import Settings
 from phi_api.version import __version__
 
+OPENARC_TYPES = {"embed": "emb", "rerank": "rerank"}  # OpenArc's model types of encoders
 # Ollama's names of the sampling fields whose names differ (a Modelfile's PARAMETER lines)
 OLLAMA_NAMES = {"repetition_penalty": "repeat_penalty"}
 
@@ -18,12 +20,21 @@ def _iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).isoformat().replace("+00:00", "Z")
 
 
+def task_of(served: Served) -> str:
+    """What the model does: ``generate``, or an encoder's ``embed`` or ``rerank``."""
+    engine = served.engine
+    return engine.task if isinstance(engine, EncoderEngine) else "generate"
+
+
 def openai_model(served: Served) -> dict[str, Any]:
-    """OpenAI's model object, with its context length (vLLM's ``max_model_len``), so clients can size prompts, and
-    the sampling defaults a request that omits a field gets (phi-api's ``sampling_defaults``)."""
+    """OpenAI's model object, with its context length (vLLM's ``max_model_len``), so clients can size prompts, its
+    task (``generate``, ``embed``, ``rerank``) and, for a generator, the sampling defaults a request that omits a
+    field gets (phi-api's ``sampling_defaults``)."""
+    engine = served.engine
+    own = {"task": engine.task, "dimensions": engine.info.dimensions} if isinstance(engine, EncoderEngine) else {
+        "task": "generate", "sampling_defaults": dict(engine.config.sampling_defaults)}
     return {"id": served.spec.id, "object": "model", "created": served.loaded_at, "owned_by": "system",
-            "max_model_len": served.engine.info.context_length,
-            "sampling_defaults": dict(served.engine.config.sampling_defaults)}
+            "max_model_len": engine.info.context_length, **own}
 
 
 def openai_list(models: list[Served]) -> dict[str, Any]:
@@ -34,7 +45,7 @@ def openai_list(models: list[Served]) -> dict[str, Any]:
 def _details(served: Served) -> dict[str, Any]:
     info = served.engine.info
     return {"parent_model": "", "format": "onnx", "family": info.model_type, "families": [info.model_type],
-            "parameter_size": "", "quantization_level": "int4"}
+            "parameter_size": "", "quantization_level": "int4" if task_of(served) == "generate" else "F32"}
 
 
 def ollama_model(served: Served) -> dict[str, Any]:
@@ -57,7 +68,10 @@ def running(models: list[Served]) -> dict[str, Any]:
 
 def ollama_show(served: Served) -> dict[str, Any]:
     """Ollama's ``/api/show`` answer."""
-    info = served.engine.info
+    engine = served.engine
+    if isinstance(engine, EncoderEngine):
+        return _ollama_show_encoder(served, engine)
+    info = engine.info
     return {
         "modelfile": f"# served by phi-api {__version__}\n",
         "parameters": "\n".join(f"{OLLAMA_NAMES.get(name, name)} {value}" for name, value in
@@ -71,11 +85,32 @@ def ollama_show(served: Served) -> dict[str, Any]:
     }
 
 
+def _ollama_show_encoder(served: Served, engine: EncoderEngine) -> dict[str, Any]:
+    """Ollama's ``/api/show`` of an encoder (its capability ``embedding``, as Ollama names it; a reranker's
+    ``rerank``)."""
+    info = engine.info
+    return {"modelfile": f"# served by phi-api {__version__}\n", "parameters": f"num_ctx {info.context_length}",
+            "template": "", "details": _details(served),
+            "model_info": {"general.architecture": info.model_type,
+                           f"{info.model_type}.context_length": info.context_length,
+                           f"{info.model_type}.embedding_length": info.dimensions, "general.file_type": "onnx-f32"},
+            "capabilities": ["embedding"] if info.task == "embed" else ["rerank"],
+            "modified_at": _iso(info.modified_at)}
+
+
 def status(settings: Settings, models: list[Served]) -> dict[str, Any]:
     """OpenArc's ``/openarc/status`` answer: every model, with the runtime it runs with."""
 
     def entry(served: Served) -> dict[str, Any]:
         own = dataclasses.replace(settings, **served.spec.options)
+        engine = served.engine
+        if isinstance(engine, EncoderEngine):
+            return {"model_name": served.spec.id, "model_type": OPENARC_TYPES[engine.task], "engine": "onnxruntime",
+                    "device": "CPU", "runtime_config": {
+                        "workers": own.workers, "intra_op_threads": own.intra_op_threads,
+                        "max_batch_rows": own.MAX_BATCH_ROWS, "encoder_batch_tokens": own.ENCODER_BATCH_TOKENS,
+                        "context_length": engine.info.context_length, "dimensions": engine.info.dimensions},
+                    "status": "loaded", "time_loaded": _iso(served.loaded_at)}
         return {
             "model_name": served.spec.id,
             "model_type": "llm",
@@ -89,9 +124,9 @@ def status(settings: Settings, models: list[Served]) -> dict[str, Any]:
                 "preload_model": own.PRELOAD_MODEL,
                 "max_concurrent_requests": own.MAX_CONCURRENT_REQUESTS,
                 "context_length": served.engine.info.context_length,
-                "kv_cache_dtype": served.engine.kv_dtype,
-                "attention_kernel": served.engine.attention_kernel,
-                "kv_bytes_per_token": served.engine.model.spec.kv_bytes_per_token,
+                "kv_cache_dtype": engine.kv_dtype,
+                "attention_kernel": engine.attention_kernel,
+                "kv_bytes_per_token": engine.model.spec.kv_bytes_per_token,
                 "prefix_cache": own.PREFIX_CACHE,
             },
             "status": "loaded",

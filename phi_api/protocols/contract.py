@@ -3,7 +3,8 @@ run with the same two methods, the whole answer (:meth:`Renderer.whole`) and its
 framed on the wire as the protocol frames its streams (:class:`Framing`). The web layer's one ``respond``
 (:mod:`phi_api.web.respond`) starts a run, then streams or collects it through these, for every protocol.
 
-Adding a protocol is a parser, a renderer and a thin blueprint.
+Adding a protocol is a parser, a renderer and a thin blueprint. An encoder's protocols (embeddings, reranking) give
+:class:`EncodeReading`: a typed request and a function of its results, answered whole.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+import numpy as np
+
 from phi_api.service.choices import ChoiceResult
+from phi_api.service.encoding import EncodeRun
 from phi_api.service.generation import Run
-from phi_api.service.requests import GenerationRequest
+from phi_api.service.requests import EncodeRequest, GenerationRequest
 
 
 class Framing(enum.Enum):
@@ -44,6 +48,15 @@ class Reading:
 
     request: GenerationRequest
     renderer: Callable[[Run], Renderer]
+
+
+@dataclass(frozen=True)
+class EncodeReading:
+    """A body read for the encoding path (embeddings, scores): its typed request, and how its answer is made from
+    the run and its results (vectors or scores, in the inputs' order)."""
+
+    request: EncodeRequest
+    renderer: Callable[[EncodeRun, np.ndarray], dict[str, Any]]
 
 
 def given(body: dict[str, Any], key: str, default: Any = None) -> Any:

@@ -1,4 +1,5 @@
-"""The one gate every generation request passes, whatever its protocol or route, before the generation path.
+"""The one gate every generation request passes, whatever its protocol or route, before the generation path (and
+every embedding or scoring request, before the encoding path).
 
 OpenAI's chat and completions, the Responses API, Anthropic's Messages, Ollama's generate and chat, OpenArc's
 bench and the Batch API's lines all come through :func:`admit`: the caller's key and what it may do, its limits
@@ -16,6 +17,7 @@ import functools
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import overload
 
 from phi_api.engine import Finished
 from phi_api.errors import KeyRateLimitError, KeyRequestTooLargeError, PermissionDeniedError
@@ -23,13 +25,14 @@ from phi_api.limits.keys import Key, Keys
 from phi_api.limits.line import KeyCaps, WaitingLine
 from phi_api.limits.slots import Limiter, Slot, Unlimited
 from phi_api.models.registry import Models
-from phi_api.service import generation
-from phi_api.service.requests import CompletionRequest, GenerationRequest
+from phi_api.service import encoding, generation
+from phi_api.service.requests import CompletionRequest, EncodeRequest, GenerationRequest
 from phi_api.settings import Settings
 from phi_api.telemetry.metrics import Metrics
 from phi_api.telemetry.tracing import RequestSpan, Tracing
 
 BATCH_PRIORITY = 2**62  # below every live request's (theirs are 32-bit integers)
+SPAN_OPERATIONS = {"embed": "embeddings", "rerank": "rerank"}  # OpenTelemetry's gen_ai operation names
 RESERVATION_MARGIN_SECONDS = 60.0  # a reservation outlives its request's longest run by this much
 
 
@@ -65,22 +68,34 @@ class Gate:
     tracing: Tracing
 
 
-def admit(gate: Gate, caller: Caller, request: GenerationRequest) -> generation.Run:
-    """Let ``caller``'s ``request`` onto the generation path, or refuse it (403, 429, and every error of
-    :func:`phi_api.service.generation.prepare` and :func:`phi_api.service.generation.launch`)."""
+@overload
+def admit(gate: Gate, caller: Caller, request: EncodeRequest) -> encoding.EncodeRun: ...
+@overload
+def admit(gate: Gate, caller: Caller, request: GenerationRequest) -> generation.Run: ...
+
+
+def admit(gate: Gate, caller: Caller,
+          request: GenerationRequest | EncodeRequest) -> generation.Run | encoding.EncodeRun:
+    """Let ``caller``'s ``request`` onto the generation path (or, for embeddings and scores, the encoding path), or
+    refuse it (403, 429, and every error of the path's ``prepare`` and ``launch``)."""
     request = dataclasses.replace(request, priority=priority_of(caller, request))
     span = _span(gate.tracing, caller, request)
     services = generation.Services(gate.models, Unlimited() if caller.batch else _Slots(gate, caller), gate.settings)
-    held, reused_as = "", cache_key(gate.settings, caller, request)
+    held = ""
     try:
         if caller.key is not None:
             count_request(gate.keys, caller)
-        prepared = generation.prepare(services, request)
+        prepared = (encoding.prepare(services, request) if isinstance(request, EncodeRequest)
+                    else generation.prepare(services, request))
         if caller.key is not None:
             held = _reserve(gate, caller, prepared.worst_tokens)
         observers, on_done = _accounting(gate, caller, span, held)
-        run = generation.launch(services, prepared, caller.request_id, reused_as, observers=observers,
-                                on_done=on_done)
+        run: generation.Run | encoding.EncodeRun
+        if isinstance(prepared, encoding.EncodePrepared):
+            run = encoding.launch(services, prepared, caller.request_id, observers=observers, on_done=on_done)
+        else:
+            run = generation.launch(services, prepared, caller.request_id, cache_key(gate.settings, caller, request),
+                                    observers=observers, on_done=on_done)
     except BaseException as error:
         if held:
             gate.keys.usage.settle(held)
@@ -129,7 +144,7 @@ def _reserve(gate: Gate, caller: Caller, tokens: int) -> str:
     return decision.held
 
 
-def priority_of(caller: Caller, request: GenerationRequest) -> int:
+def priority_of(caller: Caller, request: GenerationRequest | EncodeRequest) -> int:
     """The field, else the header, else 0 (lower is sooner); a batch line's comes after every live request's. Only
     the operator's chosen keys may ask for sooner than the default (``raise_priority`` in the keys file)."""
     if caller.batch:
@@ -142,13 +157,14 @@ def priority_of(caller: Caller, request: GenerationRequest) -> int:
     return priority
 
 
-def cache_key(settings: Settings, caller: Caller, request: GenerationRequest) -> str:
+def cache_key(settings: Settings, caller: Caller, request: GenerationRequest | EncodeRequest) -> str:
     """Whose prompts this request may reuse, and leave for reuse: its key's (unless the operator shares them,
     ``PREFIX_CACHE_SHARED``), narrowed by the request's ``cache_salt``."""
     owner = "" if settings.PREFIX_CACHE_SHARED or caller.key is None else caller.key.name
-    if not owner and not request.cache_salt:
+    salt = getattr(request, "cache_salt", None)  # an encoder keeps nothing between requests: it has none
+    if not owner and not salt:
         return ""
-    return hashlib.sha256(f"{owner}\0{request.cache_salt or ''}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{owner}\0{salt or ''}".encode()).hexdigest()[:32]
 
 
 def count_request(keys: Keys, caller: Caller) -> None:
@@ -184,10 +200,15 @@ class _Slots:
         return self._gate.line.acquire(key.name if key is not None else "", self._gate.limiter, own)
 
 
-def _span(tracing: Tracing, caller: Caller, request: GenerationRequest) -> RequestSpan | None:
+def _span(tracing: Tracing, caller: Caller, request: GenerationRequest | EncodeRequest) -> RequestSpan | None:
     """The request's trace span (None when tracing is off, at no cost)."""
     if tracing.provider is None:
         return None
+    if isinstance(request, EncodeRequest):
+        return tracing.start_request(SPAN_OPERATIONS[request.task], request.model, caller.trace_headers, choices=1,
+                                     attributes={"phi_api.priority": request.priority,
+                                                 "phi_api.request_id": caller.request_id,
+                                                 "phi_api.inputs": request.count})
     sampling = request.sampling
     operation = "text_completion" if isinstance(request, CompletionRequest) else "chat"
     return tracing.start_request(operation, request.model, caller.trace_headers, choices=sampling.n, attributes={

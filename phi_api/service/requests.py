@@ -202,3 +202,45 @@ class Infill:
     suffix: str  # the text after the hole
     extra: str = ""  # context before everything (llama.cpp's input_extra: other files' text)
     tail: str = ""  # text the answer starts with, after the middle token (llama.cpp's prompt)
+
+
+@dataclass(frozen=True)
+class EmbedRequest:
+    """Vectors of texts (or of token ids a client tokenized), as OpenAI's ``/v1/embeddings`` and Ollama's
+    ``/api/embed`` ask them."""
+
+    model: str
+    texts: tuple[str, ...] = ()
+    token_ids: tuple[tuple[int, ...], ...] = ()  # instead of texts: ids as given, no special tokens added
+    input_param: str = "input"  # the field the inputs came in, for errors that name it
+    dimensions: int | None = None  # a shorter vector (Matryoshka models: the first dimensions, made unit again)
+    any_dimensions: bool = False  # Ollama's: any model's vector may be cut (and made unit again)
+    truncate: int | None = None  # None: an input past the model's length is a 400; n: each is cut to n tokens
+    priority: int | None = None  # lower is sooner (vLLM's); None: not given
+
+    task: ClassVar[str] = "embed"
+
+    @property
+    def count(self) -> int:
+        return len(self.token_ids) if self.token_ids else len(self.texts)
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Relevance scores of (query, document) pairs by a cross-encoder, as the rerank routes (Cohere's, Jina's,
+    llama.cpp's, vLLM's) and vLLM's ``/v1/score`` ask them."""
+
+    model: str
+    pairs: tuple[tuple[str, str], ...]
+    input_param: str = "documents"
+    truncate: int | None = None  # as EmbedRequest's: each pair cut to n tokens (from the document's end)
+    priority: int | None = None
+
+    task: ClassVar[str] = "rerank"
+
+    @property
+    def count(self) -> int:
+        return len(self.pairs)
+
+
+EncodeRequest = EmbedRequest | ScoreRequest

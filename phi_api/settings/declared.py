@@ -83,6 +83,11 @@ class Declared:
                                      "Kept prefixes no request used for this long give their memory back")
     MAX_BATCH_ROWS: int = setting(32, _integer(1, 1024), "Sequences one worker advances together at most",
                                   engine="max_rows", per_model=True)
+    ENCODER_BATCH_TOKENS: int = setting(8192, _integer(1, 1_000_000),
+                                        "Tokens of one encoder call at most, padding included (rows times the "
+                                        "longest input): embedding and reranking inputs of concurrent requests are "
+                                        "encoded together up to this and MAX_BATCH_ROWS",
+                                        engine="encoder_batch_tokens", per_model=True)
     PREFILL_CHUNK_TOKENS: int = setting(64, _integer(1, 1_000_000), "Prompt tokens per engine step",
                                         engine="prefill_chunk", per_model=True)
     PREFIX_CACHE: str = setting("on", _text(choices=("on", "exact", "off")),

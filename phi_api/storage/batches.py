@@ -43,7 +43,7 @@ from phi_api.storage.files import (
     write_file,
 )
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
 WINDOWS = {"24h": 86_400}  # completion_window: OpenAI accepts only 24h
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 

@@ -18,9 +18,9 @@ from phi_api.errors import ConfigError, InvalidParameterError
 from phi_api.settings import SETTING_NAMES, Settings, cache_root, load_settings
 
 # Environment variables phi-api reads that are not settings of the table.
-OTHER_NAMES = frozenset({"PHI_API_CACHE_DIR", "PHI_API_TEST_MODEL_PATH", "XDG_CACHE_HOME", "PROMETHEUS_MULTIPROC_DIR",
-                         "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED",
-                         "OTEL_SERVICE_NAME"})
+OTHER_NAMES = frozenset({"PHI_API_CACHE_DIR", "PHI_API_TEST_MODEL_PATH", "PHI_API_TEST_EMBEDDING_PATH",
+                         "XDG_CACHE_HOME", "PROMETHEUS_MULTIPROC_DIR", "OTEL_EXPORTER_OTLP_ENDPOINT",
+                         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED", "OTEL_SERVICE_NAME"})
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:

@@ -18,8 +18,9 @@ COMMANDS = {
     "chat": ("phi_api.tools.chat", "a terminal chat with a running server, answers streamed"),
     "pull": ("phi_api.tools.pull", "download a model by name (an alias, or REPO[/SUBFOLDER][@REVISION] on the "
              "Hugging Face Hub), check it, and print its folder"),
-    "prepare-model": ("phi_api.tools.prepare_command", "convert the default model (SmolLM2-135M-Instruct), or build a "
-                      "random-weight benchmark model of a production shape, and print its folder as the last line"),
+    "prepare-model": ("phi_api.tools.prepare_command", "convert the default model (SmolLM2-135M-Instruct), build a "
+                      "random-weight benchmark model of a production shape, or export an embedding or reranking "
+                      "model (--embedding, --encoder), and print its folder as the last line"),
     "build-kernel": ("phi_api.tools.build_kernel", "build phi-api's own 4-bit kernel for ONNX Runtime (make install "
                      "runs it); where it cannot run, say why: ONNX Runtime's kernel serves instead"),
     "settings": ("phi_api.tools.settings_command", "every setting: its default, its value here, what it means"),

@@ -92,11 +92,11 @@ def model_dir(name: str, recipe: dict[str, Any], root: Path | None = None) -> Pa
     return (root or cache_root()) / "models" / f"{name}-{recipe_tag(recipe)}"
 
 
-def is_ready(folder: Path, expected: dict | None = None) -> bool:
-    """True when ``folder`` holds a finished conversion whose marker records ``expected`` (default: this
-    module's recipe)."""
+def is_ready(folder: Path, expected: dict | None = None, files: tuple[str, ...] = MODEL_FILES) -> bool:
+    """True when ``folder`` holds a finished conversion (its ``files`` and a marker recording ``expected``; default:
+    this module's recipe)."""
     marker = folder / READY_MARKER
-    if not marker.is_file() or not all((folder / name).is_file() for name in MODEL_FILES):
+    if not marker.is_file() or not all((folder / name).is_file() for name in files):
         return False
     try:
         recorded = json.loads(marker.read_text(encoding="utf-8"))

@@ -8,14 +8,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from phi_api.protocols.contract import Reading
+from phi_api.protocols.contract import EncodeReading, Reading
 from phi_api.protocols.conversations import conversation_history, conversation_keeper
+from phi_api.protocols.embeddings import embed_request, embeddings_answer
 from phi_api.protocols.openai.answer import Answer
 from phi_api.protocols.openai.parse import chat_request, completion_request
 from phi_api.protocols.openai.shapes import ChatShape, CompletionShape
+from phi_api.protocols.rerank import rerank_answer, rerank_request, score_answer, score_request
 from phi_api.protocols.response_objects import Identity, output_messages
 from phi_api.protocols.responses import ResponseRenderer
 from phi_api.protocols.responses_request import ResponsesRequest, history_of
+from phi_api.service.encoding import EncodeRun
 from phi_api.storage.conversations import ConversationStore
 from phi_api.storage.responses import ResponseStore
 from phi_api.web.schemas import RequestValidator
@@ -69,5 +72,30 @@ def response(body: dict[str, Any], needs: Needs, identity: Identity | None = Non
     return Reading(request.chat(history), lambda run: ResponseRenderer(request, run, keep, identity))
 
 
-BATCHABLE: dict[str, Callable[[dict[str, Any], Needs], Reading]] = {
-    "/v1/chat/completions": chat, "/v1/completions": completion, "/v1/responses": response}
+def embeddings(body: dict[str, Any], needs: Needs) -> EncodeReading:
+    """A ``/v1/embeddings`` body."""
+    needs.validator.validate("embeddings", body)
+    encoding_format = body.get("encoding_format") or "float"
+    return EncodeReading(embed_request(body), lambda run, vectors: embeddings_answer(
+        run.request.model, vectors, _tokens(run), encoding_format))
+
+
+def rerank(body: dict[str, Any], needs: Needs, v2: bool = False) -> EncodeReading:
+    """A rerank body (``v2``: sent to Cohere's ``/v2/rerank``)."""
+    needs.validator.validate("rerank", body)
+    return EncodeReading(rerank_request(body), lambda run, scores: rerank_answer(body, scores, _tokens(run), v2=v2))
+
+
+def score(body: dict[str, Any], needs: Needs) -> EncodeReading:
+    """A ``/v1/score`` body."""
+    needs.validator.validate("score", body)
+    return EncodeReading(score_request(body), lambda run, scores: score_answer(body["model"], scores, _tokens(run)))
+
+
+def _tokens(run: EncodeRun) -> int:
+    return sum(len(one) for one in run.inputs)
+
+
+BATCHABLE: dict[str, Callable[[dict[str, Any], Needs], Reading | EncodeReading]] = {
+    "/v1/chat/completions": chat, "/v1/completions": completion, "/v1/responses": response,
+    "/v1/embeddings": embeddings}

@@ -73,10 +73,12 @@ _ERROR_SCHEMAS = {
         "error": {"type": "object", "required": ["type", "message"],
                   "properties": {"type": {"type": "string"}, "message": {"type": "string"}}},
     }},
+    "rerank": {"type": "object", "required": ["message", "error"], "properties": {
+        "message": {"type": "string"}, "error": {"$ref": "#/components/schemas/OpenAIError/properties/error"}}},
     "health": {"type": "object", "required": ["status"], "properties": {"status": {"enum": ["starting", "draining"]}}},
 }
 _ERROR_COMPONENTS = {"openai": "OpenAIError", "ollama": "OllamaError", "anthropic": "AnthropicError",
-                     "health": "HealthUnavailable"}
+                     "rerank": "RerankError", "health": "HealthUnavailable"}
 
 
 _SUCCESS_SCHEMAS: dict[str, Any] = {

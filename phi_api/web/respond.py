@@ -14,8 +14,8 @@ from phi_api import jsontext
 from phi_api.engine.threads.native import off_hub
 from phi_api.errors import AuthenticationError, InvalidParameterError
 from phi_api.limits.keys import Key
-from phi_api.protocols.contract import Reading
-from phi_api.service import admission, generation
+from phi_api.protocols.contract import EncodeReading, Reading
+from phi_api.service import admission, encoding, generation
 from phi_api.service.admission import Caller, Gate
 from phi_api.service.requests import GenerationRequest
 from phi_api.telemetry.logs import current_request_id
@@ -29,14 +29,32 @@ PRIORITY_HEADER = "X-Priority"
 PRIORITY_RANGE = (-2**31, 2**31 - 1)
 
 
-def respond(reading: Reading) -> Response:
+def respond(reading: Reading | EncodeReading) -> Response:
     """Run a body's typed request and answer with its renderer's view of the run: streamed, or whole."""
+    if isinstance(reading, EncodeReading):
+        return _respond_encoded(reading)
     run = start_generation(reading.request)
     answer = reading.renderer(run)
     if reading.request.stream:
         return framed(answer.framing, answer.stream(), on_close=(run.close,))
     results = generation.collect(run, disconnect_probe())
     return answer_json(run, lambda: answer.whole(results))
+
+
+def _respond_encoded(reading: EncodeReading) -> Response:
+    """An embedding or scoring request through the one gate, answered whole; the answer (thousands of numbers) is
+    made and encoded on a pooled thread, in slices, while the hub serves the worker's streams."""
+    run = admission.admit(gate(), current_caller(), reading.request)
+    results = encoding.collect(run, disconnect_probe())
+    text = off_hub(lambda: jsontext.dumps_in_slices(reading.renderer(run, results)) + "\n")
+    return Response(text, mimetype="application/json")
+
+
+def encoded_whole(reading: EncodeReading, run: encoding.EncodeRun) -> dict[str, Any]:
+    """An encoding run's whole answer, collected (a batch line's: no client to notice leaving), made on a pooled
+    thread."""
+    results = encoding.collect(run)
+    return off_hub(reading.renderer, run, results)
 
 
 def needs() -> Needs:

@@ -239,7 +239,7 @@ def test_batches_are_listed_newest_first_and_paginated(app):
 
 @pytest.mark.parametrize("body,param", [
     ({"endpoint": CHAT, "completion_window": "24h"}, "input_file_id"),
-    ({"input_file_id": "file-x", "endpoint": "/v1/embeddings", "completion_window": "24h"}, "endpoint"),
+    ({"input_file_id": "file-x", "endpoint": "/v1/moderations", "completion_window": "24h"}, "endpoint"),
     ({"input_file_id": "file-x", "endpoint": CHAT, "completion_window": "1h"}, "completion_window"),
     ({"input_file_id": "file-nope", "endpoint": CHAT, "completion_window": "24h"}, "input_file_id"),
 ])

@@ -9,7 +9,7 @@ import pytest
 from tests.api.test_request_errors import ROUTES, assert_error
 
 
-@pytest.mark.parametrize("path", ["/index.html", "/v1", "/v1/embeddings", "/v2/models", "/v1/model/test-model"])
+@pytest.mark.parametrize("path", ["/index.html", "/v1", "/v1/moderations", "/v2/models", "/v1/model/test-model"])
 def test_unknown_routes_are_json_404(client, path):
     assert_error(client.get(path), 404, "invalid_request_error", "not_found", None)
     assert_error(client.post(path, json={}), 404, "invalid_request_error", "not_found", None)

@@ -9,7 +9,9 @@ loader reads models with it, and preparation checks what it built with it.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,3 +164,16 @@ class ModelFolder:
         if isinstance(template, list):  # named templates: the default one
             template = next((t.get("template") for t in template if t.get("name") == "default"), None)
         return template if isinstance(template, str) else ""
+
+
+def fingerprint(root: Path, config: dict[str, Any]) -> str:
+    """A short, stable id of a model folder's build: phi-api's version, the model's configuration and its files'
+    sizes (a generator's and an encoder's alike)."""
+    from phi_api.version import __version__
+
+    digest = hashlib.sha256(f"phi-api {__version__};".encode())
+    digest.update(json.dumps(config, sort_keys=True).encode("utf-8"))
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.is_file() and not entry.name.startswith("."):
+            digest.update(f"{entry.name}:{entry.stat().st_size};".encode())
+    return "fp_" + digest.hexdigest()[:12]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -19,6 +18,7 @@ from phi_api.engine.runtime.folder import (
     CONFIG_FILE,
     ModelFolder,
     fim_tokens,
+    fingerprint,
     marker_tokens,
     prompt_prefix,
     think_markers,
@@ -98,7 +98,7 @@ class ModelInfo:
             chat_template=template or PHI3_CHAT_TEMPLATE,
             size_bytes=sum(entry.stat().st_size for entry in os.scandir(root) if entry.is_file()),
             modified_at=(root / CONFIG_FILE).stat().st_mtime,
-            fingerprint=_fingerprint(root, read.config),
+            fingerprint=fingerprint(root, read.config),
             decoder_file=decoder_file,
             rope_switch=_rope_switch(root / decoder_file),
             fim_tokens=fim_tokens(added),
@@ -136,16 +136,6 @@ def _rope_switch(graph_file: Path) -> int | None:
 
 
 
-def _fingerprint(root: Path, config: dict[str, Any]) -> str:
-    """A short, stable id of the build: phi-api's version, the model's configuration and its files' sizes."""
-    from phi_api.version import __version__
-
-    digest = hashlib.sha256(f"phi-api {__version__};".encode())
-    digest.update(json.dumps(config, sort_keys=True).encode("utf-8"))
-    for entry in sorted(os.scandir(root), key=lambda e: e.name):
-        if entry.is_file() and not entry.name.startswith("."):
-            digest.update(f"{entry.name}:{entry.stat().st_size};".encode())
-    return "fp_" + digest.hexdigest()[:12]
 
 
 class Model(Protocol):
