@@ -17,6 +17,7 @@ from tests.support.server import Server
 
 EMBEDDER = "all-minilm-l6-v2"
 RERANKER = "tiny-reranker"
+MATRYOSHKA = "tiny-matryoshka"
 GENERATOR = "smollm2-135m-instruct"
 TEXTS = ["The cat sat on the mat.", "A fast brown fox leaps over lazy dogs near the river bank at dawn.",
          "Quantum chromodynamics describes the strong interaction.", "Paris", "こんにちは世界",
@@ -24,12 +25,13 @@ TEXTS = ["The cat sat on the mat.", "A fast brown fox leaps over lazy dogs near 
 
 
 @pytest.fixture(scope="module")
-def served(model_path, embedding_model_path, tiny_cross_encoder, logs_dir, tmp_path_factory):
+def served(model_path, embedding_model_path, tiny_cross_encoder, tiny_embedder, logs_dir, tmp_path_factory):
     listing = tmp_path_factory.mktemp("embeddings") / "models.json"
     listing.write_text(json.dumps({"models": [{"id": GENERATOR, "path": model_path},
                                               {"id": EMBEDDER, "path": embedding_model_path, "task": "embed"},
-                                              {"id": RERANKER, "path": str(tiny_cross_encoder)}]}))
-    with Server(logs_dir, MODELS_FILE=str(listing), WEB_CONCURRENCY=2) as running:
+                                              {"id": RERANKER, "path": str(tiny_cross_encoder)},
+                                              {"id": MATRYOSHKA, "path": str(tiny_embedder)}]}))
+    with Server(logs_dir, MODELS_FILE=str(listing), WEB_CONCURRENCY=2, MAX_MODELS=4) as running:
         yield running
 
 
@@ -114,7 +116,7 @@ def test_an_input_past_the_model_s_length_is_refused_unless_truncation_is_asked(
 
 def test_models_say_their_task(sdk):
     tasks = {model.id: model.model_extra["task"] for model in sdk.models.list().data}
-    assert tasks == {GENERATOR: "generate", EMBEDDER: "embed", RERANKER: "rerank"}
+    assert tasks == {GENERATOR: "generate", EMBEDDER: "embed", RERANKER: "rerank", MATRYOSHKA: "embed"}
 
 
 def test_ollama_s_client_embeds_as_the_openai_route_does(served, sdk):
@@ -211,3 +213,37 @@ def test_rerank_errors_name_what_is_wrong_in_both_shapes(served):
     chat = requests.post(served.url + "/v1/chat/completions", timeout=60, json={
         "model": RERANKER, "messages": [{"role": "user", "content": "Hi"}]})
     assert chat.status_code == 400 and "reranking model" in chat.json()["error"]["message"]
+
+
+def test_a_matryoshka_model_gives_shorter_vectors_and_pools_its_cls_token(sdk, tiny_embedder):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    source = tiny_embedder.parent / "hf"
+    tokenizer, model = AutoTokenizer.from_pretrained(source), AutoModel.from_pretrained(source).eval()
+    with torch.no_grad():
+        cls = model(**tokenizer(TEXTS[:3], padding=True, return_tensors="pt")).last_hidden_state[:, 0].numpy()
+    full = np.array([item.embedding for item in sdk.embeddings.create(model=MATRYOSHKA, input=TEXTS[:3]).data])
+    assert np.abs(full - cls / np.linalg.norm(cls, axis=1, keepdims=True)).max() <= 1e-4
+    short = np.array([item.embedding for item in
+                      sdk.embeddings.create(model=MATRYOSHKA, input=TEXTS[:3], dimensions=16).data])
+    expected = cls[:, :16] / np.linalg.norm(cls[:, :16], axis=1, keepdims=True)
+    assert short.shape == (3, 16) and np.abs(short - expected).max() <= 1e-4
+    with pytest.raises(openai.BadRequestError) as wider:
+        sdk.embeddings.create(model=MATRYOSHKA, input="hi", dimensions=64)
+    assert wider.value.body["param"] == "dimensions"
+
+
+def test_langchain_s_openai_embeddings(served, sdk):
+    from langchain_openai import OpenAIEmbeddings
+
+    # check_embedding_ctx_length=False: LangChain would otherwise send tiktoken's ids of OpenAI's vocabulary
+    embeddings = OpenAIEmbeddings(model=EMBEDDER, base_url=served.url + "/v1", api_key="not-needed",
+                                  check_embedding_ctx_length=False, max_retries=0)
+    documents = embeddings.embed_documents(TEXTS[:3])
+    query = embeddings.embed_query(TEXTS[0])
+    ours = [item.embedding for item in sdk.embeddings.create(model=EMBEDDER, input=TEXTS[:3]).data]
+    assert len(documents) == 3
+    for got, expected in zip(documents, ours, strict=True):
+        assert np.dot(got, expected) >= 0.99999
+    assert np.dot(query, ours[0]) >= 0.99999
