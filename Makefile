@@ -56,9 +56,11 @@ pull: install
 # nothing (the runtime only is installed); otherwise it prepares the default model (the conversion tools are
 # installed for it first) and serves it as smollm2-135m-instruct (unless MODEL_ID is set). MODEL=NAME serves a model
 # by name (an alias such as phi-3.5-mini, or REPO[/SUBFOLDER][@REVISION] on the Hub), pulled first unless cached.
+# EMBEDDING=1 also prepares and serves the default embedding model (all-minilm-l6-v2) beside the chat model.
 serve: install
-	@if [ -z "$${MODEL_PATH:-}$(MODEL)$${MODELS_FILE:-}" ]; then $(MAKE) --no-print-directory install-model; fi
-	MODEL="$(MODEL)" exec $(PY) -m phi_api serve
+	@if [ -n "$(EMBEDDING)" ] || [ -z "$${MODEL_PATH:-}$(MODEL)$${MODELS_FILE:-}" ]; then \
+		$(MAKE) --no-print-directory install-model; fi
+	MODEL="$(MODEL)" exec $(PY) -m phi_api serve $(if $(EMBEDDING),--embedding)
 
 # A terminal chat, answers streamed, with the server make serve runs (its SERVER_PORT; CHAT_ARGS="--help" for more).
 chat: install

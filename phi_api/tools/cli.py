@@ -60,6 +60,8 @@ BENCHES = {
     "long": ("phi_api.bench.longctx", "long prompts (1k to 16k tokens) and decode at long contexts (1 and 8 "
              "streams): the server beside the raw engine, as shares of the machine's limits"),
     "roofline": ("phi_api.bench.roofline", "this machine's limits: the int8 dot-product peak and the read bandwidth"),
+    "embeddings": ("phi_api.bench.embeddings", "/v1/embeddings against a raw ONNX Runtime session on the same "
+                   "folder (1 to 128 inputs, short and long), and an embedding's latency while chats stream"),
     "load": ("phi_api.bench.load", "bursts far beyond the concurrency limit, a soak (--minutes), or a mixed "
              "load (--mixed)"),
 }

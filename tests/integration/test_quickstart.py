@@ -4,14 +4,17 @@ pseudo-terminal. Only the port differs: a free one, through ``SERVER_PORT``, whi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 from phi_api.bench.server import free_port
 from tests.support.readme import section, sh_blocks, shell_commands
@@ -19,7 +22,9 @@ from tests.support.server import answers_health, wait_until
 from tests.support.terminal import read_until
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-QUICKSTART = shell_commands(sh_blocks(section((CHECKOUT / "README.md").read_text(encoding="utf-8"), "Quickstart"))[0])
+BLOCKS = sh_blocks(section((CHECKOUT / "README.md").read_text(encoding="utf-8"), "Quickstart"))
+QUICKSTART = shell_commands(BLOCKS[0])
+WITH_EMBEDDING = shell_commands(BLOCKS[1])  # the second block: an embedding model beside the chat model
 
 
 def test_the_quickstart_holds_three_commands():
@@ -27,11 +32,11 @@ def test_the_quickstart_holds_three_commands():
     assert QUICKSTART[1][1].startswith("http://localhost:8000/")
 
 
-@pytest.fixture
-def quickstart_server(tmp_path, user_cache):
-    """``make serve`` as the README writes it, in the checkout; the server's port and folders are the test's, its
-    cache one of the test's own that holds the models `make test` prepared in the user's cache (and the kernel the
-    run's cache holds): the host's files it makes stay out of the user's cache."""
+@contextlib.contextmanager
+def make_serve(command: list[str], tmp_path: Path, user_cache: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """``command`` (``make serve`` as the README writes it), in the checkout; the server's port and folders are the
+    test's, its cache one of the test's own that holds the models `make test` prepared in the user's cache (and the
+    kernel the run's cache holds): the host's files it makes stay out of the user's cache."""
     port = free_port()
     cache = tmp_path / "cache"
     (cache / "runtime").mkdir(parents=True)
@@ -45,7 +50,7 @@ def quickstart_server(tmp_path, user_cache):
                "PREFIX_CACHE_DIR": str(tmp_path / "prefixes"), "PHI_API_CACHE_DIR": str(cache)}
     log_path = tmp_path / "make-serve.log"
     with log_path.open("w") as log:
-        make = subprocess.Popen(QUICKSTART[0], cwd=CHECKOUT, env=environ, stdout=log, stderr=subprocess.STDOUT,
+        make = subprocess.Popen(command, cwd=CHECKOUT, env=environ, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
@@ -57,14 +62,34 @@ def quickstart_server(tmp_path, user_cache):
             make.wait(timeout=60)
 
 
-def test_the_quickstart_s_commands_run_as_written(quickstart_server):
-    url, environ = quickstart_server
+@pytest.fixture
+def quickstart_server(tmp_path, user_cache):
+    with make_serve(QUICKSTART[0], tmp_path, user_cache) as served:
+        yield served
+
+
+def run_curl(url: str, words: list[str]) -> dict:
+    """A README ``curl`` against the test's server; its JSON answer."""
     curl = [url + word.removeprefix("http://localhost:8000") if word.startswith("http://localhost:8000") else word
-            for word in QUICKSTART[1]]
+            for word in words]
     done = subprocess.run([*curl, "--silent", "--show-error", "--fail-with-body", "--max-time", "300"],
                           capture_output=True, text=True, timeout=330)
     assert done.returncode == 0, done.stderr + done.stdout
-    answer = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def test_the_second_block_serves_an_embedding_model_beside_the_chat_model(tmp_path, user_cache):
+    assert [words[:2] for words in WITH_EMBEDDING] == [["make", "serve"], ["curl", WITH_EMBEDDING[1][1]]]
+    with make_serve(WITH_EMBEDDING[0], tmp_path, user_cache) as (url, _):
+        answer = run_curl(url, WITH_EMBEDDING[1])
+        assert [len(item["embedding"]) for item in answer["data"]] == [384, 384]
+        models = {model["id"]: model["task"] for model in requests.get(url + "/v1/models", timeout=30).json()["data"]}
+        assert models == {"smollm2-135m-instruct": "generate", "all-minilm-l6-v2": "embed"}
+
+
+def test_the_quickstart_s_commands_run_as_written(quickstart_server):
+    url, environ = quickstart_server
+    answer = run_curl(url, QUICKSTART[1])
     assert answer["object"] == "chat.completion" and answer["model"] == "smollm2-135m-instruct"
     assert answer["choices"][0]["message"]["content"].strip(), answer
 
