@@ -13,6 +13,9 @@ the worker also serves a generator.
    order swapped every repeat), each call on texts of its own; medians of ``--repeats``. The server cuts a request
    into calls of at most ``MAX_BATCH_ROWS`` rows and ``ENCODER_BATCH_TOKENS`` padded tokens, the raw session makes
    one call: that split is part of the ratio.
+   Each figure is also a share of the machine's float32 limit measured in the same run: a large MatMul on ONNX
+   Runtime with as many threads (the kernel the encoder's own MatMuls use), against the encoder's multiply-adds a
+   token (its layers' projections, and its attention at that length, from config.json).
 2. Latency: one ~32-token text at a time for ``--seconds``, on the idle server and then while ``--chat-streams``
    chats (128 tokens, ``ignore_eos``) stream from the generator the same worker serves: p50 and p95.
 """
@@ -116,6 +119,33 @@ class RawEncoder:
         return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
 
+def float32_peak(threads: int, size: int = 1536, repeats: int = 7) -> float:
+    """Multiply-adds a second of one float32 MatMul of ``size`` cubed on ONNX Runtime with ``threads`` threads (the
+    median of ``repeats``): the machine's float32 limit as the encoder's kernels reach it."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "peak",
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, [size, size]) for name in "ab"],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [size, size])])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what every ONNX Runtime reads (onnx writes its own newest)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feeds = {name: np.random.default_rng(0).random((size, size), dtype=np.float32) for name in "ab"}
+    session.run(None, feeds)
+    return size ** 3 / median([_seconds(lambda _: session.run(None, feeds), []) for _ in range(repeats)])
+
+
+def macs_per_token(folder: str, length: float) -> float:
+    """The encoder's multiply-adds for one token of an input of ``length`` tokens: each layer's four projections
+    and two feed-forward matrices, and its attention's scores and sums over the input."""
+    config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    hidden, inner = int(config["hidden_size"]), int(config["intermediate_size"])
+    return int(config["num_hidden_layers"]) * (4 * hidden * hidden + 2 * hidden * inner + 2 * length * hidden)
+
+
 def server_embed(http: requests.Session, url: str, texts: list[str]) -> np.ndarray:
     """One request for ``texts``, its base64 vectors decoded as the openai SDK decodes them."""
     answer = http.post(url + "/v1/embeddings", json={"model": EMBEDDER, "input": texts, "encoding_format": "base64"},
@@ -160,6 +190,16 @@ def _throughput_row(rows: int, length: int, times: dict[str, list[float]], measu
     return {"batch": rows, "tokens": length, "measured_tokens": measured, "server_embeddings_per_s": rows / server,
             "raw_embeddings_per_s": rows / raw, "server_over_raw": raw / server, "server_s": times["server"],
             "raw_s": times["raw"]}
+
+
+def with_shares(rows: list[dict[str, Any]], folder: str, peak: float) -> list[dict[str, Any]]:
+    """Each row with its multiply-adds a second, the server's and the raw session's, as shares of ``peak``."""
+    shared = []
+    for row in rows:
+        per_embedding = row["measured_tokens"] * macs_per_token(folder, row["measured_tokens"])
+        shared.append({**row, "server_share_of_peak": row["server_embeddings_per_s"] * per_embedding / peak,
+                       "raw_share_of_peak": row["raw_embeddings_per_s"] * per_embedding / peak})
+    return shared
 
 
 def single_latencies(serve: Callable[[list[str]], np.ndarray], texts: Texts, seconds: float) -> list[float]:
@@ -221,7 +261,7 @@ def markdown(heads: list[str], rows: list[list[str]]) -> str:
 def _throughput_cells(row: dict[str, Any]) -> list[str]:
     return [str(row["batch"]), f"{row['tokens']} ({row['measured_tokens']:.1f})",
             f"{row['server_embeddings_per_s']:.1f}", f"{row['raw_embeddings_per_s']:.1f}",
-            f"{row['server_over_raw']:.2f}x"]
+            f"{row['server_over_raw']:.2f}x", f"{row['server_share_of_peak']:.0%}", f"{row['raw_share_of_peak']:.0%}"]
 
 
 def _latency_cells(row: dict[str, Any]) -> list[str]:
@@ -230,8 +270,10 @@ def _latency_cells(row: dict[str, Any]) -> list[str]:
 
 def print_tables(report: dict[str, Any]) -> None:
     print(f"\nEmbeddings a second, one request of N inputs against a raw ONNX Runtime session "
-          f"({report['threads']} threads; medians of {report['repeats']}):\n")
-    print(markdown(["inputs", "tokens each (measured)", "server emb/s", "raw emb/s", "server / raw"],
+          f"({report['threads']} threads; medians of {report['repeats']}); shares of this machine's float32 MatMul "
+          f"peak on ONNX Runtime, {report['float32_peak_macs'] / 1e9:.1f} GMAC/s measured in this run:\n")
+    print(markdown(["inputs", "tokens each (measured)", "server emb/s", "raw emb/s", "server / raw",
+                    "server, of peak", "raw, of peak"],
                    [_throughput_cells(row) for row in report["throughput"]]))
     print(f"\nOne {SINGLE_TOKENS}-token embedding's latency, requests one after another for {report['seconds']} s:\n")
     print(markdown(["load", "requests", "p50", "p95"], [_latency_cells(row) for row in report["latency"]]))
@@ -263,7 +305,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return server_embed(http, server.url, batch)
 
         report["max_abs_difference"] = agreement(raw, serve, texts, lengths)
-        report["throughput"] = throughput(raw, serve, texts, batches, lengths, args.repeats)
+        report["float32_peak_macs"] = float32_peak(threads)
+        report["throughput"] = with_shares(throughput(raw, serve, texts, batches, lengths, args.repeats),
+                                           args.embedding_path, report["float32_peak_macs"])
         report["latency"] = latency(serve, server.url, texts, args.seconds, args.chat_streams)
     return report
 
