@@ -10,7 +10,8 @@ the worker also serves a generator.
    decodes it, on a server of one worker with the default ``INTRA_OP_THREADS``. Beside it, a raw session in this
    process with as many threads: the texts tokenized with ``tokenizers`` (inside the timing), padded to the batch's
    longest, one session call, mean pooling and L2 normalisation in numpy. The two alternate call by call (their
-   order swapped every repeat), each call on texts of its own; medians of ``--repeats``. The server cuts a request
+   order swapped every repeat, a pause between calls so that neither side's idle threads spin on the other's
+   time), each call on texts of its own; medians of ``--repeats``. The server cuts a request
    into calls of at most ``MAX_BATCH_ROWS`` rows and ``ENCODER_BATCH_TOKENS`` padded tokens, the raw session makes
    one call: that split is part of the ratio.
    Each figure is also a share of the machine's float32 limit measured in the same run: a large MatMul on ONNX
@@ -47,6 +48,7 @@ GENERATOR, EMBEDDER = "bench-model", "bench-embedder"
 CHAT = "/v1/chat/completions"
 SINGLE_TOKENS = 32  # the single text of the latency measurement
 CHAT_TOKENS = 128
+SETTLE_SECONDS = 0.1  # between two timed calls: one side's idle ONNX Runtime threads spin a while after a call
 WORDS = tuple(PROMPT.lower().replace(",", "").replace(".", "").split())
 
 
@@ -181,6 +183,7 @@ def throughput(raw: RawEncoder, serve: Callable[[list[str]], np.ndarray], texts:
         for cell in cells:
             sides = [("raw", raw.embed), ("server", serve)][::-1 if repeat % 2 else 1]
             for side, embed in sides:
+                time.sleep(SETTLE_SECONDS)
                 times[cell][side].append(_seconds(embed, texts.fresh(*cell)))
     return [_throughput_row(rows, length, times[(rows, length)], texts.measured(length)) for rows, length in cells]
 

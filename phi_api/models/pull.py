@@ -6,8 +6,8 @@ through ``huggingface_hub`` and checked before it is used.
 endpoint (``HF_ENDPOINT``), a token for gated repositories (``HF_TOKEN``, never logged), proxies (the usual
 variables), resumed transfers and ``HF_HUB_OFFLINE``. What it does not do, phi-api does here:
 
-- refuse a repository or subfolder that is not an ONNX Runtime GenAI model (no ``genai_config.json``) before
-  downloading anything;
+- refuse a repository or subfolder that is not an ONNX Runtime GenAI model (no ``genai_config.json``) or an
+  encoder folder as ``phi-api prepare-model`` writes them (no ``encoder_config.json``) before downloading anything;
 - check the free disk space first, and say what is needed and what is free;
 - check every downloaded file against the hash the Hub announces (SHA-256 for LFS files, the git blob id for
   the others): the client checks sizes only. A file that does not match is removed, and named;
@@ -33,6 +33,8 @@ from typing import Any
 from phi_api.errors import PullError
 
 GENAI_CONFIG = "genai_config.json"
+ENCODER_CONFIG = "encoder_config.json"  # an encoder folder's, as phi-api prepare-model writes it
+MARKERS = (GENAI_CONFIG, ENCODER_CONFIG)  # what makes a folder a model phi-api serves
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ def _mark(source: Source) -> Path:
 def _verified(source: Source) -> bool:
     """Whether this pinned commit's folder was pulled and checked in this cache, and is still whole."""
     mark = _mark(source)
-    return _pinned(source) and mark.is_file() and (Path(mark.read_text(encoding="utf-8")) / GENAI_CONFIG).is_file()
+    return _pinned(source) and mark.is_file() and _is_model(Path(mark.read_text(encoding="utf-8")))
 
 
 def _files(api: Any, source: Source) -> list[Any]:
@@ -184,10 +186,11 @@ def _files(api: Any, source: Source) -> list[Any]:
     entries = api.list_repo_tree(source.repo, path_in_repo=source.subfolder or None, recursive=True,
                                  revision=source.revision)
     files = [entry for entry in entries if isinstance(entry, RepoFile)]
-    config = f"{source.subfolder}/{GENAI_CONFIG}" if source.subfolder else GENAI_CONFIG
-    if not any(entry.path == config for entry in files):
+    configs = {f"{source.subfolder}/{name}" if source.subfolder else name for name in MARKERS}
+    if not any(entry.path in configs for entry in files):
         where = f"{source.repo}/{source.subfolder}" if source.subfolder else source.repo
-        raise PullError(f"{where} is not an ONNX Runtime GenAI model folder: it has no {GENAI_CONFIG}")
+        raise PullError(f"{where} is not an ONNX Runtime GenAI model folder: it has no {GENAI_CONFIG} (nor an "
+                        f"encoder's {ENCODER_CONFIG})")
     return files
 
 
@@ -236,9 +239,14 @@ def _remove_cached(path: Path) -> None:
             pass
 
 
+def _is_model(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in MARKERS)
+
+
 def _check_folder(folder: Path, source: Source) -> None:
-    if not (folder / GENAI_CONFIG).is_file():
-        raise PullError(f"{folder} has no {GENAI_CONFIG}: {source.repo} is not an ONNX Runtime GenAI model here")
+    if not _is_model(folder):
+        raise PullError(f"{folder} has no {GENAI_CONFIG} (nor {ENCODER_CONFIG}): {source.repo} is not a model "
+                        "phi-api serves here")
 
 
 def _reason(error: BaseException) -> str:

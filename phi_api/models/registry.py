@@ -73,7 +73,10 @@ def encoder_of(model_id: str, engine: ServedEngine, task: str) -> EncoderEngine:
 
 
 def _request_bytes(engine: ServedEngine) -> int:
-    """Keys and values of one request of ``MIN_REQUEST_TOKENS`` (or the whole context, when shorter)."""
+    """Keys and values of one request of ``MIN_REQUEST_TOKENS`` (or the whole context, when shorter); an encoder's
+    own memory in each worker."""
+    if isinstance(engine, EncoderEngine):
+        return engine.worker_bytes
     spec = getattr(engine.model, "spec", None)
     return row_bytes(spec, min(engine.info.context_length, MIN_REQUEST_TOKENS)) if spec is not None else 0
 

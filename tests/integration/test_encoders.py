@@ -31,7 +31,7 @@ def served(model_path, embedding_model_path, tiny_cross_encoder, tiny_embedder, 
                                               {"id": EMBEDDER, "path": embedding_model_path, "task": "embed"},
                                               {"id": RERANKER, "path": str(tiny_cross_encoder)},
                                               {"id": MATRYOSHKA, "path": str(tiny_embedder)}]}))
-    with Server(logs_dir, MODELS_FILE=str(listing), WEB_CONCURRENCY=2, MAX_MODELS=4) as running:
+    with Server(logs_dir, MODELS_FILE=str(listing), WEB_CONCURRENCY=2, MAX_MODELS=5) as running:
         yield running
 
 
@@ -247,3 +247,19 @@ def test_langchain_s_openai_embeddings(served, sdk):
     for got, expected in zip(documents, ours, strict=True):
         assert np.dot(got, expected) >= 0.99999
     assert np.dot(query, ours[0]) >= 0.99999
+
+
+def test_an_encoder_folder_is_loaded_and_unloaded_while_serving(served, tiny_cross_encoder, expected_scores):
+    loaded = requests.post(served.url + "/v1/models/load", timeout=120,
+                           json={"model": "loaded-reranker", "path": str(tiny_cross_encoder)})
+    assert loaded.status_code == 200 and loaded.json()["task"] == "rerank"
+    try:
+        scored = requests.post(served.url + "/v1/score", timeout=60, json={
+            "model": "loaded-reranker", "text_1": QUERY, "text_2": DOCUMENTS}).json()
+        assert np.abs(np.array([item["score"] for item in scored["data"]]) - expected_scores).max() <= 1e-4
+    finally:
+        assert requests.post(served.url + "/v1/models/unload", json={"model": "loaded-reranker"},
+                             timeout=60).status_code == 200
+    gone = requests.post(served.url + "/v1/score", timeout=60, json={
+        "model": "loaded-reranker", "text_1": QUERY, "text_2": DOCUMENTS})
+    assert gone.status_code == 404

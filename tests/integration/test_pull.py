@@ -167,3 +167,20 @@ def test_a_pinned_commit_once_checked_is_served_again_without_any_network_call(h
     hub.shutdown()  # the Hub is gone; no HF_HUB_OFFLINE either
     again = pull(hub, tmp_path, ALIAS)
     assert folder_of(again) == first
+
+
+def test_an_encoder_folder_is_pulled_and_served_for_embeddings(hub, model_path, tiny_embedder, logs_dir, tmp_path):
+    import ollama
+
+    from tests.integration.conftest import MODEL_ID
+    from tests.support.server import Server
+
+    hub.add("someone/tiny-embedder", tiny_embedder)
+    with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1, ALLOW_PULL="true",
+                HF_ENDPOINT=hub.url, HF_HOME=tmp_path, HF_HUB_DISABLE_TELEMETRY="1") as server:
+        client = ollama.Client(host=server.url)
+        assert [event.status for event in client.pull("someone/tiny-embedder", stream=True)][-1] == "success"
+        vectors = client.embed(model="someone/tiny-embedder", input=["first", "second"]).embeddings
+        assert [len(vector) for vector in vectors] == [32, 32] and vectors[0] != vectors[1]
+        assert client.show("someone/tiny-embedder").capabilities == ["embedding"]
+    assert hub.downloads["encoder_config.json"] == 1

@@ -91,6 +91,16 @@ class EncoderEngine:
         return self._tokenizer
 
     @property
+    def worker_bytes(self) -> int:
+        """What the encoder holds in each worker at most: its session's own copy of the weights (ONNX Runtime reads
+        them into each worker), and one call's activations: ``ENCODER_BATCH_TOKENS`` tokens' hidden and
+        feed-forward vectors, and their attention scores over inputs of the model's length."""
+        tokens, info = self.config.encoder_batch_tokens, self.info
+        longest = min(info.context_length, tokens)
+        hidden, heads, inner = info.shape
+        return info.size_bytes + 4 * tokens * (4 * hidden + 2 * inner + heads * longest)
+
+    @property
     def load(self) -> EncoderLoad:
         return self.loop.load
 

@@ -44,6 +44,7 @@ class EncoderInfo:
     size_bytes: int
     modified_at: float
     fingerprint: str
+    shape: tuple[int, int, int] = (768, 12, 3072)  # hidden size, attention heads, feed-forward size (config.json)
 
     @property
     def matryoshka(self) -> bool:
@@ -82,7 +83,18 @@ class EncoderInfo:
                    inputs=_field(config, "inputs", lambda value: tuple(str(name) for name in value)),
                    output=_field(config, "output", str),
                    size_bytes=sum(entry.stat().st_size for entry in os.scandir(root) if entry.is_file()),
-                   modified_at=(root / ENCODER_CONFIG).stat().st_mtime, fingerprint=fingerprint(root, config))
+                   modified_at=(root / ENCODER_CONFIG).stat().st_mtime, fingerprint=fingerprint(root, config),
+                   shape=_shape(root))
+
+
+def _shape(root: Path) -> tuple[int, int, int]:
+    """The model's hidden size, attention heads and feed-forward size from its ``config.json`` (BERT-base's when
+    it is missing or says none: a bound of memory, not of correctness)."""
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+        return int(config["hidden_size"]), int(config["num_attention_heads"]), int(config["intermediate_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return EncoderInfo.shape
 
 
 def _field(config: dict[str, Any], name: str, read: Callable[[Any], Any], optional: bool = False) -> Any:
