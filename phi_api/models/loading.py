@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 from phi_api.engine import EncoderEngine, EncoderInfo, Engine, EngineConfig, SharedBudget, is_encoder_folder
 from phi_api.errors import FolderError, ModelLoadingError
@@ -55,7 +56,17 @@ def load_encoder(settings: Settings, spec: ModelSpec) -> EncoderEngine:
     if spec.task not in (None, info.task):
         raise ModelLoadingError(spec.path, f"declared for the task {spec.task}, but its folder's is {info.task}",
                                 spec.id)
-    return EncoderEngine(info, engine_config(dataclasses.replace(settings, **spec.options), spec.id))
+    from phi_api.engine.encoder.session import shared_model_file
+    from phi_api.engine.runtime.session import ORT_ERRORS
+    from phi_api.errors import PrepackError
+    from phi_api.settings import cache_root
+
+    try:
+        model_file = shared_model_file(Path(info.path) / "model.onnx", info.inputs, info.output,
+                                       cache_root() / "runtime")
+    except ORT_ERRORS + (PrepackError,) as exc:
+        raise ModelLoadingError(spec.path, f"unreadable model ({type(exc).__name__}: {exc})", spec.id) from exc
+    return EncoderEngine(info, engine_config(dataclasses.replace(settings, **spec.options), spec.id), model_file)
 
 
 def engine_config(settings: Settings, name: str = "") -> EngineConfig:

@@ -263,3 +263,27 @@ def test_an_encoder_folder_is_loaded_and_unloaded_while_serving(served, tiny_cro
     gone = requests.post(served.url + "/v1/score", timeout=60, json={
         "model": "loaded-reranker", "text_1": QUERY, "text_2": DOCUMENTS})
     assert gone.status_code == 404
+
+
+def test_every_worker_maps_one_prepacked_copy_of_the_weights(served, sdk, embedding_model_path):
+    from pathlib import Path
+
+    from tests.support.server import wait_until
+
+    sdk.embeddings.create(model=EMBEDDER, input="warm")
+
+    def mapped(pid: int) -> set[str]:
+        with open(f"/proc/{pid}/maps", encoding="utf-8") as maps:
+            return {line.split()[-1] for line in maps if line.rstrip().endswith("model.onnx.data")}
+
+    def the_encoder_s(path: str) -> bool:  # the prepacked copy's record names the folder it was made from
+        record = Path(path).parent / "source.json"
+        return record.is_file() and json.loads(record.read_text())["source"] == str(Path(embedding_model_path))
+
+    def shared() -> set[str] | None:
+        files = [{path for path in mapped(pid) if the_encoder_s(path)} for pid in served.worker_pids()]
+        common = set.intersection(*files) if files else set()
+        return common if len(files) == 2 and common else None
+
+    # the same data file, mapped by both workers: the weights' pages are one page-cache copy
+    assert len(wait_until(shared, timeout=60, message="both workers to map the encoder's prepacked weights")) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from phi_api.engine.config import EngineConfig
@@ -44,9 +45,12 @@ class EncoderEngine:
     kv_dtype = "none"
     attention_kernel = "onnxruntime"
 
-    def __init__(self, info: EncoderInfo, config: EngineConfig) -> None:
+    def __init__(self, info: EncoderInfo, config: EngineConfig, model_file: Path | None = None) -> None:
+        """``model_file``: the graph each worker's session loads (the host's prepacked copy, whose weights the
+        workers share: :func:`phi_api.engine.encoder.session.shared_model_file`); default: the folder's own."""
         self.info, self.config = info, config
-        self.loop = EncoderLoop(info, config)
+        self.model_file = model_file or Path(info.path) / "model.onnx"
+        self.loop = EncoderLoop(info, config, self.model_file)
         self.observers: list[Callable[..., None]] = []  # a generator's metrics hook: encoders tell theirs elsewhere
         self.draining = False
         self.loaded_at = int(time.time())
@@ -92,13 +96,14 @@ class EncoderEngine:
 
     @property
     def worker_bytes(self) -> int:
-        """What the encoder holds in each worker at most: its session's own copy of the weights (ONNX Runtime reads
-        them into each worker), and one call's activations: ``ENCODER_BATCH_TOKENS`` tokens' hidden and
-        feed-forward vectors, and their attention scores over inputs of the model's length."""
+        """What the encoder holds in each worker at most: one call's activations (``ENCODER_BATCH_TOKENS`` tokens'
+        hidden and feed-forward vectors, and their attention scores over inputs of the model's length), and, unless
+        the workers share a prepacked copy of the weights, its session's own copy of them."""
         tokens, info = self.config.encoder_batch_tokens, self.info
         longest = min(info.context_length, tokens)
         hidden, heads, inner = info.shape
-        return info.size_bytes + 4 * tokens * (4 * hidden + 2 * inner + heads * longest)
+        own = info.size_bytes if self.model_file == Path(info.path) / "model.onnx" else 0
+        return own + 4 * tokens * (4 * hidden + 2 * inner + heads * longest)
 
     @property
     def load(self) -> EncoderLoad:

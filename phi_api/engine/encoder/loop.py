@@ -42,8 +42,8 @@ class EncoderLoad:
 class EncoderLoop:
     """Owns this process's encoder thread and its session."""
 
-    def __init__(self, info: EncoderInfo, config: EngineConfig) -> None:
-        self.info, self.config = info, config
+    def __init__(self, info: EncoderInfo, config: EngineConfig, model_file: Path) -> None:
+        self.info, self.config, self.model_file = info, config, model_file
         self._inbox: collections.deque[Encoding] = collections.deque()
         self._signal = Signal()
         self._relay: HubRelay | None = None
@@ -92,7 +92,7 @@ class EncoderLoop:
     def _run(self) -> None:
         info = self.info
         try:
-            session = EncoderSession(Path(info.path) / "model.onnx", info.inputs, info.output, self.config.threads)
+            session = EncoderSession(self.model_file, info.inputs, info.output, self.config.threads)
         except BaseException as error:  # reported on the hub; requests then fail
             assert self._relay is not None
             self._relay.send("".join(traceback.format_exception(error)))

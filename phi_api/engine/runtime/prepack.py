@@ -93,10 +93,20 @@ def prepacked_model(source: Path, decoder_file: str, cache_dir: Path, spec: Deco
         from phi_api.engine.runtime.spec import DecoderSpec
 
         spec = DecoderSpec.read(source)
-    folder = cache_dir / host_key(source, decoder_file)
-    made_once(folder, lambda staging: _make(source, decoder_file, staging, spec, folder))
+    checked = spec
+    return prepacked_copy(source / decoder_file, cache_dir, lambda original, made: _differs(original, made, checked),
+                          spec.custom_ops)
+
+
+def prepacked_copy(model_file: Path, cache_dir: Path, differs: Callable[[Path, Path], str | None],
+                   custom_ops: str = "") -> Path:
+    """The file to serve the graph ``model_file`` from: its prepacked copy on this host (made now if there is none
+    yet), unless ``differs`` (given the original and the copy) found the copy answers otherwise: then the original.
+    A decoder's and an encoder's alike."""
+    folder = cache_dir / host_key(model_file.parent, model_file.name)
+    made_once(folder, lambda staging: _make(model_file, staging, folder, differs, custom_ops))
     if (folder / UNUSABLE).is_file():
-        return source / decoder_file
+        return model_file
     return folder / MODEL_FILE
 
 
@@ -119,18 +129,20 @@ def made_once(folder: Path, make: Callable[[Path], None]) -> None:
             raise
 
 
-def _make(source: Path, decoder_file: str, staging: Path, spec: DecoderSpec, folder: Path) -> None:
+def _make(model_file: Path, staging: Path, folder: Path, differs: Callable[[Path, Path], str | None],
+          custom_ops: str) -> None:
     started = time.monotonic()
+    source = model_file.parent
     log.info("prepacking %s for this host (once per host and CPU; the workers share it): this takes a while for "
              "a large model", source)
-    _save_prepacked(source / decoder_file, staging, spec.custom_ops)
-    record = {"source": str(source), "decoder": decoder_file}
-    mismatch = _differs(source / decoder_file, staging / MODEL_FILE, spec)
+    _save_prepacked(model_file, staging, custom_ops)
+    record = {"source": str(source), "decoder": model_file.name}
+    mismatch = differs(model_file, staging / MODEL_FILE)
     if mismatch:
         for name in (MODEL_FILE, DATA_FILE):
             (staging / name).unlink(missing_ok=True)
         (staging / UNUSABLE).write_text(json.dumps({**record, "reason": mismatch}))
-        log.warning("the prepacked copy of %s gave other logits than the original (%s): serving the original, "
+        log.warning("the prepacked copy of %s gave other results than the original (%s): serving the original, "
                     "whose weights each worker then holds itself", source, mismatch)
     else:
         log.info("prepacked model written to %s in %.0f s", folder, time.monotonic() - started)
