@@ -6,6 +6,7 @@ scores; each model refusing the others' routes."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import openai
@@ -72,11 +73,27 @@ def test_vectors_match_transformers_own(sdk, reference):
     assert answer.model == EMBEDDER
 
 
-def test_float_and_base64_agree_and_a_text_alone_equals_it_in_a_batch(sdk):
+def test_float_and_base64_agree_and_a_text_alone_equals_it_in_a_batch(sdk, served):
     alone = sdk.embeddings.create(model=EMBEDDER, input=TEXTS[0], encoding_format="float").data[0].embedding
     assert len(alone) == 384 and abs(np.linalg.norm(alone) - 1.0) < 1e-5
     batched = sdk.embeddings.create(model=EMBEDDER, input=[TEXTS[5], TEXTS[1], TEXTS[0]]).data[2].embedding
-    assert np.dot(alone, batched) >= 0.99999
+    assert np.array_equal(np.array(alone, dtype=np.float32), np.array(batched, dtype=np.float32))
+
+
+def test_a_vector_is_the_same_bits_whatever_it_is_encoded_with(served):
+    """A request's answer depends on the request only: the same text alone, among longer and shorter ones, and
+    while other requests' inputs are batched with it."""
+    def vectors(texts: list[str]) -> list[str]:
+        answer = requests.post(served.url + "/v1/embeddings", timeout=60,
+                               json={"model": EMBEDDER, "input": texts, "encoding_format": "base64"})
+        return [item["embedding"] for item in answer.json()["data"]]
+
+    alone = [vectors([text])[0] for text in TEXTS]
+    assert vectors(TEXTS) == alone
+    assert vectors(TEXTS[::-1]) == alone[::-1]
+    with ThreadPoolExecutor(6) as pool:  # concurrent requests: their inputs share the encoder's calls
+        together = list(pool.map(lambda text: vectors([text, "padding " * 40])[0], TEXTS * 3))
+    assert together == alone * 3
 
 
 def test_token_ids_are_embedded_as_given(sdk, served):
