@@ -196,7 +196,7 @@ class Models:
         """Load ``spec`` on this server: 400 for an id already served, past ``MAX_MODELS``, for a folder that
         is not a model, or for a model that does not fit the memory budget even once idle models are unloaded;
         500 (with the cause) for a model that fails to load. Nothing changes on failure."""
-        check_folder(spec.path)
+        check_folder(spec.path, spec.task)
         make_room(self, spec)
         with self._in_step, self._file.locked():
             self._sync_now()

@@ -60,9 +60,9 @@ class ModelSpec:
         return cls(model_id.strip(), path, checked, task)
 
 
-def check_folder(path: str) -> None:
+def check_folder(path: str, task: str | None = None) -> None:
     """400 unless ``path`` is an ONNX Runtime GenAI model folder (its config, its graph and its files) or an encoder's
-    (:mod:`phi_api.engine.encoder.folder`)."""
+    (:mod:`phi_api.engine.encoder.folder`), of ``task`` when one is given."""
     folder = Path(path)
     try:
         found = folder.is_dir()
@@ -73,10 +73,15 @@ def check_folder(path: str) -> None:
         raise InvalidParameterError(f"No folder {path} on the server.", param="path")
     if is_encoder_folder(folder):
         try:
-            EncoderInfo.read(folder)
+            kind = EncoderInfo.read(folder).task
         except FolderError as exc:
             raise InvalidParameterError(f"{path} is not a usable encoder folder: {exc}", param="path") from None
+        if task not in (None, kind):
+            raise InvalidParameterError(f"{path} holds an encoder of the task {kind}, not {task}.", param="task")
         return
+    if task not in (None, "generate"):
+        raise InvalidParameterError(f"{path} holds a generator (genai_config.json), not an encoder of the task "
+                                    f"{task}.", param="task")
     if not (folder / CONFIG_FILE).is_file():
         missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
     else:

@@ -54,7 +54,7 @@ def model_errors(settings: Settings) -> tuple[list[str], list[str]]:
     errors, notes = [], []
     for spec in specs:
         try:
-            check_folder(spec.path)
+            check_folder(spec.path, spec.task)
             notes.append(f"model {spec.id}: {spec.path}")
         except InvalidParameterError as error:
             errors.append(f"model {spec.id}: {error.message}")

@@ -52,6 +52,18 @@ def test_check_passes_a_served_folder_and_says_what_it_runs_with(model_path, tmp
     assert found.stdout.rstrip().endswith("configuration: ok")
 
 
+def test_check_passes_an_encoder_beside_a_generator_and_flags_a_task_its_folder_does_not_do(model_path,
+                                                                                                embedding_model_path,
+                                                                                                tmp_path):
+    listing = tmp_path / "models.json"
+    for task, ok in (("embed", True), ("rerank", False)):
+        listing.write_text(json.dumps({"models": [{"id": "chat", "path": model_path},
+                                                  {"id": "vectors", "path": embedding_model_path, "task": task}]}))
+        found = phi_api("check", MODELS_FILE=str(listing), PHI_API_CACHE_DIR=str(tmp_path))
+        assert (found.returncode == 0) == ok, found.stdout + found.stderr
+        assert ok or f"holds an encoder of the task embed, not {task}" in found.stdout
+
+
 def test_a_bad_value_is_an_error_and_ordinary_variables_are_no_warning(tmp_path):
     errors, warnings, _ = check.run({"SERVER_PORT": "eighty", "HOME": "/root", "LOGNAME": "root",
                                      "PATH": "/usr/bin", "MODEL_PATH": str(tmp_path)})
