@@ -49,6 +49,7 @@ class EncoderLoop:
         self._relay: HubRelay | None = None
         self._started_pid: int | None = None
         self._ready = self._stopping = self._retiring = False
+        self._broken: str | None = None  # why this process's session could not be made
         self._arrivals = 0
         self.load = EncoderLoad()
         self.failure: str | None = None
@@ -64,6 +65,7 @@ class EncoderLoop:
         if self._started_pid != os.getpid():
             self._started_pid = os.getpid()
             self._stopping = self._ready = False
+            self._broken = None
             self._inbox.clear()
             self._relay = HubRelay(self._deliver)
             start_thread(self._run, name=b"phi-encoder")
@@ -72,6 +74,9 @@ class EncoderLoop:
         if self._retiring:
             raise RetiredError("this model has been unloaded")
         self.start()
+        if self._broken is not None:  # its session could not be made: nothing would ever encode it
+            job.end("error", self._broken)
+            return
         self._inbox.append(job)
         self._signal.set()
 
@@ -93,9 +98,12 @@ class EncoderLoop:
         info = self.info
         try:
             session = EncoderSession(self.model_file, info.inputs, info.output, self.config.threads)
-        except BaseException as error:  # reported on the hub; requests then fail
+        except BaseException as error:  # reported on the hub; requests then fail at once
+            cause = self._broken = "".join(traceback.format_exception(error))
             assert self._relay is not None
-            self._relay.send("".join(traceback.format_exception(error)))
+            self._relay.send(cause)
+            while self._inbox:
+                self._inbox.popleft().end("error", cause)
             return
         self._ready = True
         pending: list[Pending] = []
