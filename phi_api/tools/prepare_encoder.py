@@ -152,7 +152,10 @@ def export_encoder(hf_dir: Path, out_dir: Path, task: str) -> None:
     if task == "embed":
         pooling_mode(hf_dir)  # an unsupported pooling is refused before the export
     model = _load(hf_dir, task)
-    names = [name for name in INPUT_NAMES if name in inspect.signature(model.forward).parameters]
+    names = [name for name in INPUT_NAMES if name in inspect.signature(model.forward).parameters
+             and (name != "token_type_ids" or int(getattr(model.config, "type_vocab_size", 2) or 0) > 1)]
+    # A model of one token type (RoBERTa, XLM-R) takes no types: its graph gets none, whatever a tokenizer's pair
+    # template says (a BERT-style template would give the second text type 1, past its table).
     dummy = dummy_batch(model.config)
     feeds = {name: dummy[name] for name in names}
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -229,3 +229,38 @@ def test_prepare_model_exports_a_local_encoder_folder(tiny_cross_encoder, tmp_pa
     again = subprocess.run(command + ["--task", "embed"], capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0, again.stderr  # another task: exported again, as an embedder
     assert json.loads((tmp_path / "reranker" / ENCODER_CONFIG).read_text())["task"] == "embed"
+
+
+def test_a_model_of_one_token_type_takes_none_and_scores_pairs_as_transformers(embedding_model_path, tmp_path):
+    """An XLM-R (RoBERTa) cross-encoder: one token type, positions past the padding id. Its graph takes no types, so
+    a pair's second text (type 1 by the BERT-style template of the tokenizer borrowed here) scores as transformers
+    scores it with types all zero."""
+    import torch
+    from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
+
+    from phi_api.engine.encoder.batcher import Pending, padded
+    from phi_api.engine.encoder.folder import EncoderInfo
+    from phi_api.engine.encoder.session import EncoderSession
+    from phi_api.engine.encoder.tokens import EncoderTokenizer
+    from phi_api.tools.prepare_encoder import export_encoder
+    from tests.support.tiny_encoders import copy_tokenizer
+
+    hf_dir, out = tmp_path / "hf", tmp_path / "onnx"
+    torch.manual_seed(0)
+    config = XLMRobertaConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=64, max_position_embeddings=130, type_vocab_size=1, pad_token_id=1,
+                              num_labels=1, initializer_range=0.2)
+    XLMRobertaForSequenceClassification(config).eval().save_pretrained(hf_dir)
+    copy_tokenizer(Path(embedding_model_path), hf_dir)
+    export_encoder(hf_dir, out, "rerank")
+    info = EncoderInfo.read(out)
+    assert "token_type_ids" not in info.inputs and info.context_length == 128
+    pairs = EncoderTokenizer(out).pairs(list(zip(QUERIES, DOCUMENTS, strict=True)))
+    assert any(one.types is not None and one.types.any() for one in pairs)  # the template's type 1, to be ignored
+    ids, mask, types = padded([Pending(None, index, one, 0, 0) for index, one in enumerate(pairs)])  # as served
+    ours = EncoderSession(out / "model.onnx", info.inputs, info.output, threads=1).run(ids, mask, types)
+    model = XLMRobertaForSequenceClassification.from_pretrained(hf_dir).eval()
+    with torch.no_grad():  # each pair alone, unpadded, types all zero
+        expected = np.concatenate([model(input_ids=torch.from_numpy(one.ids[None, :])).logits.numpy()
+                                   for one in pairs])
+    assert np.abs(ours - expected).max() <= 1e-4
