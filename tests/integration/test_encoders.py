@@ -304,3 +304,13 @@ def test_every_worker_maps_one_prepacked_copy_of_the_weights(served, sdk, embedd
 
     # the same data file, mapped by both workers: the weights' pages are one page-cache copy
     assert len(wait_until(shared, timeout=60, message="both workers to map the encoder's prepacked weights")) == 1
+
+
+def test_ollama_s_keep_alive_zero_unloads_the_embedding_model_once_answered(served, embedding_model_path):
+    assert requests.post(served.url + "/v1/models/load", timeout=120,
+                         json={"model": "spare-embedder", "path": embedding_model_path}).status_code == 200
+    answer = requests.post(served.url + "/api/embed", timeout=60,
+                           json={"model": "spare-embedder", "input": "once", "keep_alive": 0})
+    assert answer.status_code == 200 and len(answer.json()["embeddings"][0]) == 384
+    listed = [model["name"] for model in requests.get(served.url + "/api/tags", timeout=30).json()["models"]]
+    assert "spare-embedder" not in listed and EMBEDDER in listed
