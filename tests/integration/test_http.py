@@ -79,7 +79,7 @@ def test_malformed_json_unknown_routes_and_wrong_methods_are_json(server):
     assert response.status == 400 and json.loads(data)["error"]["code"] == "invalid_json"
     for call, status, code in [
         (lambda: requests.get(server.url + "/v1/nothing"), 404, "not_found"),
-        (lambda: requests.post(server.url + "/v1/embeddings", json={}), 404, "not_found"),
+        (lambda: requests.post(server.url + "/v1/moderations", json={}), 404, "not_found"),
         (lambda: requests.get(server.url + "/v1/chat/completions"), 405, "method_not_allowed"),
         (lambda: requests.delete(server.url + "/v1/models"), 405, "method_not_allowed"),
     ]:
