@@ -44,6 +44,18 @@ def test_never_less_than_a_few_tokens_and_never_more_than_a_chunk():
     assert fast.bounded_tokens() == 64
 
 
+def test_a_chunk_timed_faster_than_the_step_floor_plans_whole_chunks():
+    """A noisy floor (a one-row step timed while the machine was busy) can exceed a whole chunk's time: a prompt
+    token then measures as free, and the plan takes whole chunks rather than dividing by zero (it failed every
+    request of the worker in a clean run)."""
+    noisy = ChunkPlanner(64, grid=False, slice_seconds=0.2, costs=StepCosts())
+    noisy.costs.observe_step(1, 0.3)
+    noisy.costs.observe_prefill(64, 0.1)
+    assert noisy.costs.per_token == 0.0
+    assert noisy.bounded_tokens() == 64
+    assert noisy.end(64, 300, 0, crowded=True) == 128
+
+
 def test_the_exact_grid_whatever_the_crowd():
     exact = ChunkPlanner(64, grid=True, slice_seconds=0.2, costs=StepCosts())
     assert [exact.end(start, 300, 0, crowded=True) for start in (0, 64, 256)] == [64, 128, 300]
