@@ -175,36 +175,21 @@ class Sampler:
         place): each draft token kept while accepted, then one token of the model's own; at most
         ``len(drafts) + 1``.
 
-        The rule is exact in distribution: a greedy row keeps a draft token while it is the argmax; a sampled row
-        keeps draft token ``x`` with probability ``p(x)``, ``p`` being the distribution :func:`sample` draws from
-        after every logit processor, and on rejection draws from ``p`` with ``x`` removed (the standard
-        speculative-sampling rule for a draft that is certain). Each position is processed after the tokens before
-        it were accepted (penalties, masks and grammar see them), as without a draft.
+        At each position the row chooses its token as it would without a draft, with its own next draw, and the
+        draft token is kept when it is that token. For a draft that is one certain token this is the standard
+        speculative-sampling rule (``x`` kept with probability ``p(x)``, else a token drawn from ``p`` without
+        ``x``), and it draws exactly as decoding without drafts does, one draw a token: a seeded answer is the same
+        with drafts on and off wherever a check's logits are a plain step's. Each position is processed after the
+        tokens before it were accepted (penalties, masks and grammar see them), as without a draft.
         """
         chosen = []
         for position, logits in enumerate(rows):
-            draft = drafts[position] if position < len(drafts) else None
-            token = self._choose_against(logits, draft)
+            self._process(logits)
+            token = self._pick(logits)
             chosen.append((token, self.observe(token)))
-            if token != draft:
+            if position >= len(drafts) or token != drafts[position]:
                 break
         return chosen
-
-    def _choose_against(self, logits: np.ndarray, draft: int | None) -> int:
-        self._process(logits)
-        if draft is None:
-            return self._pick(logits)
-        if self._rng is None or not np.isfinite(logits).any():
-            return self._pick(logits)
-        pool, probabilities = distribution(logits, self.params.temperature, self.params.top_k, self.params.top_p)
-        where = np.flatnonzero(pool == draft)
-        accepted = probabilities[where[0]] if where.size else 0.0
-        if self._rng.random() < accepted:
-            return draft
-        residual = probabilities.copy()
-        if where.size:
-            residual[where[0]] = 0.0
-        return int(pool[_draw(residual.astype(np.float32), self._rng.random())])
 
     def _process(self, logits: np.ndarray) -> None:
         """Every logit processor, in the order of the module's docstring (before the choice itself)."""

@@ -137,6 +137,28 @@ def test_sampled_tokens_follow_the_target_distribution(params, draft):
     assert counts[target == 0].sum() == 0
 
 
+@pytest.mark.parametrize("params", [{"temperature": 1.0}, {"temperature": 0.8, "top_p": 0.9, "top_k": 5},
+                                    {"temperature": 1.2, "presence_penalty": 1.5}])
+def test_a_seeded_check_draws_as_decoding_without_drafts(params):
+    """A check takes the same tokens, with the same draws, as the same positions decoded one at a time: with a
+    draft kept whole, and with one refused midway (the refused position gives the token decoding gives there)."""
+    rng = np.random.default_rng(7)
+    for seed in range(40):
+        rows = np.stack([LOGITS + rng.normal(0, 0.5, LOGITS.size).astype(np.float32) for _ in range(4)])
+
+        def sampler(seed: int = seed) -> Sampler:
+            return Sampler(SamplingParams(max_tokens=8, seed=seed, **params), np.array([], dtype=np.int32),
+                           frozenset({EOS}))
+
+        plain = sampler()
+        decoded = [plain.choose(row.copy())[0] for row in rows]
+        whole = [token for token, _ in sampler().verify(rows.copy(), decoded[:3])]
+        assert whole == decoded
+        wrong = (decoded[1] + 1) % LOGITS.size
+        refused = [token for token, _ in sampler().verify(rows.copy(), [decoded[0], wrong, decoded[2]])]
+        assert refused == decoded[:2]
+
+
 def test_a_whole_accepted_draft_ends_with_a_token_of_the_model_s_own():
     sampler = Sampler(SamplingParams(max_tokens=8, temperature=0), np.array([], dtype=np.int32), frozenset({EOS}))
     rows = np.stack([LOGITS.copy() for _ in range(3)])
