@@ -5,9 +5,7 @@ inputs of every request of the worker from a thread-safe inbox, and encodes them
 
 from __future__ import annotations
 
-import collections
 import logging
-import os
 import time
 import traceback
 from dataclasses import dataclass
@@ -21,9 +19,7 @@ from phi_api.engine.encoder.folder import EncoderInfo
 from phi_api.engine.encoder.job import Encoding
 from phi_api.engine.encoder.pooling import normalized, pool, scores
 from phi_api.engine.encoder.session import EncoderSession
-from phi_api.engine.threads.native import Signal, start_thread
-from phi_api.engine.threads.wakeup import HubRelay
-from phi_api.errors import RetiredError
+from phi_api.engine.threads.owner import ThreadOwner
 
 log = logging.getLogger(__name__)  # on the hub's thread only
 
@@ -39,16 +35,12 @@ class EncoderLoad:
     kv_budget: int = 0
 
 
-class EncoderLoop:
+class EncoderLoop(ThreadOwner[Encoding]):
     """Owns this process's encoder thread and its session."""
 
     def __init__(self, info: EncoderInfo, config: EngineConfig, model_file: Path) -> None:
+        super().__init__(thread_name=b"phi-encoder")
         self.info, self.config, self.model_file = info, config, model_file
-        self._inbox: collections.deque[Encoding] = collections.deque()
-        self._signal = Signal()
-        self._relay: HubRelay | None = None
-        self._started_pid: int | None = None
-        self._ready = self._stopping = self._retiring = False
         self._broken: str | None = None  # why this process's session could not be made
         self._arrivals = 0
         self.load = EncoderLoad()
@@ -56,37 +48,15 @@ class EncoderLoop:
 
     # The hub's side ---------------------------------------------------------------------------------
 
-    @property
-    def running(self) -> bool:
-        return self._started_pid == os.getpid() and self._ready and not self._stopping
-
-    def start(self) -> None:
-        """Start the encoder thread in this process (after a fork, a new one)."""
-        if self._started_pid != os.getpid():
-            self._started_pid = os.getpid()
-            self._stopping = self._ready = False
-            self._broken = None
-            self._inbox.clear()
-            self._relay = HubRelay(self._deliver)
-            start_thread(self._run, name=b"phi-encoder")
-
     def submit(self, job: Encoding) -> None:
-        if self._retiring:
-            raise RetiredError("this model has been unloaded")
-        self.start()
+        self._admit()
         if self._broken is not None:  # its session could not be made: nothing would ever encode it
             job.end("error", self._broken)
             return
-        self._inbox.append(job)
-        self._signal.set()
+        self._push(job)
 
-    def stop(self) -> None:
-        self._stopping = True
-        self._signal.set()
-
-    def retire(self) -> None:
-        self._retiring = True
-        self._signal.set()
+    def _on_start(self) -> None:
+        self._broken = None
 
     def _deliver(self, failure: str) -> None:
         self.failure = failure
@@ -100,8 +70,7 @@ class EncoderLoop:
             session = EncoderSession(self.model_file, info.inputs, info.output, self.config.threads)
         except BaseException as error:  # reported on the hub; requests then fail at once
             cause = self._broken = "".join(traceback.format_exception(error))
-            assert self._relay is not None
-            self._relay.send(cause)
+            self._send(cause)
             while self._inbox:
                 self._inbox.popleft().end("error", cause)
             return

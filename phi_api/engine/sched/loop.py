@@ -15,9 +15,7 @@ gevent hub keeps serving while the thread computes.
 
 from __future__ import annotations
 
-import collections
 import logging
-import os
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,8 +37,8 @@ from phi_api.engine.runtime.spec import DecoderSpec
 from phi_api.engine.sched.continuous import ContinuousBatch
 from phi_api.engine.sched.prefill import ChunkPlanner
 from phi_api.engine.sched.stepcost import StepCosts
-from phi_api.engine.threads.native import Signal, give_back_memory, start_thread
-from phi_api.engine.threads.wakeup import HubRelay
+from phi_api.engine.threads.native import give_back_memory
+from phi_api.engine.threads.owner import ThreadOwner
 from phi_api.errors import CapacityError, RetiredError
 
 __all__ = ["CapacityError", "EngineLoad", "EngineLoop", "RetiredError"]
@@ -71,11 +69,12 @@ def _ended() -> None:
     log.info("engine stopped; its memory is given back")
 
 
-class EngineLoop:
+class EngineLoop(ThreadOwner[list[Choice]]):
     """Owns this process's engine thread, its decoder session, and the batch it runs."""
 
     def __init__(self, model: Model, config: EngineConfig, *, report: Report,
                  memory: SharedBudget | None = None) -> None:
+        super().__init__()
         self._model = model
         self.config = config
         self.memory = memory if memory is not None else SharedBudget(config.kv_budget_bytes)
@@ -84,13 +83,6 @@ class EngineLoop:
         # Made on the hub, for capacity checks before anything is queued; the engine thread makes its own.
         self._capacity = Ledger(model.spec, config.kv_budget_bytes, config.max_rows, model.info.context_length,
                                 shared=self.memory, open_account=False)
-        self._inbox: collections.deque[list[Choice]] = collections.deque()
-        self._signal = Signal()
-        self._relay: HubRelay | None = None
-        self._started_pid: int | None = None
-        self._ready = False
-        self._stopping = False
-        self._retiring = False
         self._arrivals = 0
         self.load = EngineLoad(kv_budget=config.kv_budget_bytes)
         self.batch: ContinuousBatch | None = None  # the engine thread's, for a look from tests
@@ -98,41 +90,14 @@ class EngineLoop:
 
     # The hub's side ---------------------------------------------------------------------------------
 
-    @property
-    def running(self) -> bool:
-        """Whether this process's engine thread is up and its decoder loaded."""
-        return self._started_pid == os.getpid() and self._ready and not self._stopping
-
-    def start(self) -> None:
-        """Start the engine thread in this process (after a fork, a new one); call from the hub's thread."""
-        if self._started_pid != os.getpid():
-            self._started_pid = os.getpid()
-            self._stopping = self._ready = False
-            self._inbox.clear()
-            self._relay = HubRelay(self._deliver)
-            start_thread(self._run)
-
     def check_capacity(self, prompt_tokens: int, max_tokens: int, rows: int) -> None:
         """Raise :class:`CapacityError` if such a request could never fit the key/value budget."""
         self._capacity.check_capacity(min(self._model.info.context_length, prompt_tokens + max_tokens), rows)
 
     def submit(self, choices: list[Choice]) -> None:
         """Queue a request's choices (its choices); they start within one iteration if there is room."""
-        if self._retiring:
-            raise RetiredError("this model has been unloaded")
-        self.start()
-        self._inbox.append(choices)
-        self._signal.set()
-
-    def stop(self) -> None:
-        """Ask the engine thread to cancel what it runs and exit."""
-        self._stopping = True
-        self._signal.set()
-
-    def retire(self) -> None:
-        """Take nothing new; let what runs finish, then exit and free the session and the pool."""
-        self._retiring = True
-        self._signal.set()
+        self._admit()
+        self._push(choices)
 
     def _deliver(self, item: Any) -> None:
         if item is _THREAD_ENDED:
@@ -233,8 +198,3 @@ class EngineLoop:
     def _publish(self, choice: Choice, finished: Finished) -> None:
         choice.emit(finished)
         self._send((choice, finished))
-
-    def _send(self, item: Any) -> None:
-        """To the hub's thread (the relay is closed only once this thread has ended)."""
-        assert self._relay is not None
-        self._relay.send(item)
