@@ -9,18 +9,22 @@ from pathlib import Path
 from phi_api.engine import EncoderEngine, EncoderInfo, Engine, EngineConfig, SharedBudget, is_encoder_folder
 from phi_api.errors import FolderError, ModelLoadingError
 from phi_api.models.sampling import sampling_defaults
-from phi_api.models.specs import ModelSpec
+from phi_api.models.specs import ModelSpec, task_mismatch
 from phi_api.settings import Settings, engine_values
 
 
 def load_engine(settings: Settings, spec: ModelSpec, memory: SharedBudget | None = None) -> Engine | EncoderEngine:
     """Load the model ``spec`` names, with its own engine options over ``settings``, its keys and values in the
     worker's ``memory``; raises :class:`ModelLoadingError` with the model, its path and the cause."""
-    if os.path.isdir(spec.path) and is_encoder_folder(spec.path):
-        return load_encoder(settings, spec)
-    if spec.task not in (None, "generate"):
-        raise ModelLoadingError(spec.path, f"declared for the task {spec.task}, but it holds a generator "
-                                "(genai_config.json), not an encoder", spec.id)
+    if os.path.isdir(spec.path):
+        try:
+            mismatch = task_mismatch(spec.path, spec.task)
+        except (FolderError, OSError) as exc:
+            raise ModelLoadingError(spec.path, str(exc), spec.id) from exc
+        if mismatch is not None:
+            raise ModelLoadingError(spec.path, f"declared for the task {spec.task}, but it {mismatch}", spec.id)
+        if is_encoder_folder(spec.path):
+            return _load_encoder(settings, spec)
     from google.protobuf.message import DecodeError
 
     from phi_api.engine.runtime import oga
@@ -47,15 +51,12 @@ def load_engine(settings: Settings, spec: ModelSpec, memory: SharedBudget | None
     return Engine(model, config, memory)
 
 
-def load_encoder(settings: Settings, spec: ModelSpec) -> EncoderEngine:
+def _load_encoder(settings: Settings, spec: ModelSpec) -> EncoderEngine:
     """An encoder folder's engine (its session is made by each worker's encoder thread, after the fork)."""
     try:
         info = EncoderInfo.read(spec.path)
     except (FolderError, OSError) as exc:
         raise ModelLoadingError(spec.path, str(exc), spec.id) from exc
-    if spec.task not in (None, info.task):
-        raise ModelLoadingError(spec.path, f"declared for the task {spec.task}, but its folder's is {info.task}",
-                                spec.id)
     from phi_api.engine.encoder.session import shared_model_file
     from phi_api.engine.runtime.session import ORT_ERRORS
     from phi_api.errors import PrepackError

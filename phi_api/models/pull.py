@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phi_api.engine.encoder.folder import ENCODER_CONFIG
+from phi_api.engine.runtime.folder import CONFIG_FILE as GENAI_CONFIG
 from phi_api.errors import PullError
 
-GENAI_CONFIG = "genai_config.json"
-ENCODER_CONFIG = "encoder_config.json"  # an encoder folder's, as phi-api prepare-model writes it
 MARKERS = (GENAI_CONFIG, ENCODER_CONFIG)  # what makes a folder a model phi-api serves
 
 

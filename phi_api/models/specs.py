@@ -60,6 +60,19 @@ class ModelSpec:
         return cls(model_id.strip(), path, checked, task)
 
 
+def task_mismatch(folder: str | Path, task: str | None) -> str | None:
+    """What the folder holds, if it is not a model of the declared ``task`` (None: it is, or none is declared);
+    raises :class:`FolderError` for an encoder folder that cannot be read."""
+    if task is None:
+        return None
+    if is_encoder_folder(folder):
+        kind = EncoderInfo.read(folder).task
+        return None if kind == task else f"holds an encoder of the task {kind}, not {task}"
+    if task != "generate":
+        return f"holds a generator ({CONFIG_FILE}), not an encoder of the task {task}"
+    return None
+
+
 def check_folder(path: str, task: str | None = None) -> None:
     """400 unless ``path`` is an ONNX Runtime GenAI model folder (its config, its graph and its files) or an encoder's
     (:mod:`phi_api.engine.encoder.folder`), of ``task`` when one is given."""
@@ -71,17 +84,14 @@ def check_folder(path: str, task: str | None = None) -> None:
         raise InvalidParameterError(f"The file system refuses that path ({reason}).", param="path") from None
     if not found:
         raise InvalidParameterError(f"No folder {path} on the server.", param="path")
+    try:
+        mismatch = task_mismatch(folder, task)
+    except FolderError as exc:
+        raise InvalidParameterError(f"{path} is not a usable encoder folder: {exc}", param="path") from None
+    if mismatch is not None:
+        raise InvalidParameterError(f"{path} {mismatch}.", param="task")
     if is_encoder_folder(folder):
-        try:
-            kind = EncoderInfo.read(folder).task
-        except FolderError as exc:
-            raise InvalidParameterError(f"{path} is not a usable encoder folder: {exc}", param="path") from None
-        if task not in (None, kind):
-            raise InvalidParameterError(f"{path} holds an encoder of the task {kind}, not {task}.", param="task")
         return
-    if task not in (None, "generate"):
-        raise InvalidParameterError(f"{path} holds a generator (genai_config.json), not an encoder of the task "
-                                    f"{task}.", param="task")
     if not (folder / CONFIG_FILE).is_file():
         missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
     else:

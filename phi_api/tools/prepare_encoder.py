@@ -31,6 +31,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from types import MappingProxyType
 from typing import Any
 
+from phi_api.engine.encoder.folder import ENCODER_CONFIG, ENCODER_FILES, TASKS
 from phi_api.errors import PreparationError
 from phi_api.tools.prepare import Progress, _stderr, _timed, build_into, is_ready, model_dir
 
@@ -42,9 +43,6 @@ EMBEDDING_SOURCE = f"{EMBEDDING_DISTRIBUTION}/{EMBEDDING_ZIP}"
 ENCODER_RECIPE: dict[str, Any] = {"precision": "fp32", "execution_provider": "cpu"}
 # 1: the first encoder folders (TorchScript export, opset 17, float32).
 ENCODER_RECIPE_VERSION = 1
-ENCODER_CONFIG = "encoder_config.json"
-ENCODER_FILES = ("model.onnx", "tokenizer.json", ENCODER_CONFIG)
-TASKS = ("embed", "rerank")
 OUTPUTS = MappingProxyType({"embed": "last_hidden_state", "rerank": "logits"})
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 # Copied from the Hugging Face folder when present (the pooling module's config is copied from where modules.json says)
