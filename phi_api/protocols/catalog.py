@@ -31,10 +31,10 @@ def openai_model(served: Served) -> dict[str, Any]:
     task (``generate``, ``embed``, ``rerank``) and, for a generator, the sampling defaults a request that omits a
     field gets (phi-api's ``sampling_defaults``)."""
     engine = served.engine
-    own = {"task": engine.task, "dimensions": engine.info.dimensions} if isinstance(engine, EncoderEngine) else {
-        "task": "generate", "sampling_defaults": dict(engine.config.sampling_defaults)}
+    own = {"dimensions": engine.info.dimensions} if isinstance(engine, EncoderEngine) else {
+        "sampling_defaults": dict(engine.config.sampling_defaults)}
     return {"id": served.spec.id, "object": "model", "created": served.loaded_at, "owned_by": "system",
-            "max_model_len": engine.info.context_length, **own}
+            "max_model_len": engine.info.context_length, "task": task_of(served), **own}
 
 
 def openai_list(models: list[Served]) -> dict[str, Any]:

@@ -45,15 +45,15 @@ def _respond_encoded(reading: EncodeReading) -> Response:
     """An embedding or scoring request through the one gate, answered whole; the answer (thousands of numbers) is
     made and encoded on a pooled thread, in slices, while the hub serves the worker's streams."""
     run = admission.admit(gate(), current_caller(), reading.request)
-    results = encoding.collect(run, disconnect_probe())
-    text = off_hub(lambda: jsontext.dumps_in_slices(reading.renderer(run, results)) + "\n")
+    text = off_hub(jsontext.dumps_in_slices, encoded_whole(reading, run, disconnect_probe())) + "\n"
     return Response(text, mimetype="application/json")
 
 
-def encoded_whole(reading: EncodeReading, run: encoding.EncodeRun) -> dict[str, Any]:
-    """An encoding run's whole answer, collected (a batch line's: no client to notice leaving), made on a pooled
-    thread."""
-    results = encoding.collect(run)
+def encoded_whole(reading: EncodeReading, run: encoding.EncodeRun,
+                  gone: Callable[[], bool] = lambda: False) -> dict[str, Any]:
+    """An encoding run's whole answer, collected (ended early once ``gone`` says its client left; a batch line has
+    no client to notice leaving), made on a pooled thread."""
+    results = encoding.collect(run, gone)
     return off_hub(reading.renderer, run, results)
 
 
