@@ -90,8 +90,11 @@ class EncoderEngine:
         return Encoded(job, waker)
 
     def _tokens(self) -> EncoderTokenizer:
+        """The tokenizer, parsed on a pooled thread at its first use in this process: parsing ``tokenizer.json``
+        takes tens of milliseconds, which on the hub would stall every stream of the worker."""
         if self._tokenizer is None:
-            self._tokenizer = EncoderTokenizer(self.info.path)
+            made = off_hub(EncoderTokenizer, self.info.path)
+            self._tokenizer = self._tokenizer or made  # another greenlet may have made it meanwhile
         return self._tokenizer
 
     @property

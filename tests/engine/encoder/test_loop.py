@@ -1,8 +1,10 @@
 """The encoder thread on the tiny embedder: requests' inputs encoded together as each alone, cancelled and timed-out
-requests dropped, and a session that cannot be made failing requests at once rather than leaving them waiting."""
+requests dropped, a session that cannot be made failing requests at once rather than leaving them waiting, and the
+tokenizer parsed off the hub."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -67,3 +69,17 @@ def test_an_engine_s_memory_in_a_worker_counts_its_weights_unless_they_are_share
     own = EncoderEngine(info, EngineConfig()).worker_bytes
     shared = EncoderEngine(info, EngineConfig(), tmp_path / "prepacked.onnx").worker_bytes
     assert own - shared == info.size_bytes and shared > 0
+
+
+def test_the_tokenizer_is_parsed_off_the_hub_once(tiny_embedder, monkeypatch):
+    made_on = []
+
+    class Counted(EncoderTokenizer):
+        def __init__(self, folder):
+            made_on.append(threading.get_ident())
+            super().__init__(folder)
+
+    monkeypatch.setattr("phi_api.engine.encoder.engine.EncoderTokenizer", Counted)
+    engine = EncoderEngine(EncoderInfo.read(tiny_embedder), EngineConfig())
+    assert engine.vocab_size > 0 and len(engine.texts(["one", "two"])) == 2 and len(engine.token_ids([1, 2])) == 2
+    assert len(made_on) == 1 and made_on[0] != threading.get_ident()
