@@ -1,5 +1,6 @@
-"""Embeddings on a shared server (real gunicorn, API keys): each key's usage is the tokens it had embedded, its
-token limit is held before the work, and a Batch API line of /v1/embeddings answers as the live route does."""
+"""Embeddings on a shared server (real gunicorn, API keys): each key's usage is the tokens it had embedded (a
+request its client left: what was encoded before), its token limit is held before the work, and a Batch API line of
+/v1/embeddings answers as the live route does."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import requests
 from openai import OpenAI
 
 from tests.integration.test_batches import finished, results
-from tests.support.server import Server
+from tests.support.server import Server, wait_until
 
 EMBEDDER = "all-minilm-l6-v2"
 KEYS = {"team-a": "sk-team-a-secret", "team-b": "sk-team-b-secret", "small": "sk-small-secret",
@@ -81,3 +82,18 @@ def test_a_batch_of_embeddings_answers_as_the_live_route(keyed):
     for index in range(len(TEXTS)):
         body = answered[f"e{index}"]["response"]["body"]
         assert np.dot(body["data"][0]["embedding"], live[index].embedding) >= 0.99999
+
+
+def test_a_request_its_client_leaves_is_charged_the_inputs_encoded_before(keyed):
+    text = " ".join(["word"] * 200)
+    each = sdk(keyed, "team-a").embeddings.create(model=EMBEDDER, input=text).usage.prompt_tokens
+    before = usage(keyed)["team-a"]
+    inputs = 2048  # ~400k tokens: far more than encoding does in the seconds before the client hangs up
+    with pytest.raises(openai.APITimeoutError):
+        sdk(keyed, "team-a").with_options(timeout=10).embeddings.create(model=EMBEDDER, input=[text] * inputs)
+    # The request counts when its client leaves; its tokens once the encoder is done with the inputs it was at.
+    after = wait_until(lambda: (now := usage(keyed)["team-a"])["prompt_tokens"] > before["prompt_tokens"] and now,
+                       120, interval=0.2, message="the abandoned request's tokens in its key's usage")
+    charged = after["prompt_tokens"] - before["prompt_tokens"]
+    assert after["requests"] == before["requests"] + 1
+    assert 0 < charged < inputs * each and charged % each == 0  # whole inputs encoded, not the request's tokens
