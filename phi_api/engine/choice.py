@@ -59,8 +59,20 @@ class Finished:
     drafted_tokens: int = 0  # prompt-lookup draft tokens it verified ...
     accepted_tokens: int = 0  # ... and kept
     draft_checks: int = 0  # steps that checked a draft
+    # Per draft source (prompt, prediction, history: engine.sampling.draft): tokens checked, and kept.
+    draft_sources: tuple[tuple[str, int, int], ...] = ()
     queue_seconds: float | None = None  # from submission until its request started (None: it never did)
     first_of_prompt: bool = True  # the first choice of its prompt: the prompt's tokens count with it
+
+    @property
+    def predicted_accepted(self) -> int:
+        """Draft tokens from the request's prediction that were kept."""
+        return sum(kept for source, _, kept in self.draft_sources if source == "prediction")
+
+    @property
+    def predicted_rejected(self) -> int:
+        """Draft tokens from the request's prediction that were checked and refused."""
+        return sum(checked - kept for source, checked, kept in self.draft_sources if source == "prediction")
 
     @property
     def ok(self) -> bool:

@@ -28,6 +28,7 @@ class EngineConfig:
     prefill_slice: float = 0.2  # PREFILL_SLICE_SECONDS: the longest a prompt chunk holds others up
     batch_invariant: bool = False  # BATCH_INVARIANT: a row's numbers do not depend on the other rows of its steps
     draft_max: int = 0  # SPECULATIVE_DRAFT_MAX: how far a sequence may draft (engine.sched.verify)
+    history_tokens: int = 0  # SPECULATIVE_HISTORY_TOKENS: a key's earlier answers kept to draft from
     tool_parser: str = "auto"  # TOOL_PARSER: how the model writes tool calls (read by the service, not the engine)
     reasoning_parser: str = "auto"  # REASONING_PARSER: how its thinking is told apart (read by the service)
     sampling_defaults: tuple[tuple[str, float], ...] = ()  # what a request that omits a field gets (the service's)

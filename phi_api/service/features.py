@@ -38,7 +38,6 @@ CHAT_GATES = (
     Gate("function_call", _present, "the deprecated function_call parameter is not supported; use tool_choice"),
     Gate("audio", _present, "audio output is not supported: this is a text model"),
     Gate("modalities", lambda value: bool(value) and "audio" in value, "only the text modality is supported"),
-    Gate("prediction", _present, "predicted outputs are not supported"),
     Gate("web_search_options", _present, "web search is not supported"),
     Gate("store", lambda value: value is True, "storing completions is not supported"),
     Gate("service_tier", lambda value: value not in (None, "auto", "default"), "only the default service tier exists"),

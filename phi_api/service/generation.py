@@ -39,7 +39,7 @@ from phi_api.service import prompts, reasoning
 from phi_api.service.choices import ChoiceAssembler, ChoiceResult, Event, Prompt
 from phi_api.service.grammar import json_schema_grammar
 from phi_api.service.reasoning import Reasoning
-from phi_api.service.requests import ChatRequest, CompletionRequest, GenerationRequest
+from phi_api.service.requests import ChatRequest, CompletionRequest, GenerationRequest, Sampling
 from phi_api.service.tool_formats import FORMATS, ToolFormat, detect
 from phi_api.service.tools import ToolPlan
 from phi_api.settings import Settings
@@ -124,8 +124,16 @@ def _chat_plan_whole(engine: Engine, settings: Settings, request: ChatRequest) -
                                         model=engine.info, settings=settings,
                                         defaults=dict(engine.config.sampling_defaults), logprobs=request.logprobs,
                                         guidance=guidance,
-                                        thinking=reasoning.thinking_budget(engine, request, thinking))
+                                        thinking=reasoning.thinking_budget(engine, request, thinking),
+                                        prediction=_prediction_tokens(engine, request.sampling))
     return Plan([prompt], params, tools=plan, reasoning=thinking)
+
+
+def _prediction_tokens(engine: Engine, sampling: Sampling) -> tuple[int, ...]:
+    """The tokens of the answer a request expects (its predicted output), drafted from before the prompt's."""
+    if not sampling.prediction:
+        return ()
+    return tuple(int(token) for token in engine.encode(sampling.prediction))
 
 
 def tool_format(engine: Engine) -> ToolFormat:

@@ -39,13 +39,14 @@ class Sampling:
     ignore_eos: bool = False
     n: int = 1
     draft_max: int | None = None  # llama.cpp's speculative.n_max; None: the server's SPECULATIVE_DRAFT_MAX
+    prediction: str | None = None  # OpenAI's predicted output: the answer's text as the client expects it
     penalty_window: int | None = None  # Ollama's repeat_last_n: the repetition penalty's last tokens; None: all
     context_limit: int | None = None  # Ollama's num_ctx: the context this request may use, within the model's
 
     def to_params(self, *, prompt_tokens: int, prompt_param: str, model: ModelInfo, settings: Settings,
                   defaults: Mapping[str, float] | None = None, logprobs: int | None = None,
                   guidance: tuple[str, str] | None = None, prompt_logprobs: int | None = None,
-                  thinking: ThinkingBudget | None = None) -> list[SamplingParams]:
+                  thinking: ThinkingBudget | None = None, prediction: tuple[int, ...] = ()) -> list[SamplingParams]:
         """Engine parameters for a prompt of ``prompt_tokens`` tokens, one set per choice.
 
         A sampling field the request omits takes the model's default (``defaults``:
@@ -56,7 +57,7 @@ class Sampling:
         not fit, a 400 ``context_length_exceeded`` (as OpenAI does) rather
         than a silently shorter answer. A seeded request seeds its choices
         ``seed``, ``seed+1``, ... so they differ from each other but not from
-        run to run.
+        run to run. ``prediction``: the tokens of :attr:`prediction`, drafted from first.
         """
         max_tokens = self._max_tokens(prompt_tokens, prompt_param, model, settings.DEFAULT_MAX_TOKENS)
         if self.min_tokens > max_tokens:
@@ -81,6 +82,7 @@ class Sampling:
             prompt_logprobs=prompt_logprobs,
             guidance=guidance,
             draft_max=self.draft_max,
+            prediction=prediction,
             penalty_window=self._penalty_window(defaults or {}),
             thinking=thinking,
         )

@@ -122,6 +122,11 @@ class Declared:
     SPECULATIVE_DRAFT_MAX: int = setting(8, _integer(0, 64),
                                          "Most prompt-lookup draft tokens one step verifies (adaptive below it); 0 "
                                          "turns speculative decoding off", engine="draft_max", per_model=True)
+    SPECULATIVE_HISTORY_TOKENS: int = setting(8192, _integer(0, 1 << 20),
+                                              "Tokens of each key's earlier answers a worker keeps per model to draft "
+                                              "from (for that key only; the 8 most recent keys; with "
+                                              "BATCH_INVARIANT false only); 0: none",
+                                              engine="history_tokens", per_model=True)
     KV_CACHE_DTYPE: str = setting("auto", _text(choices=("auto", "float32", "int8")),
                                   "Keys and values in memory: float32, int8 (a quarter of the memory), or auto (int8 "
                                   "where float32 would take 256 KB a token or more)", per_model=True)

@@ -58,9 +58,7 @@ class Metrics:
         self.prompt_tokens = Counter("phi_api_prompt_tokens", "Prompt tokens of finished generations", **own)
         self.cached_tokens = Counter("phi_api_cached_prompt_tokens", "Prompt tokens reused from the cache", **own)
         self.generated_tokens = Counter("phi_api_generated_tokens", "Tokens generated", **own)
-        self.drafted_tokens = Counter("phi_api_draft_tokens", "Prompt-lookup draft tokens verified", **own)
-        self.accepted_tokens = Counter("phi_api_draft_accepted_tokens", "Prompt-lookup draft tokens kept", **own)
-        self.draft_checks = Counter("phi_api_draft_checks", "Steps that checked a prompt-lookup draft", **own)
+        self.drafts = DraftMetrics(own)
         self.prefill_rate = Histogram("phi_api_prefill_tokens_per_second", "Prefill throughput per generation",
                                       buckets=_RATE_BUCKETS, **own)
         self.decode_rate = Histogram("phi_api_decode_tokens_per_second", "Decode throughput per generation",
@@ -142,9 +140,7 @@ class Metrics:
         self.prompt_tokens.inc(finished.prompt_tokens)
         self.cached_tokens.inc(finished.cached_tokens)
         self.generated_tokens.inc(finished.completion_tokens)
-        self.drafted_tokens.inc(finished.drafted_tokens)
-        self.accepted_tokens.inc(finished.accepted_tokens)
-        self.draft_checks.inc(finished.draft_checks)
+        self.drafts.observe(finished)
         ttft = finished.time_to_first_token
         if ttft:
             self.ttft.observe(ttft)
@@ -229,6 +225,25 @@ class Metrics:
         registry.register(_GatewayMetrics(source))
         return generate_latest(registry), CONTENT_TYPE_LATEST
 
+
+
+class DraftMetrics:
+    """Speculative decoding: draft tokens checked and kept, in all and by source (prompt, prediction, history)."""
+
+    def __init__(self, own: dict[str, Any]) -> None:
+        self.drafted = Counter("phi_api_draft_tokens", "Draft tokens verified", **own)
+        self.accepted = Counter("phi_api_draft_accepted_tokens", "Draft tokens kept", **own)
+        self.checks = Counter("phi_api_draft_checks", "Steps that checked a draft", **own)
+        self.by_source = Counter("phi_api_draft_source_tokens", "Draft tokens checked and kept, by source",
+                                 ["source", "outcome"], **own)
+
+    def observe(self, finished: Finished) -> None:
+        self.drafted.inc(finished.drafted_tokens)
+        self.accepted.inc(finished.accepted_tokens)
+        self.checks.inc(finished.draft_checks)
+        for source, checked, kept in finished.draft_sources:
+            self.by_source.labels(source, "checked").inc(checked)
+            self.by_source.labels(source, "kept").inc(kept)
 
 
 class _Forward:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.support.fakes import SCRIPTED_LOGIT, fake_engine, text_pieces
 from tests.support.sse import chat_text, parse_sse
 
@@ -25,7 +27,9 @@ def test_non_streaming_response_has_openai_s_shape(client):
     }]
     prompt_tokens = len("<user>Say hello<assistant>")  # the fake encodes one token per character
     assert body["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 5,
-                             "total_tokens": prompt_tokens + 5, "prompt_tokens_details": {"cached_tokens": 0}}
+                             "total_tokens": prompt_tokens + 5, "prompt_tokens_details": {"cached_tokens": 0},
+                             "completion_tokens_details": {"accepted_prediction_tokens": 0,
+                                                           "rejected_prediction_tokens": 0}}
 
 
 def test_ids_are_unique(client):
@@ -143,3 +147,22 @@ def test_the_last_chunk_of_a_stream_carries_the_metrics(client):
     with_usage = parse_sse(client.post("/v1/chat/completions", json={
         **CHAT, "stream": True, "stream_options": {"include_usage": True}}).get_data(as_text=True))[:-1]
     assert "metrics" in with_usage[-1] and with_usage[-1]["choices"] == []
+
+
+@pytest.mark.parametrize("content", ["Hello, world!", [{"type": "text", "text": "Hello, "}, {"type": "text",
+                                                                                           "text": "world!"}]])
+def test_a_predicted_output_reaches_the_engine_as_tokens_and_its_drafts_are_told_in_usage(make_app, content):
+    engine = fake_engine([1, 0], text_pieces(b"ok"), draft_max=8)
+    body = make_app(engine).test_client().post("/v1/chat/completions", json={
+        **CHAT, "prediction": {"type": "content", "content": content}}).get_json()
+    assert engine.model.script.params[-1].prediction == tuple(int(token) for token in
+                                                               engine.model.encode("Hello, world!"))
+    assert set(body["usage"]["completion_tokens_details"]) == {"accepted_prediction_tokens",
+                                                               "rejected_prediction_tokens"}
+
+
+@pytest.mark.parametrize("prediction", [{"type": "content"}, {"type": "image", "content": "x"}, {"content": "x"},
+                                        {"type": "content", "content": 3}, {"type": "content", "content": []}])
+def test_a_malformed_prediction_is_a_400(client, prediction):
+    response = client.post("/v1/chat/completions", json={**CHAT, "prediction": prediction})
+    assert response.status_code == 400 and response.get_json()["error"]["param"].startswith("prediction")

@@ -19,7 +19,9 @@ def test_non_streaming_response_has_openai_s_shape(client):
     assert body["object"] == "text_completion"
     assert body["choices"] == [{"text": "Hello, world!", "index": 0, "logprobs": None, "finish_reason": "stop"}]
     assert body["usage"] == {"prompt_tokens": len(BODY["prompt"]), "completion_tokens": 5,
-                             "total_tokens": len(BODY["prompt"]) + 5, "prompt_tokens_details": {"cached_tokens": 0}}
+                             "total_tokens": len(BODY["prompt"]) + 5, "prompt_tokens_details": {"cached_tokens": 0},
+                             "completion_tokens_details": {"accepted_prediction_tokens": 0,
+                                                           "rejected_prediction_tokens": 0}}
 
 
 def test_the_prompt_is_used_as_it_is(client):

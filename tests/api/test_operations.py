@@ -173,3 +173,6 @@ def test_metrics_count_drafts_checked_and_kept(make_app):
     drafted, kept = seen[("phi_api_draft_tokens_total", ())], seen[("phi_api_draft_accepted_tokens_total", ())]
     assert 0 < kept <= drafted
     assert kept > len(tokens) / 2  # most of the copy came from drafts
+    by_source = {key: value for key, value in seen.items() if key[0] == "phi_api_draft_source_tokens_total"}
+    assert by_source == {("phi_api_draft_source_tokens_total", (("outcome", "checked"), ("source", "prompt"))): drafted,
+                         ("phi_api_draft_source_tokens_total", (("outcome", "kept"), ("source", "prompt"))): kept}

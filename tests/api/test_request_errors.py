@@ -136,7 +136,7 @@ def test_max_tokens_beyond_the_context_is_context_length_exceeded(make_app, rout
 
 @pytest.mark.parametrize("field,value", [
     ("audio", {"voice": "alloy", "format": "wav"}), ("store", True), ("modalities", ["text", "audio"]),
-    ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "low"),
+    ("reasoning_effort", "low"),
     ("web_search_options", {}), ("service_tier", "flex"), ("functions", [{"name": "f"}]),
     ("function_call", "auto"),
 ])

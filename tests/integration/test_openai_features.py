@@ -250,3 +250,22 @@ def test_a_forced_call_cut_by_max_tokens_is_a_partial_tool_call(client):
     assert calls[0].function.name == "get_weather"
     assert "".join(c.function.arguments or "" for c in calls) == call.function.arguments
     assert streamed[-1].choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_predicted_output_is_drafted_from_and_told_in_usage(client, stream):
+    messages = [{"role": "user", "content": "Rewrite this list with each item in capitals: apples, pears, plums, "
+                                            "cherries, grapes, lemons, limes, melons."}]
+    first = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=64, temperature=0)
+    assert first.usage.completion_tokens_details.accepted_prediction_tokens == 0  # nothing predicted
+    kwargs = dict(model=MODEL_ID, messages=messages, max_tokens=64, temperature=0,
+                  prediction={"type": "content", "content": first.choices[0].message.content})
+    if stream:
+        chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+        usage = chunks[-1].usage
+    else:
+        usage = client.chat.completions.create(**kwargs).usage
+    details = usage.completion_tokens_details
+    # The model's own answer, predicted: its checks keep most of it (all but near-ties the check's other shape
+    # of computation may tip; docs/identical-answers.md).
+    assert details.accepted_prediction_tokens >= usage.completion_tokens // 2

@@ -225,10 +225,12 @@ def text_pieces(*pieces: bytes) -> dict[int, bytes]:
 def fake_engine(tokens: list[int], pieces: dict[int, bytes], *, timeout: float = 60.0, prefill_chunk: int = 8,
                 prefix_cache: str = "off", gate: threading.Semaphore | None = None, fail_at: int | None = None,
                 kv_budget_bytes: int = 1 << 20, max_rows: int = 64, draft_max: int = 0, batch_invariant: bool = False,
-                tool_parser: str = "auto", reasoning_parser: str = "auto", **model_options: Any) -> RecordingEngine:
-    """An Engine over a FakeModel running ``tokens`` (no drafts unless ``draft_max``)."""
+                tool_parser: str = "auto", reasoning_parser: str = "auto", history_tokens: int = 0,
+                **model_options: Any) -> RecordingEngine:
+    """An Engine over a FakeModel running ``tokens`` (no drafts unless ``draft_max``; no key's history drafts
+    unless ``history_tokens``)."""
     model = FakeModel(Script(tokens, gate=gate, fail_at=fail_at), pieces, **model_options)
     return RecordingEngine(model, prefill_chunk=prefill_chunk, timeout=timeout, prefix_cache=prefix_cache,
                            kv_budget_bytes=kv_budget_bytes, max_rows=max_rows, draft_max=draft_max,
                            batch_invariant=batch_invariant, tool_parser=tool_parser,
-                           reasoning_parser=reasoning_parser)
+                           reasoning_parser=reasoning_parser, history_tokens=history_tokens)

@@ -1,4 +1,5 @@
-"""Drafts from the prompt (prompt-lookup decoding): the next tokens guessed by matching the last n-gram.
+"""Drafts from the prompt (prompt-lookup decoding), and from a text given beside it: the next tokens guessed by
+matching the last n-gram.
 
 Many answers copy long stretches of their prompt (an edited document or block
 of code, a passage answered from, a reformatted table). A sequence's tokens so
@@ -12,24 +13,36 @@ an n-gram matches; up to ``max_tokens`` tokens: one more than the last draft
 kept when it was cut short, twice as many after a draft kept whole (a copy
 resumes after the one word an edit changed); and not at all for a while after
 drafts keep failing, longer each time, so that text that copies nothing (free
-chat) is not slowed down. It also tells what a check is worth
+chat) is not slowed down. Beside the sequence's own tokens it drafts from the answer the request expects (OpenAI's
+predicted outputs), first, and from its key's earlier answers (:mod:`engine.sampling.lookup`); what each source
+drafted and had kept is counted apart (:attr:`Drafter.sources`). It also tells what a check is worth
 (:attr:`Drafter.expected`), learnt from the drafts checked and from those that
 were not (:meth:`Drafter.decline`), scored against the tokens that came.
 """
 
 from __future__ import annotations
 
-NGRAM_SIZES = (3, 2)  # the last n tokens matched, longest first (llama.cpp's prompt lookup starts at 3 too)
+from collections.abc import Sequence
+
+from phi_api.engine.sampling.lookup import NGRAM_SIZES, Index, Lookup
+
 _FAIL_LIMIT = 2  # drafts in a row that each accepted nothing before drafting pauses
 _PAUSE_STEPS = 4  # first pause, in steps; doubles with every further pause, up to _PAUSE_MAX
 _PAUSE_MAX = 256
 
 
 class Drafter:
-    """One sequence's draft source and how much it drafts (``max_tokens`` 0: never)."""
+    """One sequence's draft sources and how much it drafts (``max_tokens`` 0: never); ``prediction``: the tokens of
+    the answer the request expects, drafted from first; ``history``: its key's earlier answers, drafted from where
+    an n-gram of the sequence's own tokens is no longer than one of the history's."""
 
-    def __init__(self, tokens: list[int], max_tokens: int) -> None:
+    def __init__(self, tokens: list[int], max_tokens: int, prediction: Sequence[int] = (),
+                 history: Index | None = None) -> None:
         self.max_tokens = max_tokens
+        self._prediction: Lookup | None = None
+        self._history = Lookup(history, in_order=False) if history is not None else None
+        self._source = "prompt"  # where the last draft came from
+        self.sources: dict[str, list[int]] = {}  # source -> [tokens drafted and checked, tokens kept]
         self._tokens: list[int] = []
         self._where: dict[tuple[int, ...], int] = {}  # n-gram -> the position just after its latest occurrence
         self.expected = float(max_tokens)  # draft tokens kept per draft, a running average
@@ -43,10 +56,14 @@ class Drafter:
         self.accepted = 0
         self.checks = 0  # drafts checked (each in one step)
         self.extend(tokens)
+        if len(prediction):
+            self._prediction = Lookup(Index(prediction), in_order=True)  # after the prompt: it follows the answer
 
     def extend(self, tokens: list[int]) -> None:
         """Index the sequence's tokens as they come: its prompt, then each token chosen (the pending one too)."""
         for token in tokens:
+            if self._prediction is not None:
+                self._prediction.follow(int(token))
             self._score_declined(int(token))
             self._tokens.append(int(token))
             end = len(self._tokens)
@@ -62,14 +79,23 @@ class Drafter:
             self._pause -= 1
             return []
         limit = min(room, self._limit)
+        if self._prediction is not None:
+            draft = self._prediction.propose(self._tokens, limit)
+            if draft:
+                self._source = "prediction"
+                return draft
         for size in NGRAM_SIZES:
             if len(self._tokens) < size:
                 continue
-            start = self._where.get(tuple(self._tokens[-size:]))
+            ngram = tuple(self._tokens[-size:])
+            start = self._where.get(ngram)
             if start is not None and start < len(self._tokens):
-                draft = self._tokens[start:start + limit]
-                if draft:
-                    return draft
+                self._source = "prompt"
+                return self._tokens[start:start + limit]
+            draft = self._history.match(ngram, limit) if self._history is not None else []
+            if draft:
+                self._source = "history"
+                return draft
         return []
 
     def record(self, drafted: int, accepted: int) -> None:
@@ -77,6 +103,12 @@ class Drafter:
         self.drafted += drafted
         self.accepted += accepted
         self.checks += 1
+        counted = self.sources.setdefault(self._source, [0, 0])
+        counted[0] += drafted
+        counted[1] += accepted
+        lookup = {"prediction": self._prediction, "history": self._history}.get(self._source)
+        if lookup is not None:
+            lookup.kept(accepted)
         self._learn(drafted, accepted)
         if accepted:
             self._failures = 0

@@ -159,7 +159,8 @@ class EngineLoop(ThreadOwner[list[Choice]]):
         planner = ChunkPlanner(config.prefill_chunk, grid=self._policy.exact or config.batch_invariant,
                                slice_seconds=config.prefill_slice, costs=StepCosts(config.clock))
         return ContinuousBatch(self._model, decoder, pool, ledger, self._policy, planner, self._publish,
-                     draft_max=config.draft_max, disk=self._disk_tier(decoder.spec), invariant=config.batch_invariant)
+                     draft_max=config.draft_max, disk=self._disk_tier(decoder.spec), invariant=config.batch_invariant,
+                     history_tokens=config.history_tokens)
 
     def _disk_tier(self, spec: DecoderSpec) -> PrefixStore | None:
         """The disk tier under the kept prefixes (``PREFIX_CACHE_DIR``), if it is set and prefixes are reused."""

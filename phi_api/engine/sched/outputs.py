@@ -22,6 +22,7 @@ from phi_api.engine.choice import Choice, Finished, TextDelta
 from phi_api.engine.kv.cache import KVCache
 from phi_api.engine.kv.sequence import Phase, Request, Sequence
 from phi_api.engine.sampling.logits import TokenLogprob
+from phi_api.engine.sampling.lookup import HEADER_TOKENS, Histories
 
 Publish = Callable[[Choice, Finished], None]
 
@@ -34,10 +35,11 @@ def trace(error: BaseException) -> str:
 class Outputs:
     """Applies chosen tokens to sequences and ends them."""
 
-    def __init__(self, eos_token_ids: Any, kv: KVCache, publish: Publish) -> None:
+    def __init__(self, eos_token_ids: Any, kv: KVCache, publish: Publish, histories: Histories | None = None) -> None:
         self.eos_token_ids = eos_token_ids
         self.kv = kv
         self.publish = publish
+        self.histories = histories if histories is not None else Histories(0)  # answers kept to draft from
 
     def take_token(self, row: Sequence, logits: np.ndarray, chosen: int | None = None) -> None:
         """Choose the row's next token from ``logits`` (``chosen``: already chosen, as a batch's argmax) and accept
@@ -103,6 +105,8 @@ class Outputs:
             self.emit(row, row.text.finish())
         row.stream.close()
         row.phase = Phase.FINISHED
+        if reason in ("stop", "length"):  # with the tokens that opened it (engine.sampling.lookup)
+            self.histories.add(row.cache_key, row.tokens[max(0, len(row.choice.prompt) - HEADER_TOKENS):])
         self.kv.release(row, keep=reason != "error")
         now = time.monotonic()
         first = row.first_token_at
@@ -113,6 +117,7 @@ class Outputs:
             index=row.choice.index, batch_rows=row.step_rows / row.steps if row.steps else 0.0,
             stop_string=row.text.stop_string, drafted_tokens=row.drafter.drafted,
             accepted_tokens=row.drafter.accepted, draft_checks=row.drafter.checks,
+            draft_sources=tuple((source, checked, kept) for source, (checked, kept) in row.drafter.sources.items()),
             queue_seconds=_waited(row.choice), first_of_prompt=row.choice.first_of_prompt))
 
     def end_request(self, request: Request, reason: str, error: str | None = None) -> None:

@@ -26,6 +26,9 @@ def usage(finished: list[Finished]) -> dict[str, Any]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached_tokens(finished)},
+        "completion_tokens_details": {  # of the request's predicted output: draft tokens kept, and refused
+            "accepted_prediction_tokens": sum(choice.predicted_accepted for choice in finished),
+            "rejected_prediction_tokens": sum(choice.predicted_rejected for choice in finished)},
     }
 
 

@@ -26,8 +26,17 @@ def sampling(body: dict[str, Any]) -> Sampling:
         repetition_penalty=given(body, "repetition_penalty"),
         logit_bias=tuple(given(body, "logit_bias", {}).items()), min_tokens=given(body, "min_tokens", 0),
         ignore_eos=bool(given(body, "ignore_eos", False)), n=given(body, "n", 1),
-        draft_max=given(body, "speculative", {}).get("n_max"),
+        draft_max=given(body, "speculative", {}).get("n_max"), prediction=_prediction(body),
     )
+
+
+def _prediction(body: dict[str, Any]) -> str | None:
+    """OpenAI's ``prediction`` (``{"type": "content", "content": text or text parts}``) as its text."""
+    prediction = given(body, "prediction")
+    if prediction is None:
+        return None
+    content = prediction["content"]
+    return content if isinstance(content, str) else "".join(part["text"] for part in content)
 
 
 def chat_request(body: dict[str, Any], known_fields: set[str]) -> ChatRequest:

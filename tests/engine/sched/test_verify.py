@@ -98,6 +98,67 @@ def test_a_request_can_turn_drafting_off():
     assert finished.drafted_tokens == 0 and not any(step.startswith("check:") for step in steps)
 
 
+
+def test_a_prediction_of_the_answer_is_drafted_from_and_counted_apart():
+    plain, _, steps_plain = run(FREE, 0)
+    predicted, finished, steps = run(FREE, 8, prediction=tuple(SCRIPT[:18]))
+    assert predicted == plain  # the same answer: a prediction changes how fast, never what
+    assert finished.predicted_accepted >= 12 and finished.predicted_rejected == 0
+    assert finished.accepted_tokens == finished.predicted_accepted  # the prompt copies nothing of the answer
+    assert len(steps) < len(steps_plain) / 2
+
+
+def test_a_prediction_that_parts_from_the_answer_is_refused_there_and_counted_so():
+    wrong = tuple(SCRIPT[:3]) + tuple(token + 100 for token in SCRIPT[3:18])
+    plain, _, _ = run(FREE, 0)
+    predicted, finished, _ = run(FREE, 8, prediction=wrong)
+    assert predicted == plain
+    assert (finished.predicted_accepted, finished.predicted_rejected) == (2, 6)  # "2 3" kept of its first 8 tokens
+
+
+def test_a_prediction_is_followed_in_order_where_its_n_grams_repeat():
+    # The answer the client expects: "1 2 3 7 1 2 3 8"; the answer so far has passed its first "1 2 3 7".
+    drafter = Drafter([50, 51], max_tokens=8, prediction=[1, 2, 3, 7, 1, 2, 3, 8])
+    drafter.extend([1])
+    assert drafter.propose(8) == [2, 3, 7, 1, 2, 3, 8]  # the answer begins as predicted: the rest, no n-gram needed
+    drafter.record(7, 3)
+    drafter.extend([2, 3, 7, 9, 1, 2, 3])  # an edit (9 for 1), then "1 2 3" again
+    assert drafter.propose(8) == [8]  # after the occurrence past the kept draft, not the first "1 2 3"
+    assert drafter.sources == {"prediction": [7, 3]}
+
+
+
+def test_a_key_s_earlier_answers_draft_for_that_key_alone():
+    engine = fake_engine(SCRIPT, PIECES, draft_max=8, history_tokens=1024)
+    try:
+        def ask(key):
+            return collect(engine.submit(np.asarray(FREE, dtype=np.int32), SamplingParams(max_tokens=18,
+                                                                                            temperature=0),
+                                         cache_key=key))
+
+        first, cold = ask("team-a")
+        again, warm = ask("team-a")
+        other, stranger = ask("team-b")
+    finally:
+        engine.stop()
+    assert first == again == other  # drafts change how fast, never what
+    sources = {name: dict((source, kept) for source, _, kept in finished.draft_sources)
+               for name, finished in (("cold", cold), ("warm", warm), ("stranger", stranger))}
+    assert sources["warm"].get("history", 0) >= 12  # its own first answer, drafted
+    assert "history" not in sources["cold"] and "history" not in sources["stranger"]  # never another key's
+
+
+def test_batch_invariant_keeps_a_key_s_history_out_of_its_drafts():
+    engine = fake_engine(SCRIPT, PIECES, draft_max=8, history_tokens=1024, batch_invariant=True)
+    try:
+        answers = [collect(engine.submit(np.asarray(FREE, dtype=np.int32),
+                                         SamplingParams(max_tokens=18, temperature=0), cache_key="team-a"))
+                   for _ in range(2)]
+    finally:
+        engine.stop()
+    assert all(source != "history" for _, finished in answers for source, _, _ in finished.draft_sources)
+
+
 # The sampled rule ----------------------------------------------------------------------------------------
 
 LOGITS = np.log(np.array([0.3, 0.25, 0.2, 0.1, 0.08, 0.05, 0.02], dtype=np.float32))
