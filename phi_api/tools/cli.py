@@ -35,6 +35,8 @@ BENCHES = {
                 "decode, concurrent streams, prompt reuse, static batches, memory"),
     "spec": ("phi_api.bench.speculative", "speculative decoding on against off: copying, chat, 8 streams, "
              "step costs and the projected speed-up"),
+    "sources": ("phi_api.bench.sources", "where drafts come from (the prompt, a prediction, the key's earlier "
+                "answers) on JSON extraction, a tool loop and a predicted edit, against speculation off"),
     "disk": ("phi_api.bench.prefixdisk", "prompts read from disk against computed: across a restart, across "
              "workers, and decoding while the disk tier writes"),
     "batch": ("phi_api.bench.batches", "a live request's first token while a batch runs, against idle and "
