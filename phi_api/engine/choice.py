@@ -16,6 +16,7 @@ import numpy as np
 
 from phi_api.engine.params import SamplingParams
 from phi_api.engine.sampling.guidance import Guide
+from phi_api.engine.sampling.lookup import Index
 
 
 @dataclass(frozen=True)
@@ -95,13 +96,15 @@ class Choice:
 
     def __init__(self, prompt: np.ndarray, params: SamplingParams, *, timeout: float,
                  notify: Callable[[], None], request_id: str = "-", index: int = 0, guide: Guide | None = None,
-                 priority: int = 0, cache_key: str = "", first_of_prompt: bool = True) -> None:
+                 priority: int = 0, cache_key: str = "", first_of_prompt: bool = True,
+                 prediction: Index | None = None) -> None:
         self.prompt = prompt
         self.first_of_prompt = first_of_prompt  # its prompt's tokens count with it (once per prompt)
         self.cache_key = cache_key  # whose prefixes it may reuse and leave: only those of the same key
         self.priority = priority  # lower is sooner (vLLM's); batch lines come after every live request
         self.params = params
         self.guide = guide  # this choice's grammar state (engine.sampling.guidance.Guide), when constrained
+        self.prediction = prediction  # its predicted output's tokens, indexed (off the engine thread), if any
         self.request_id = request_id
         self.index = index
         self.submitted_at = time.monotonic()

@@ -22,6 +22,7 @@ from phi_api.engine.kv.budget import SharedBudget
 from phi_api.engine.kv.disk import DiskStats
 from phi_api.engine.params import SamplingParams
 from phi_api.engine.runtime.model import Model, ModelInfo
+from phi_api.engine.sampling.lookup import Index
 from phi_api.engine.sched.loop import EngineLoad, EngineLoop
 from phi_api.engine.threads.native import off_hub, spawn
 from phi_api.engine.threads.wakeup import HubWaker
@@ -158,11 +159,12 @@ class Engine:
         per_prompt = len(params) // len(prompts)
         assert per_prompt * len(prompts) == len(params), "as many choices for each prompt"
         guides = [off_hub(self.model.guide, one.guidance) if one.guidance else None for one in params]
+        predictions = [off_hub(Index, one.prediction) if one.prediction else None for one in params]
         waker = HubWaker()
         choices = [Choice(prompts[index // per_prompt], one, timeout=self._timeout, notify=waker.notify,
                           request_id=request_id, index=index, guide=guide, priority=priority, cache_key=cache_key,
-                          first_of_prompt=index % per_prompt == 0)
-                   for index, (one, guide) in enumerate(zip(params, guides, strict=True))]
+                          first_of_prompt=index % per_prompt == 0, prediction=prediction)
+                   for index, (one, guide, prediction) in enumerate(zip(params, guides, predictions, strict=True))]
         for start in range(0, len(choices), per_prompt):  # one engine request per prompt: prefilled once each
             self.loop.submit(choices[start:start + per_prompt])
         return Generation(choices, waker)

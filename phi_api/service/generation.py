@@ -130,10 +130,11 @@ def _chat_plan_whole(engine: Engine, settings: Settings, request: ChatRequest) -
 
 
 def _prediction_tokens(engine: Engine, sampling: Sampling) -> tuple[int, ...]:
-    """The tokens of the answer a request expects (its predicted output), drafted from before the prompt's."""
+    """The tokens of the answer a request expects (its predicted output), drafted from before the prompt's; no more
+    than the model's context holds (no answer is longer: the rest could never be drafted)."""
     if not sampling.prediction:
         return ()
-    return tuple(int(token) for token in engine.encode(sampling.prediction))
+    return tuple(int(token) for token in engine.encode(sampling.prediction)[:engine.info.context_length])
 
 
 def tool_format(engine: Engine) -> ToolFormat:

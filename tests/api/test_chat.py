@@ -166,3 +166,10 @@ def test_a_predicted_output_reaches_the_engine_as_tokens_and_its_drafts_are_told
 def test_a_malformed_prediction_is_a_400(client, prediction):
     response = client.post("/v1/chat/completions", json={**CHAT, "prediction": prediction})
     assert response.status_code == 400 and response.get_json()["error"]["param"].startswith("prediction")
+
+
+def test_a_prediction_longer_than_the_context_is_cut_to_it(make_app):
+    engine = fake_engine([1, 0], text_pieces(b"ok"), draft_max=8, context_length=64)
+    make_app(engine).test_client().post("/v1/chat/completions", json={
+        **CHAT, "max_tokens": 4, "prediction": {"type": "content", "content": "x" * 500}})
+    assert len(engine.model.script.params[-1].prediction) == 64  # no answer is longer: the rest is never drafted

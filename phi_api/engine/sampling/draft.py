@@ -22,8 +22,6 @@ were not (:meth:`Drafter.decline`), scored against the tokens that came.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from phi_api.engine.sampling.lookup import NGRAM_SIZES, Index, Lookup
 
 _FAIL_LIMIT = 2  # drafts in a row that each accepted nothing before drafting pauses
@@ -36,7 +34,7 @@ class Drafter:
     the answer the request expects, drafted from first; ``history``: its key's earlier answers, drafted from where
     an n-gram of the sequence's own tokens is no longer than one of the history's."""
 
-    def __init__(self, tokens: list[int], max_tokens: int, prediction: Sequence[int] = (),
+    def __init__(self, tokens: list[int], max_tokens: int, prediction: Index | None = None,
                  history: Index | None = None) -> None:
         self.max_tokens = max_tokens
         self._prediction: Lookup | None = None
@@ -56,8 +54,8 @@ class Drafter:
         self.accepted = 0
         self.checks = 0  # drafts checked (each in one step)
         self.extend(tokens)
-        if len(prediction):
-            self._prediction = Lookup(Index(prediction), in_order=True)  # after the prompt: it follows the answer
+        if prediction is not None and prediction.tokens:
+            self._prediction = Lookup(prediction, in_order=True)  # after the prompt: it follows the answer
 
     def extend(self, tokens: list[int]) -> None:
         """Index the sequence's tokens as they come: its prompt, then each token chosen (the pending one too)."""

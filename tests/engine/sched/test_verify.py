@@ -12,6 +12,7 @@ import pytest
 from phi_api.engine import SamplingParams
 from phi_api.engine.sampling.draft import Drafter
 from phi_api.engine.sampling.logits import Sampler, distribution
+from phi_api.engine.sampling.lookup import Index
 from phi_api.engine.sched.stepcost import StepCosts
 from tests.support.fakes import EOS, fake_engine, text_pieces
 from tests.support.generations import collect, generate
@@ -118,7 +119,7 @@ def test_a_prediction_that_parts_from_the_answer_is_refused_there_and_counted_so
 
 def test_a_prediction_is_followed_in_order_where_its_n_grams_repeat():
     # The answer the client expects: "1 2 3 7 1 2 3 8"; the answer so far has passed its first "1 2 3 7".
-    drafter = Drafter([50, 51], max_tokens=8, prediction=[1, 2, 3, 7, 1, 2, 3, 8])
+    drafter = Drafter([50, 51], max_tokens=8, prediction=Index([1, 2, 3, 7, 1, 2, 3, 8]))
     drafter.extend([1])
     assert drafter.propose(8) == [2, 3, 7, 1, 2, 3, 8]  # the answer begins as predicted: the rest, no n-gram needed
     drafter.record(7, 3)
