@@ -22,11 +22,21 @@ were not (:meth:`Drafter.decline`), scored against the tokens that came.
 
 from __future__ import annotations
 
+import dataclasses
+
 from phi_api.engine.sampling.lookup import NGRAM_SIZES, Index, Lookup
 
 _FAIL_LIMIT = 2  # drafts in a row that each accepted nothing before drafting pauses
 _PAUSE_STEPS = 4  # first pause, in steps; doubles with every further pause, up to _PAUSE_MAX
 _PAUSE_MAX = 256
+
+
+@dataclasses.dataclass
+class Counted:
+    """One source's draft tokens: checked, and kept of those."""
+
+    checked: int = 0
+    kept: int = 0
 
 
 class Drafter:
@@ -40,9 +50,9 @@ class Drafter:
         self._prediction: Lookup | None = None
         self._history = Lookup(history, in_order=False) if history is not None else None
         self._source = "prompt"  # where the last draft came from
-        self.sources: dict[str, list[int]] = {}  # source -> [tokens drafted and checked, tokens kept]
-        self._tokens: list[int] = []
-        self._where: dict[tuple[int, ...], int] = {}  # n-gram -> the position just after its latest occurrence
+        self.sources: dict[str, Counted] = {}  # what each source drafted and had kept
+        self._own = Index()  # the sequence's tokens so far
+        self._tokens = self._own.tokens
         self.expected = float(max_tokens)  # draft tokens kept per draft, a running average
         self._limit = max_tokens  # the next draft's length, at most
         self._declined: list[int] = []  # the rest of a draft that was not checked, to score against what comes
@@ -63,11 +73,7 @@ class Drafter:
             if self._prediction is not None:
                 self._prediction.follow(int(token))
             self._score_declined(int(token))
-            self._tokens.append(int(token))
-            end = len(self._tokens)
-            for size in NGRAM_SIZES:
-                if end > size:  # the n-gram ending just before this token is followed by it
-                    self._where[tuple(self._tokens[end - 1 - size:end - 1])] = end - 1
+            self._own.add((token,))
 
     def propose(self, room: int) -> list[int]:
         """A draft of at most ``room`` tokens (none when nothing matches, while paused, or when off)."""
@@ -86,10 +92,10 @@ class Drafter:
             if len(self._tokens) < size:
                 continue
             ngram = tuple(self._tokens[-size:])
-            start = self._where.get(ngram)
-            if start is not None and start < len(self._tokens):
+            places = self._own.places(ngram)
+            if places:  # its latest occurrence: what the sequence wrote last is likeliest again
                 self._source = "prompt"
-                return self._tokens[start:start + limit]
+                return self._tokens[places[-1]:places[-1] + limit]
             draft = self._history.match(ngram, limit) if self._history is not None else []
             if draft:
                 self._source = "history"
@@ -101,9 +107,9 @@ class Drafter:
         self.drafted += drafted
         self.accepted += accepted
         self.checks += 1
-        counted = self.sources.setdefault(self._source, [0, 0])
-        counted[0] += drafted
-        counted[1] += accepted
+        counted = self.sources.setdefault(self._source, Counted())
+        counted.checked += drafted
+        counted.kept += accepted
         lookup = {"prediction": self._prediction, "history": self._history}.get(self._source)
         if lookup is not None:
             lookup.kept(accepted)

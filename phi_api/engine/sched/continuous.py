@@ -78,7 +78,7 @@ class ContinuousBatch:
         # one-token step's: batch-invariant, only the request's own tokens (and its prediction) draft.
         histories = Histories(history_tokens if draft_max and not invariant else 0)
         self.outputs = Outputs(model.info.eos_token_ids, self.kv, publish, histories)
-        self.scheduler = Scheduler(model, self.kv, planner, self.outputs, draft_max, histories)
+        self.scheduler = Scheduler(model, self.kv, planner, self.outputs, draft_max)
         self.waiting = self.scheduler.waiting  # the same queue and list: the loop adds to it, tests look at them
         self.prefilling = self.scheduler.prefilling
         self._switch = decoder.spec.rope_switch

@@ -35,11 +35,11 @@ def trace(error: BaseException) -> str:
 class Outputs:
     """Applies chosen tokens to sequences and ends them."""
 
-    def __init__(self, eos_token_ids: Any, kv: KVCache, publish: Publish, histories: Histories | None = None) -> None:
+    def __init__(self, eos_token_ids: Any, kv: KVCache, publish: Publish, histories: Histories) -> None:
         self.eos_token_ids = eos_token_ids
         self.kv = kv
         self.publish = publish
-        self.histories = histories if histories is not None else Histories(0)  # answers kept to draft from
+        self.histories = histories  # each key's answers, to draft from (those that end here join it)
 
     def take_token(self, row: Sequence, logits: np.ndarray, chosen: int | None = None) -> None:
         """Choose the row's next token from ``logits`` (``chosen``: already chosen, as a batch's argmax) and accept
@@ -117,7 +117,8 @@ class Outputs:
             index=row.choice.index, batch_rows=row.step_rows / row.steps if row.steps else 0.0,
             stop_string=row.text.stop_string, drafted_tokens=row.drafter.drafted,
             accepted_tokens=row.drafter.accepted, draft_checks=row.drafter.checks,
-            draft_sources=tuple((source, checked, kept) for source, (checked, kept) in row.drafter.sources.items()),
+            draft_sources=tuple((source, counted.checked, counted.kept)
+                               for source, counted in row.drafter.sources.items()),
             queue_seconds=_waited(row.choice), first_of_prompt=row.choice.first_of_prompt))
 
     def end_request(self, request: Request, reason: str, error: str | None = None) -> None:

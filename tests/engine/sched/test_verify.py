@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from phi_api.engine import SamplingParams
-from phi_api.engine.sampling.draft import Drafter
+from phi_api.engine.sampling.draft import Counted, Drafter
 from phi_api.engine.sampling.logits import Sampler, distribution
 from phi_api.engine.sampling.lookup import Index
 from phi_api.engine.sched.stepcost import StepCosts
@@ -125,7 +125,7 @@ def test_a_prediction_is_followed_in_order_where_its_n_grams_repeat():
     drafter.record(7, 3)
     drafter.extend([2, 3, 7, 9, 1, 2, 3])  # an edit (9 for 1), then "1 2 3" again
     assert drafter.propose(8) == [8]  # after the occurrence past the kept draft, not the first "1 2 3"
-    assert drafter.sources == {"prediction": [7, 3]}
+    assert drafter.sources == {"prediction": Counted(checked=7, kept=3)}
 
 
 
