@@ -160,6 +160,8 @@ class Engine:
         assert per_prompt * len(prompts) == len(params), "as many choices for each prompt"
         guides = [off_hub(self.model.guide, one.guidance) if one.guidance else None for one in params]
         predictions = [off_hub(Index, one.prediction) if one.prediction else None for one in params]
+        # A prediction's tokens move into its index: the engine holds them once.
+        params = [dataclasses.replace(one, prediction=()) if one.prediction else one for one in params]
         waker = HubWaker()
         choices = [Choice(prompts[index // per_prompt], one, timeout=self._timeout, notify=waker.notify,
                           request_id=request_id, index=index, guide=guide, priority=priority, cache_key=cache_key,
