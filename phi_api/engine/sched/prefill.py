@@ -51,7 +51,5 @@ class ChunkPlanner:
         floor, per_token = self.costs.step_floor, self.costs.per_token
         if floor is None or per_token is None:
             return self.chunk
-        if per_token <= 0.0:  # chunks timed no slower than a one-row step (a noisy floor): a token costs ~nothing
-            return self.chunk
         room = (self.slice - floor) / per_token
         return max(MIN_TOKENS, min(self.chunk, int(room + 1e-6)))  # 1e-6: 0.1 / 0.01 is 9.999...

@@ -51,7 +51,7 @@ class StepCosts:
         self.clock = clock
         self.steps: dict[int, float] = {}
         self.checks: dict[int, float] = {}
-        self.per_token: float | None = None
+        self.per_token: float | None = None  # None until measured, then > 0
 
     @property
     def step_floor(self) -> float | None:
@@ -67,9 +67,9 @@ class StepCosts:
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """A prompt chunk of ``tokens`` took ``seconds``."""
         floor = self.step_floor
-        if tokens < MIN_TIMED_TOKENS or floor is None:
-            return
-        measured = max(seconds - floor, 0.0) / tokens
+        if tokens < MIN_TIMED_TOKENS or floor is None or seconds <= floor:
+            return  # a chunk timed no slower than a noisy floor says nothing of a token's cost (never 0: divided by)
+        measured = (seconds - floor) / tokens
         self.per_token = measured if self.per_token is None else \
             self.per_token + _TOKEN_WEIGHT * (measured - self.per_token)
 

@@ -46,14 +46,17 @@ def test_never_less_than_a_few_tokens_and_never_more_than_a_chunk():
 
 def test_a_chunk_timed_faster_than_the_step_floor_plans_whole_chunks():
     """A noisy floor (a one-row step timed while the machine was busy) can exceed a whole chunk's time: a prompt
-    token then measures as free, and the plan takes whole chunks rather than dividing by zero (it failed every
-    request of the worker in a clean run)."""
+    token would then measure as free: the chunk tells nothing, and the plan takes whole chunks rather than dividing
+    by zero (it failed every request of the worker in a clean run); a measured cost stays where it was."""
     noisy = ChunkPlanner(64, grid=False, slice_seconds=0.2, costs=StepCosts())
     noisy.costs.observe_step(1, 0.3)
     noisy.costs.observe_prefill(64, 0.1)
-    assert noisy.costs.per_token == 0.0
+    assert noisy.costs.per_token is None
     assert noisy.bounded_tokens() == 64
     assert noisy.end(64, 300, 0, crowded=True) == 128
+    noisy.costs.observe_prefill(64, 0.3 + 64 * 0.001)
+    noisy.costs.observe_prefill(64, 0.2)
+    assert noisy.costs.per_token == pytest.approx(0.001)
 
 
 def test_the_exact_grid_whatever_the_crowd():
