@@ -45,16 +45,17 @@ def _respond_encoded(reading: EncodeReading) -> Response:
     """An embedding or scoring request through the one gate, answered whole; the answer (thousands of numbers) is
     made and encoded on a pooled thread, in slices, while the hub serves the worker's streams."""
     run = admission.admit(gate(), current_caller(), reading.request)
-    text = off_hub(jsontext.dumps_in_slices, encoded_whole(reading, run, disconnect_probe())) + "\n"
+    text = encoded_whole(reading, run, disconnect_probe(), jsontext.dumps_in_slices) + "\n"
     return Response(text, mimetype="application/json")
 
 
-def encoded_whole(reading: EncodeReading, run: encoding.EncodeRun,
-                  gone: Callable[[], bool] = lambda: False) -> dict[str, Any]:
+def encoded_whole(reading: EncodeReading, run: encoding.EncodeRun, gone: Callable[[], bool] = lambda: False,
+                  encode: Callable[[dict[str, Any]], Any] = lambda answer: answer) -> Any:
     """An encoding run's whole answer, collected (ended early once ``gone`` says its client left; a batch line has
-    no client to notice leaving), made on a pooled thread."""
+    no client to notice leaving), made and ``encode``-d (the body's text; by default the answer as it is) in one
+    hop to a pooled thread."""
     results = encoding.collect(run, gone)
-    return off_hub(reading.renderer, run, results)
+    return off_hub(lambda: encode(reading.renderer(run, results)))
 
 
 def needs() -> Needs:
