@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -124,7 +125,7 @@ def compose(settings: Settings, load: Callable[[ModelSpec, SharedBudget], Served
 
     def engine_of(spec: ModelSpec) -> ServedEngine:
         engine = load(spec, resources.memory.shared)
-        engine.observers.append(resources.metrics.observe_generation)
+        engine.observers.append(functools.partial(resources.metrics.observe_generation, spec.id))
         return engine
 
     models = resources.models = Models(settings, folder, engine_of, resources.memory)

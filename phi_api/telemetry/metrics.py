@@ -134,13 +134,13 @@ class Metrics:
         self.key_cached = Counter("phi_api_key_cached_tokens", "Prompt tokens reused, by API key name", **by_key)
         self.key_completion = Counter("phi_api_key_completion_tokens", "Tokens generated, by API key name", **by_key)
 
-    def observe_generation(self, choice: Choice, finished: Finished) -> None:
-        """Record a finished generation (called on the hub's thread)."""
+    def observe_generation(self, model: str, choice: Choice, finished: Finished) -> None:
+        """Record a finished generation of ``model`` (called on the hub's thread)."""
         self.generations.labels(finished.reason).inc()
         self.prompt_tokens.inc(finished.prompt_tokens)
         self.cached_tokens.inc(finished.cached_tokens)
         self.generated_tokens.inc(finished.completion_tokens)
-        self.drafts.observe(finished)
+        self.drafts.observe(model, finished)
         ttft = finished.time_to_first_token
         if ttft:
             self.ttft.observe(ttft)
@@ -228,22 +228,25 @@ class Metrics:
 
 
 class DraftMetrics:
-    """Speculative decoding: draft tokens checked and kept, in all and by source (prompt, prediction, history)."""
+    """Speculative decoding, by model (vLLM's ``model_name``): draft tokens checked and kept, in all and by source
+    (prompt, prediction, history)."""
 
     def __init__(self, own: dict[str, Any]) -> None:
-        self.drafted = Counter("phi_api_draft_tokens", "Draft tokens verified", **own)
-        self.accepted = Counter("phi_api_draft_accepted_tokens", "Draft tokens kept", **own)
-        self.checks = Counter("phi_api_draft_checks", "Steps that checked a draft", **own)
+        self.drafted = Counter("phi_api_draft_tokens", "Draft tokens verified", ["model_name"], **own)
+        self.accepted = Counter("phi_api_draft_accepted_tokens", "Draft tokens kept", ["model_name"], **own)
+        self.checks = Counter("phi_api_draft_checks", "Steps that checked a draft", ["model_name"], **own)
         self.by_source = Counter("phi_api_draft_source_tokens", "Draft tokens checked and kept, by source",
-                                 ["source", "outcome"], **own)
+                                 ["model_name", "source", "outcome"], **own)
 
-    def observe(self, finished: Finished) -> None:
-        self.drafted.inc(finished.drafted_tokens)
-        self.accepted.inc(finished.accepted_tokens)
-        self.checks.inc(finished.draft_checks)
+    def observe(self, model: str, finished: Finished) -> None:
+        if not finished.draft_checks:  # no series for a model that never drafted
+            return
+        self.drafted.labels(model).inc(finished.drafted_tokens)
+        self.accepted.labels(model).inc(finished.accepted_tokens)
+        self.checks.labels(model).inc(finished.draft_checks)
         for source, checked, kept in finished.draft_sources:
-            self.by_source.labels(source, "checked").inc(checked)
-            self.by_source.labels(source, "kept").inc(kept)
+            self.by_source.labels(model, source, "checked").inc(checked)
+            self.by_source.labels(model, source, "kept").inc(kept)
 
 
 class _Forward:

@@ -166,13 +166,15 @@ def test_metrics_count_drafts_checked_and_kept(make_app):
     answer = client.post("/v1/chat/completions", json=body).get_json()
     assert answer["choices"][0]["message"]["content"] == copied
     deadline = time.monotonic() + 10  # generations reach the metrics on the hub's thread: let it run
-    while samples(client).get(("phi_api_draft_checks_total", ()), 0) == 0:
+    model = (("model_name", "test-model"),)  # counted by model, as vLLM labels its metrics
+    while samples(client).get(("phi_api_draft_checks_total", model), 0) == 0:
         assert time.monotonic() < deadline, "the draft counters never moved"
         gevent.sleep(0.01)
     seen = samples(client)
-    drafted, kept = seen[("phi_api_draft_tokens_total", ())], seen[("phi_api_draft_accepted_tokens_total", ())]
+    drafted, kept = seen[("phi_api_draft_tokens_total", model)], seen[("phi_api_draft_accepted_tokens_total", model)]
     assert 0 < kept <= drafted
     assert kept > len(tokens) / 2  # most of the copy came from drafts
     by_source = {key: value for key, value in seen.items() if key[0] == "phi_api_draft_source_tokens_total"}
-    assert by_source == {("phi_api_draft_source_tokens_total", (("outcome", "checked"), ("source", "prompt"))): drafted,
-                         ("phi_api_draft_source_tokens_total", (("outcome", "kept"), ("source", "prompt"))): kept}
+    assert by_source == {
+        ("phi_api_draft_source_tokens_total", (*model, ("outcome", "checked"), ("source", "prompt"))): drafted,
+        ("phi_api_draft_source_tokens_total", (*model, ("outcome", "kept"), ("source", "prompt"))): kept}

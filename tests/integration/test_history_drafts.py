@@ -39,8 +39,8 @@ def counted(server: Server) -> dict[str, float]:
         for sample in family.samples:
             if sample.name == "phi_api_generations_total":
                 found["generations"] += sample.value
-            elif sample.name == "phi_api_draft_source_tokens_total" and sample.labels == {"source": "history",
-                                                                                         "outcome": "kept"}:
+            elif sample.name == "phi_api_draft_source_tokens_total" and sample.labels == {
+                    "model_name": MODEL_ID, "source": "history", "outcome": "kept"}:
                 found["history"] += sample.value
     return found
 
