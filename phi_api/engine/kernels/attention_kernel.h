@@ -298,7 +298,9 @@ inline void walk(const int8_t* keys, const int8_t* values, const Query* const* q
     seen_first = std::min(seen_first, queries[i]->start);
     seen_last = std::max(seen_last, queries[i]->position);
   }
-  first_tile = std::max(first_tile, seen_first / kKeyTile);
+  // Steps on the absolute grid of kSpan tiles (tiles before a query's window are masked out): which tiles a step
+  // holds then depends on the keys' positions only, not on the other queries walking beside it.
+  first_tile = std::max(first_tile, seen_first / kKeyTile / kSpan * kSpan);
   end_tile = std::min(end_tile, seen_last / kKeyTile + 1);
   for (int64_t t = first_tile; t < end_tile; t += kSpan) {
     const int tiles = static_cast<int>(std::min<int64_t>(kSpan, end_tile - t));
@@ -349,6 +351,27 @@ inline void merge(Running& into, const Running& from, int size) {
   for (int d = 0; d < size; ++d) into.out[d] = into.out[d] * a + from.out[d] * b;
   into.sum = into.sum * a + from.sum * b;
   into.max = top;
+}
+
+// The part of the absolute grid of kPartTiles that holds tile t ends before this tile.
+inline int64_t part_end(int64_t t) { return (t / kPartTiles + 1) * kPartTiles; }
+
+// The queries over the tiles [first_tile, end_tile) part by part on the absolute grid of kPartTiles, each part's walk
+// merged into their running state in order: the arithmetic of a lone block whose parts are tasks of their own
+// (attend, then merge), so that a query's bits are those of a one-token step whatever else its step holds.
+inline void attend_parts(const int8_t* keys, const int8_t* values, const Query* queries, int count, int size,
+                         int64_t first_tile, int64_t end_tile, Running* running) {
+  alignas(64) Running part[kQueryBlock];
+  for (int64_t from = first_tile; from < end_tile; from = part_end(from)) {
+    const int64_t to = std::min(end_tile, part_end(from));
+    if (from == first_tile) {
+      attend(keys, values, queries, count, size, from, to, running);
+      continue;
+    }
+    for (int i = 0; i < count; ++i) reset(part[i], size);
+    attend(keys, values, queries, count, size, from, to, part);
+    for (int i = 0; i < count; ++i) merge(running[i], part[i], size);
+  }
 }
 
 }  // namespace attn

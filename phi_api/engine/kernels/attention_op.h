@@ -22,9 +22,11 @@
 namespace attn_op {
 
 // One task: the queries of block `block` of (row b, kv head h) over the tiles [first_tile, end_tile) of their keys.
-// A lone block (a row's step has at most kQueryBlock queries per kv head: a decode step, a short draft) splits its
-// keys into parts of kPartTiles, each a task whose result waits in `partial` for the merge; the split depends on
-// the row alone, so a row's bits never depend on the other rows of the step.
+// Keys are walked in parts on the absolute grid of kPartTiles, merged in order: a lone block (a row's step has at
+// most kQueryBlock queries per kv head: a decode step, a short draft) makes each part a task whose result waits in
+// `partial` for the merge; a task of several blocks walks the parts in turn. Either way a query's arithmetic
+// depends on its own position alone: its bits never depend on the other rows of the step, nor on the other tokens
+// of its own row's step (a draft's check gives each token what one-token steps give it).
 struct Task {
   int b, h, block, parts;
   int64_t first_tile, end_tile;
@@ -94,8 +96,13 @@ inline void attend_task(void* data, size_t index) {
     attn::reset(running[i], size);
   }
   const int64_t base = (static_cast<int64_t>(task.b) * layer.kv_heads + task.h) * step.tokens * size;
-  attn::attend(step.keys + base, step.values + base, queries, count, size, task.first_tile, task.end_tile, running);
-  if (task.partial < 0) finish(work, task.b, task.h, task.block, running);
+  if (task.partial < 0) {  // all its keys in this task: part by part, merged in order, as split blocks are
+    attn::attend_parts(step.keys + base, step.values + base, queries, count, size, task.first_tile, task.end_tile,
+                       running);
+    finish(work, task.b, task.h, task.block, running);
+  } else {  // one part of a split block's keys
+    attn::attend(step.keys + base, step.values + base, queries, count, size, task.first_tile, task.end_tile, running);
+  }
 }
 
 inline void merge_task(void* data, size_t index) {
@@ -124,16 +131,20 @@ inline void plan(Work& work) {
         query_place(work, h, block, block_queries(work, block) - 1, s_last, head);
         const int64_t first_position = length - step.news + s_first, last_position = length - step.news + s_last;
         const int64_t start = layer.window > 0 ? std::max<int64_t>(0, first_position + 1 - layer.window) : 0;
-        const int64_t first_tile = start / attn::kKeyTile, end_tile = last_position / attn::kKeyTile + 1;
-        const int parts = work.blocks == 1
-                              ? static_cast<int>((end_tile - first_tile + attn::kPartTiles - 1) / attn::kPartTiles)
-                              : 1;
+        // the tiles its queries see, from the kSpan grid (the walk's steps) on; the parts of the kPartTiles grid
+        const int64_t first_tile = start / attn::kKeyTile / attn::kSpan * attn::kSpan;
+        const int64_t end_tile = last_position / attn::kKeyTile + 1;
+        const int grid = static_cast<int>((end_tile - 1) / attn::kPartTiles - first_tile / attn::kPartTiles + 1);
+        const int parts = work.blocks == 1 ? grid : 1;  // otherwise one task walks the parts in turn
         if (parts > 1) work.merges.push_back(static_cast<int>(work.tasks.size()));
-        for (int part = 0; part < parts; ++part) {
-          const int64_t from = first_tile + part * attn::kPartTiles;
-          const int64_t to = parts == 1 ? end_tile : std::min(end_tile, from + attn::kPartTiles);
+        for (int64_t from = first_tile; from < end_tile; from = attn::part_end(from)) {
+          const int64_t to = parts == 1 ? end_tile : std::min(end_tile, attn::part_end(from));
           work.tasks.push_back(Task{b, h, block, parts, from, to, parts == 1 ? -1 : scratch});
-          if (parts > 1) scratch += block_queries(work, block);
+          if (parts > 1) {
+            scratch += block_queries(work, block);
+          } else {
+            break;
+          }
         }
       }
     }

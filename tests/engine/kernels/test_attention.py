@@ -167,6 +167,33 @@ def test_drafts_checked_in_one_step_give_each_row_what_it_gets_alone(library):
     assert np.array_equal(first.ours(library)[0][0], out[0])
 
 
+CHECKS = {
+    # shape, past, new tokens checked in one step: a draft's check and the one-token steps it stands for
+    "the default model's heads, past parts of 512 keys": (SMOLLM2, 1100, 5),
+    "Phi-3.5's heads, a check of 8 drafts across a part's end": (PHI35, 1020, 9),
+    "a sliding window": (replace(SMOLLM2, window=700), 1300, 4),
+}
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_a_check_s_tokens_get_the_bits_of_one_token_steps(library, name):
+    """A draft's check (several new tokens of a row in one step) gives each token the bits the one-token decode steps
+    give it: a greedy answer is then the same with drafts and without, as far as the attention goes."""
+    shape, past, new = CHECKS[name]
+    if not SUPPORTED:
+        return
+    check = Case(shape, [past], new, seed=5)
+    together, keys, values = check.ours(library)
+    one = Case(shape, [past], 1, seed=5, tokens=check.tokens)
+    one.keys, one.values = check.keys.copy(), check.values.copy()
+    one.key_scale, one.value_scale = check.key_scale, check.value_scale
+    for s in range(new):
+        one.qkv, one.lengths = check.qkv[:, s:s + 1], np.array([past + s + 1])
+        out, one.keys, one.values = one.ours(library)
+        assert np.array_equal(out[0, 0], together[0, s]), f"token {s}"
+    assert np.array_equal(one.keys, keys) and np.array_equal(one.values, values)
+
+
 def test_only_graphs_whose_every_attention_it_computes_exactly_are_rewritten():
     model = gqa_model(SMOLLM2, 64, POSITIONS)
     assert attention.swap(model) == 1
