@@ -60,9 +60,10 @@ class Script:
 class FakeDecoder:
     """The decoder graph's contract, with scripted logits."""
 
-    def __init__(self, script: Script, rope_switch: int | None = None) -> None:
+    def __init__(self, script: Script, rope_switch: int | None = None, row_wise: bool = False) -> None:
         self.script = script
-        self.spec = DecoderSpec(layers=1, kv_heads=1, head_size=16, vocab_size=VOCAB, rope_switch=rope_switch)
+        self.spec = DecoderSpec(layers=1, kv_heads=1, head_size=16, vocab_size=VOCAB, rope_switch=rope_switch,
+                                row_wise=row_wise)
         self._decode_steps = 0
 
     def step(self, kv: KVPool, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool,
@@ -152,17 +153,18 @@ class FakeModel:
                  has_chat_template: bool = True, rope_switch: int | None = None,
                  fim_tokens: tuple[int, int, int] | None = None, think_markers: tuple[str, str] | None = None,
                  chat_template: str = "", think_token_ids: tuple[int, int] | None = None,
-                 prompt_prefix: tuple[int, ...] = ()) -> None:
+                 prompt_prefix: tuple[int, ...] = (), row_wise: bool = False) -> None:
         self.script = script
         self.pieces = pieces
         self.rope_switch = rope_switch  # LongRoPE's original length, as the graph would say
+        self.row_wise = row_wise  # its graph computes a row's tokens as one-token steps would (as phi-api's operators)
         self.info = ModelInfo(
             path="/fake", model_type="fake", context_length=context_length, vocab_size=VOCAB,
             eos_token_ids=frozenset({EOS}), has_chat_template=has_chat_template, fingerprint="fp_fake",
             fim_tokens=fim_tokens, think_markers=think_markers, chat_template=chat_template,
             think_token_ids=think_token_ids, prompt_prefix=prompt_prefix,
         )
-        self.spec = FakeDecoder(script, rope_switch).spec
+        self.spec = FakeDecoder(script, rope_switch, row_wise).spec
         self.identity = "fake model"
         self.rendered: list[str] = []  # every prompt the chat template produced
 
@@ -190,7 +192,7 @@ class FakeModel:
 
     def new_decoder(self, threads: int) -> FakeDecoder:
         self.script.decoder_threads.append(threads)
-        return FakeDecoder(self.script, self.rope_switch)
+        return FakeDecoder(self.script, self.rope_switch, self.row_wise)
 
     def guide(self, grammar: tuple[str, str]) -> FakeGuide:
         self.script.grammars.append(grammar)

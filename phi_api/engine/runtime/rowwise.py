@@ -7,6 +7,11 @@ attention operator compute each row the same way at any row count, and the other
 work element by element or within a row; a graph made only of such operators needs no padding row, and one stream
 stops paying for a second. The list is of operators checked, not assumed (``tests/engine/runtime/test_invariance.py``
 steps a real graph made of them with one to five rows).
+
+Such a graph also computes several new tokens of one row (a draft's check) as one-token steps compute them, bit for
+bit (the 4-bit operator's rows are tokens as well; the attention walks keys on grids fixed by their positions), so
+drafts change no answer there (``tests/integration/test_draft_identity.py``): batch-invariant, any draft source
+drafts and checks are made where they pay (:mod:`engine.sched.continuous`).
 """
 
 from __future__ import annotations

@@ -95,12 +95,21 @@ class Drafter:
             places = self._own.places(ngram)
             if places:  # its latest occurrence: what the sequence wrote last is likeliest again
                 self._source = "prompt"
-                return self._tokens[places[-1]:places[-1] + limit]
+                return self._repeated(places[-1], limit)
             draft = self._history.match(ngram, limit) if self._history is not None else []
             if draft:
                 self._source = "history"
                 return draft
         return []
+
+    def _repeated(self, start: int, limit: int) -> list[int]:
+        """The sequence's tokens from ``start`` on, at most ``limit``; where they reach its end, their repeat: an
+        occurrence just behind the end is a loop (a repeated word, a rule of dashes), which goes on as it went."""
+        draft = self._tokens[start:start + limit]
+        period = len(self._tokens) - start
+        while len(draft) < limit:
+            draft.append(draft[len(draft) - period])
+        return draft
 
     def record(self, drafted: int, accepted: int) -> None:
         """A draft of ``drafted`` tokens had its first ``accepted`` kept."""

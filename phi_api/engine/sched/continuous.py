@@ -74,9 +74,12 @@ class ContinuousBatch:
         self.policy = policy
         self.planner = planner
         self.publish = publish
-        # A key's earlier answers as drafts would make an answer depend on them where a check's numbers are not a
-        # one-token step's: batch-invariant, only the request's own tokens (and its prediction) draft.
-        histories = Histories(history_tokens if draft_max and not invariant else 0)
+        # Where a check gives each token the bits one-token steps give it (a graph of row-wise operators), drafts change
+        # no answer: any source drafts and checks are made where they pay, batch-invariant or not. Elsewhere a key's
+        # earlier answers as drafts, or checks decided by timings, would make an answer depend on them: batch-invariant,
+        # only the request's own tokens (and its prediction) draft, and every draft is checked as alone.
+        exact_checks = decoder.spec.row_wise
+        histories = Histories(history_tokens if draft_max and (exact_checks or not invariant) else 0)
         self.outputs = Outputs(model.info.eos_token_ids, self.kv, publish, histories)
         self.scheduler = Scheduler(model, self.kv, planner, self.outputs, draft_max)
         self.waiting = self.scheduler.waiting  # the same queue and list: the loop adds to it, tests look at them
@@ -87,7 +90,7 @@ class ContinuousBatch:
         self.padding = Padding(self.rows, self._switch) if invariant and not decoder.spec.row_wise else None
         self.endings = Endings(self.waiting, self.prefilling, self.kv, self.outputs, publish)
         self.speculation = Speculation(self.rows, policy, self.costs, self.outputs, self.endings, self.step,
-                                       self._switch, invariant)
+                                       self._switch, invariant and not exact_checks)
 
     @property
     def idle(self) -> bool:

@@ -14,8 +14,9 @@ batched step of every row; a LongRoPE group whose every row advanced this way
 is not stepped again (:meth:`engine.sched.continuous.ContinuousBatch.decode`). Among many rows a
 check costs time the whole batch waits: a draft is checked only where and as
 far as that pays (:mod:`engine.sched.stepcost`), and otherwise scored against the tokens that
-come (:meth:`engine.sampling.draft.Drafter.decline`); batch-invariant (``BATCH_INVARIANT``), every
-row checks its drafts as it does alone, whatever the timings. Every token a check
+come (:meth:`engine.sampling.draft.Drafter.decline`); batch-invariant (``BATCH_INVARIANT``) on a graph whose
+checks do not give one-token steps' bits, every row checks its drafts as it does alone, whatever the timings
+(where they do, a graph of row-wise operators, whether a check is made changes no answer). Every token a check
 keeps goes through the same checks as a token from the batched step (end of
 sequence, stop strings, ``max_tokens``, grammar, cancellation), one at a
 time, so a draft never carries a sequence past where it would have stopped.
@@ -44,7 +45,7 @@ class Speculation:
     """The drafting part of a batch's decode, with what it uses of its batch: the rows, the reuse mode (which of a
     row's tokens are reusable), the step costs, the output handling every kept token goes through, the endings of a
     row that fails, the batch's one ``step`` (timed into the costs), LongRoPE's switch, and whether every row
-    checks its drafts as when alone (``BATCH_INVARIANT``)."""
+    checks its drafts as when alone (``BATCH_INVARIANT`` where checks are not one-token steps' bits)."""
 
     rows: RowTable
     policy: ReusePolicy

@@ -149,15 +149,20 @@ def test_a_key_s_earlier_answers_draft_for_that_key_alone():
     assert "history" not in sources["cold"] and "history" not in sources["stranger"]  # never another key's
 
 
-def test_batch_invariant_keeps_a_key_s_history_out_of_its_drafts():
-    engine = fake_engine(SCRIPT, PIECES, draft_max=8, history_tokens=1024, batch_invariant=True)
+@pytest.mark.parametrize("row_wise", [False, True])
+def test_batch_invariant_keeps_a_key_s_history_out_of_its_drafts_unless_checks_are_exact(row_wise):
+    """Where a check gives one-token steps' bits (a graph of row-wise operators), drafts change no answer: the
+    history drafts batch-invariant too."""
+    engine = fake_engine(SCRIPT, PIECES, draft_max=8, history_tokens=1024, batch_invariant=True, row_wise=row_wise)
     try:
         answers = [collect(engine.submit(np.asarray(FREE, dtype=np.int32),
                                          SamplingParams(max_tokens=18, temperature=0), cache_key="team-a"))
                    for _ in range(2)]
     finally:
         engine.stop()
-    assert all(source != "history" for _, finished in answers for source, _, _ in finished.draft_sources)
+    kept = sum(kept for source, _, kept in answers[1][1].draft_sources if source == "history")
+    assert kept >= 12 if row_wise else kept == 0
+    assert answers[0][0] == answers[1][0]
 
 
 # The sampled rule ----------------------------------------------------------------------------------------
@@ -241,6 +246,14 @@ def test_the_drafter_matches_the_last_n_gram_and_backs_off():
     assert [drafter.propose(8) for _ in range(4)] == [[]] * 4  # paused after two failures
     # then tried again, one token (the last draft kept nothing), from the latest earlier "1 2"
     assert drafter.propose(8) == [9]
+
+
+def test_a_loop_at_the_sequence_s_end_is_drafted_as_it_goes_on():
+    drafter = Drafter([9, 4, 7, 4, 7, 4, 7], max_tokens=8)
+    assert drafter.propose(8) == [4, 7, 4, 7, 4, 7, 4, 7]  # "4 7" last came just behind the end: it repeats
+    assert drafter.propose(3) == [4, 7, 4]
+    drafter = Drafter([5, 5, 5, 5], max_tokens=6)
+    assert drafter.propose(8) == [5] * 6
 
 
 def test_a_draft_cut_short_limits_the_next_and_one_kept_whole_doubles_it():
@@ -337,6 +350,28 @@ def test_what_a_check_costs_includes_the_choice_of_its_tokens(monkeypatch):
     together = steps[steps.index("decode:2"):last]
     checks = [step for step in together if step.startswith("check:")]
     assert len(checks) == len(set(checks)) and together.count("decode:2") >= 25  # tried once each, then declined
+
+
+@pytest.mark.parametrize("row_wise", [False, True])
+def test_batch_invariant_checks_every_draft_unless_checks_are_exact(row_wise):
+    """Batch-invariant, rows among others check their drafts as alone, whatever they cost; where a check gives
+    one-token steps' bits, whether it is made changes no answer, and the costs decide as without the invariance."""
+    script = list(range(1, 61))
+    engine = fake_engine(script, text_pieces(*[f" w{token}".encode() for token in script]), draft_max=8,
+                         prefill_chunk=64, batch_invariant=True, row_wise=row_wise)
+    engine.model.script.check_token_seconds = 0.0125  # a check of k tokens costs more than k + 1 steps
+    engine.model.script.gate = threading.Semaphore(0)  # no step until both requests are in
+    choice = SamplingParams(max_tokens=50, temperature=0)
+    try:
+        generations = [engine.submit(np.array([70 + index, 71, *script], dtype=np.int32), choice)
+                       for index in range(2)]
+        engine.model.script.gate.release(10_000)
+        finished = [collect(generation) for generation in generations]
+    finally:
+        engine.stop()
+    assert [(end.reason, end.completion_tokens) for _, end in finished] == [("length", 50)] * 2
+    checks = sum(step.startswith("check:") for step in engine.model.script.steps)
+    assert checks <= 4 if row_wise else checks >= 8
 
 
 def test_the_rows_of_a_request_alone_check_every_draft_whatever_the_costs():
