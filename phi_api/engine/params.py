@@ -36,6 +36,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # the same for every prompt token (echo); None: none
     guidance: tuple[str, str] | None = None  # (kind, grammar): "json_schema" or "llguidance" (a definition)
     draft_max: int | None = None  # prompt-lookup draft tokens a step may verify; None: the server's setting
+    draft_min: int = 0  # fewest draft tokens worth a check (shorter drafts are not checked)
     prediction: tuple[int, ...] = ()  # the answer the request expects (OpenAI's predicted outputs), drafted first;
     # the engine takes it as an index (engine.choice.Choice.prediction), built off the hub at submission
     penalty_window: int | None = None  # the repetition penalty looks at the last this many tokens; None: all

@@ -39,6 +39,7 @@ class Sampling:
     ignore_eos: bool = False
     n: int = 1
     draft_max: int | None = None  # llama.cpp's speculative.n_max; None: the server's SPECULATIVE_DRAFT_MAX
+    draft_min: int = 0  # llama.cpp's speculative.n_min: shorter drafts are not checked
     prediction: str | None = None  # OpenAI's predicted output: the answer's text as the client expects it
     penalty_window: int | None = None  # Ollama's repeat_last_n: the repetition penalty's last tokens; None: all
     context_limit: int | None = None  # Ollama's num_ctx: the context this request may use, within the model's
@@ -82,6 +83,7 @@ class Sampling:
             prompt_logprobs=prompt_logprobs,
             guidance=guidance,
             draft_max=self.draft_max,
+            draft_min=self.draft_min,
             prediction=prediction,
             penalty_window=self._penalty_window(defaults or {}),
             thinking=thinking,

@@ -197,6 +197,12 @@ def _pattern(where: str, error: ValidationError) -> str:
     return f"{where} has an invalid format: {_describe(error.instance)}"
 
 
+def _additional(where: str, error: ValidationError) -> str:
+    known = error.schema.get("properties", {})
+    unknown = next((name for name in error.instance if name not in known), "a field")
+    return f"{where} has no field {_describe(unknown)} (it takes {', '.join(sorted(known)) or 'none'})"
+
+
 def _generic(where: str, error: ValidationError) -> str:
     return f"{where} is not valid"
 
@@ -205,6 +211,7 @@ _MESSAGES: dict[str, Callable[[str, ValidationError], str]] = {
     "minimum": _range, "maximum": _range, "exclusiveMinimum": _range, "exclusiveMaximum": _range,
     "type": _type,
     "enum": _enum,
+    "additionalProperties": _additional,
     "const": _const,
     "required": _required,
     "minItems": _items, "maxItems": _items,

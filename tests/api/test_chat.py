@@ -173,3 +173,18 @@ def test_a_prediction_longer_than_the_context_is_cut_to_it(make_app):
     make_app(engine).test_client().post("/v1/chat/completions", json={
         **CHAT, "max_tokens": 4, "prediction": {"type": "content", "content": "x" * 500}})
     assert len(engine.model.script.params[-1].prediction) == 64  # no answer is longer: the rest is never drafted
+
+
+def test_speculative_n_min_reaches_the_engine_and_other_fields_are_refused(make_app):
+    engine = fake_engine([1, 0], text_pieces(b"ok"), draft_max=8)
+    client = make_app(engine).test_client()
+    answered = client.post("/v1/chat/completions", json={**CHAT, "speculative": {"n_min": 3, "n_max": 6}})
+    assert answered.status_code == 200
+    assert (engine.model.script.params[-1].draft_min, engine.model.script.params[-1].draft_max) == (3, 6)
+    for speculative, param, named in (({"p_min": 0.5}, "speculative", "p_min"),
+                                      ({"n_min": 5, "n_max": 2}, "speculative.n_min", "n_max"),
+                                      ({"n_min": -1}, "speculative", "-1")):
+        response = client.post("/v1/chat/completions", json={**CHAT, "speculative": speculative})
+        assert response.status_code == 400, speculative
+        error = response.get_json()["error"]
+        assert error["param"] == param and named in error["message"], (speculative, error)

@@ -269,3 +269,14 @@ def test_a_predicted_output_is_drafted_from_and_told_in_usage(client, stream):
     # The model's own answer, predicted: its checks keep most of it (all but near-ties the check's other shape
     # of computation may tip; docs/identical-answers.md).
     assert details.accepted_prediction_tokens >= usage.completion_tokens // 2
+
+
+def test_llama_cpp_s_speculative_fields_go_through_extra_body_and_draft_model_ones_are_a_400(client):
+    messages = [{"role": "user", "content": "Repeat exactly: one two three, one two three, one two three."}]
+    spaced = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=32, temperature=0,
+                                            extra_body={"speculative": {"n_min": 4, "n_max": 8}})
+    assert spaced.choices[0].message.content and 0 < spaced.usage.completion_tokens <= 32
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=8,
+                                       extra_body={"speculative": {"p_min": 0.75}})
+    assert refused.value.body["param"] == "speculative" and "p_min" in refused.value.body["message"]

@@ -71,7 +71,8 @@ class Sequence:
         self.step_rows = 0  # ... and their rows, summed
         self.sampler = Sampler(choice.params, choice.prompt, model.info.eos_token_ids, guide=choice.guide)
         own = choice.params.draft_max
-        self.drafter = Drafter(self.tokens, draft_max if own is None else own, choice.prediction, history)
+        self.drafter = Drafter(self.tokens, draft_max if own is None else own, choice.prediction, history,
+                               min_tokens=choice.params.draft_min)
         self.stream = model.create_stream()
         self.text = TextAssembler(self.stream, choice.params.stop)
 

@@ -45,8 +45,9 @@ class Drafter:
     an n-gram of the sequence's own tokens is no longer than one of the history's."""
 
     def __init__(self, tokens: list[int], max_tokens: int, prediction: Index | None = None,
-                 history: Index | None = None) -> None:
+                 history: Index | None = None, min_tokens: int = 0) -> None:
         self.max_tokens = max_tokens
+        self.min_tokens = min_tokens  # a shorter draft is not worth a check (llama.cpp's n_min)
         self._prediction: Lookup | None = None
         self._history = Lookup(history, in_order=False) if history is not None else None
         self._source = "prompt"  # where the last draft came from
@@ -76,13 +77,18 @@ class Drafter:
             self._own.add((token,))
 
     def propose(self, room: int) -> list[int]:
-        """A draft of at most ``room`` tokens (none when nothing matches, while paused, or when off)."""
+        """A draft of at most ``room`` tokens and at least ``min_tokens`` (none when nothing matches, while paused, or
+        when off)."""
+        draft = self._propose(room)
+        return draft if len(draft) >= max(1, self.min_tokens) else []
+
+    def _propose(self, room: int) -> list[int]:
         if self.max_tokens <= 0 or room <= 0:
             return []
         if self._pause:
             self._pause -= 1
             return []
-        limit = min(room, self._limit)
+        limit = min(room, max(self._limit, min(self.min_tokens, self.max_tokens)))
         if self._prediction is not None:
             draft = self._prediction.propose(self._tokens, limit)
             if draft:

@@ -70,7 +70,7 @@ class Speculation:
                 length = len(draft)
             else:
                 length = self.costs.check_length(len(draft), row.drafter.expected, len(group))
-            if not length:
+            if length < max(1, row.drafter.min_tokens):  # not worth a check (the request's n_min)
                 row.drafter.decline(draft)
             else:
                 try:

@@ -26,8 +26,18 @@ def sampling(body: dict[str, Any]) -> Sampling:
         repetition_penalty=given(body, "repetition_penalty"),
         logit_bias=tuple(given(body, "logit_bias", {}).items()), min_tokens=given(body, "min_tokens", 0),
         ignore_eos=bool(given(body, "ignore_eos", False)), n=given(body, "n", 1),
-        draft_max=given(body, "speculative", {}).get("n_max"), prediction=_prediction(body),
+        draft_max=given(body, "speculative", {}).get("n_max"), draft_min=_draft_min(body), prediction=_prediction(body),
     )
+
+
+def _draft_min(body: dict[str, Any]) -> int:
+    """llama.cpp's ``speculative.n_min`` (0: any draft is checked); above ``n_max`` no draft could ever be, a 400."""
+    speculative = given(body, "speculative", {})
+    least, most = speculative.get("n_min") or 0, speculative.get("n_max")
+    if most is not None and least > most:
+        raise InvalidParameterError(f"speculative.n_min ({least}) is above speculative.n_max ({most}).",
+                                    param="speculative.n_min")
+    return least
 
 
 def _prediction(body: dict[str, Any]) -> str | None:

@@ -100,6 +100,17 @@ def test_a_request_can_turn_drafting_off():
 
 
 
+def test_a_request_s_n_min_leaves_shorter_drafts_unchecked():
+    plain, _, _ = run(COPYING, 8)
+    text, finished, steps = run(COPYING, 8, draft_min=6)
+    assert text == plain
+    checks = [int(step.split(":")[1]) for step in steps if step.startswith("check:")]
+    assert checks and min(checks) >= 7  # the pending token and at least 6 drafted
+    drafter = Drafter([1, 2, 3, 1, 2], max_tokens=8, min_tokens=3)
+    assert drafter.propose(8) == [3, 1, 2, 3, 1, 2, 3, 1]  # "1 2" came 3 tokens back: a loop, drafted on
+    assert drafter.propose(2) == []  # room for 2 only: not worth a check
+
+
 def test_a_prediction_of_the_answer_is_drafted_from_and_counted_apart():
     plain, _, steps_plain = run(FREE, 0)
     predicted, finished, steps = run(FREE, 8, prediction=tuple(SCRIPT[:18]))
