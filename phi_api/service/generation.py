@@ -95,23 +95,25 @@ class Plan:
 def _chat_plan(engine: Engine, settings: Settings, request: ChatRequest) -> Plan:
     """The chat's plan; one whose context is full drops its oldest truncatable messages, as few as make it fit
     (OpenAI's ``truncation: "auto"``), or is refused when even dropping them all does not."""
+    prediction = _prediction_tokens(engine, request.sampling)  # once: truncation below does not change it
     try:
-        return _chat_plan_whole(engine, settings, request)
+        return _chat_plan_whole(engine, settings, request, prediction)
     except ContextLengthExceededError:
         if not request.truncatable:
             raise
     low, high = 1, request.truncatable  # fits when dropping high (else raise); find the fewest dropped that fit
-    plan = _chat_plan_whole(engine, settings, request.truncated(high))
+    plan = _chat_plan_whole(engine, settings, request.truncated(high), prediction)
     while low < high:
         middle = (low + high) // 2
         try:
-            plan, high = _chat_plan_whole(engine, settings, request.truncated(middle)), middle
+            plan, high = _chat_plan_whole(engine, settings, request.truncated(middle), prediction), middle
         except ContextLengthExceededError:
             low = middle + 1
     return plan
 
 
-def _chat_plan_whole(engine: Engine, settings: Settings, request: ChatRequest) -> Plan:
+def _chat_plan_whole(engine: Engine, settings: Settings, request: ChatRequest,
+                     prediction: tuple[int, ...]) -> Plan:
     plan = request.tools and dataclasses.replace(request.tools, format=tool_format(engine))
     prompt = prompts.chat_prompt(engine, list(request.messages), plan,
                                  variables=reasoning.template_variables(engine, request))
@@ -125,7 +127,7 @@ def _chat_plan_whole(engine: Engine, settings: Settings, request: ChatRequest) -
                                         defaults=dict(engine.config.sampling_defaults), logprobs=request.logprobs,
                                         guidance=guidance,
                                         thinking=reasoning.thinking_budget(engine, request, thinking),
-                                        prediction=_prediction_tokens(engine, request.sampling))
+                                        prediction=prediction)
     return Plan([prompt], params, tools=plan, reasoning=thinking)
 
 

@@ -125,7 +125,8 @@ class Declared:
     SPECULATIVE_HISTORY_TOKENS: int = setting(8192, _integer(0, 1 << 20),
                                               "Tokens of each key's earlier answers a worker keeps per model to draft "
                                               "from (for that key only; the 8 most recent keys; with "
-                                              "BATCH_INVARIANT false only); 0: none",
+                                              "BATCH_INVARIANT false, or on a graph of phi-api's own "
+                                              "operators: docs/identical-answers.md); 0: none",
                                               engine="history_tokens", per_model=True)
     KV_CACHE_DTYPE: str = setting("auto", _text(choices=("auto", "float32", "int8")),
                                   "Keys and values in memory: float32, int8 (a quarter of the memory), or auto (int8 "
