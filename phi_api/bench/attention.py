@@ -4,6 +4,11 @@ rows at contexts of 1k to 8k tokens, and prompt chunks on pasts of 0 to 8k token
 several calls; ours is also given as a share of the machine's limits measured in the same run (``bench roofline``):
 a decode step's bytes of keys and values over the read bandwidth, a prompt chunk's multiply-adds over the int8
 peak.
+
+With ``--baseline LIBRARY`` (another build of phi-api's operator library, such as one built from an earlier commit),
+each figure also times that build against this tree's, their calls alternating in one process over the same caches:
+on a machine whose speed drifts from minute to minute, the median of the pairs' ratios tells a change of a few
+percent that separate runs cannot.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,13 +35,15 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk", type=int, default=64, help="tokens of a prompt chunk (PREFILL_CHUNK_TOKENS)")
     parser.add_argument("--reps", type=int, default=7, help="calls timed per figure (medians are reported)")
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (default: every core)")
+    parser.add_argument("--baseline", default="", metavar="LIBRARY",
+                        help="another build of the operator's library (.so), timed against this tree's alternately")
     parser.add_argument("--out", default="", help="also write the report (JSON) here")
 
 
 class Layer:
     """Sessions of one layer's attention, ours and ONNX Runtime's, over caches of ``tokens`` tokens."""
 
-    def __init__(self, shape: Shape, tokens: int, threads: int) -> None:
+    def __init__(self, shape: Shape, tokens: int, threads: int, baseline: str = "") -> None:
         import onnxruntime as ort
 
         from phi_api.engine.kernels.op import build_library
@@ -48,11 +56,17 @@ class Layer:
         graphs = {"int8": gqa_model(shape, tokens, tokens), "float32": gqa_model(shape, tokens, tokens, int8=False)}
         graphs["ours"] = gqa_model(shape, tokens, tokens)
         swap(graphs["ours"])
+        libraries = dict.fromkeys(graphs, str(library))
+        if baseline:  # a pair of its own: their pools' threads must not spin while the other one's run
+            graphs["versus"] = graphs["baseline"] = graphs["ours"]
+            libraries["versus"], libraries["baseline"] = str(library), baseline
         self.sessions = {}
         for kind, graph in graphs.items():
             options = ort.SessionOptions()
             options.intra_op_num_threads = threads
-            options.register_custom_ops_library(str(library))
+            if kind in ("versus", "baseline"):
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            options.register_custom_ops_library(libraries[kind])
             self.sessions[kind] = ort.InferenceSession(graph.SerializeToString(), options,
                                                        providers=["CPUExecutionProvider"])
         rng = np.random.default_rng(0)
@@ -70,10 +84,35 @@ class Layer:
 
     def timed(self, kind: str, rows: int, new: int, past: int, reps: int) -> float:
         """Median seconds of one step of ``rows`` rows of ``new`` tokens on ``past`` tokens each."""
+        call = self.bound(kind, rows, new, past, self.caches(rows, kind))
+        call()  # warm-up
+        return statistics.median(_seconds(call) for _ in range(reps))
+
+    def against_baseline(self, rows: int, new: int, past: int, reps: int) -> dict[str, float]:
+        """The baseline build's step against ours, called alternately (which goes first swaps each time) over the
+        same caches, by sessions whose threads do not spin: each one's median, and the median of the pairs' ratios
+        (ours over the baseline's)."""
+        caches = self.caches(rows, "ours")
+        calls = {kind: self.bound(kind, rows, new, past, caches) for kind in ("versus", "baseline")}
+        times: dict[str, list[float]] = {"versus": [], "baseline": []}
+        for rep in range(reps + 1):
+            for kind in (("versus", "baseline") if rep % 2 else ("baseline", "versus")):
+                seconds = _seconds(calls[kind])
+                if rep:  # the first pair warms up
+                    times[kind].append(seconds)
+        return {"versus_ours_ms": statistics.median(times["versus"]) * 1e3,
+                "baseline_ms": statistics.median(times["baseline"]) * 1e3,
+                "ours_over_baseline": statistics.median(
+                    ours / base for ours, base in zip(times["versus"], times["baseline"], strict=True))}
+
+    def bound(self, kind: str, rows: int, new: int, past: int,
+              caches: tuple[np.ndarray, np.ndarray]) -> Callable[[], None]:
+        """One call of ``kind``'s session on a step of ``rows`` rows of ``new`` tokens on ``past`` tokens each,
+        its inputs bound (the caches as its past and present keys and values)."""
         import onnxruntime as ort
 
         session = self.sessions[kind]
-        keys, values = self.caches(rows, kind)
+        keys, values = caches
         binding = session.io_binding()
         feeds = {"qkv": self.rng.standard_normal((rows, new, self.shape.width), dtype=np.float32),
                  "seqlens_k": np.full(rows, past + new - 1, dtype=np.int32),
@@ -88,13 +127,13 @@ class Layer:
             binding.bind_ortvalue_input(past_name, shared)
             binding.bind_ortvalue_output(present_name, shared)
         binding.bind_output("output")
-        session.run_with_iobinding(binding)  # warm-up
-        seconds = []
-        for _ in range(reps):
-            started = time.perf_counter()
-            session.run_with_iobinding(binding)
-            seconds.append(time.perf_counter() - started)
-        return statistics.median(seconds)
+        return lambda: session.run_with_iobinding(binding)
+
+
+def _seconds(call: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -104,7 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     contexts = [int(value) for value in args.contexts.split(",")]
     say("the machine's limits")
     limits = measure(args.threads or None)
-    layer = Layer(shape, max(contexts) + args.chunk + 16, args.threads)
+    layer = Layer(shape, max(contexts) + args.chunk + 16, args.threads, args.baseline)
     head_bytes = shape.kv_heads * shape.head_size  # int8 keys (and as many values) of one token
     report: dict[str, Any] = {"shape": args.shape, "limits": limits.__dict__, "decode": [], "prompt": []}
     for context in contexts:
@@ -112,14 +151,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             say(f"decode: {rows} rows at {context} tokens")
             times = {kind: layer.timed(kind, rows, 1, context - 1, args.reps) for kind in KINDS}
             read = 2 * rows * context * head_bytes
-            report["decode"].append({"context": context, "rows": rows, **_ms(times),
+            versus = layer.against_baseline(rows, 1, context - 1, args.reps) if args.baseline else {}
+            report["decode"].append({"context": context, "rows": rows, **_ms(times), **versus,
                                      "ours_gbs": read / times["ours"] / 1e9,
                                      "share_of_bandwidth": read / times["ours"] / 1e9 / limits.read_gbs})
     for past in [0, *contexts]:
         say(f"prompt: a chunk of {args.chunk} tokens on {past}")
         times = {kind: layer.timed(kind, 1, args.chunk, past, args.reps) for kind in KINDS}
         macs = 2 * args.chunk * (past + (args.chunk + 1) / 2) * shape.heads * shape.head_size
-        report["prompt"].append({"past": past, "chunk": args.chunk, **_ms(times),
+        versus = layer.against_baseline(1, args.chunk, past, args.reps) if args.baseline else {}
+        report["prompt"].append({"past": past, "chunk": args.chunk, **_ms(times), **versus,
                                  "ours_gmacs": macs / times["ours"] / 1e9,
                                  "share_of_int8_peak": macs / times["ours"] / 1e9 / limits.int8_gmacs})
     return report

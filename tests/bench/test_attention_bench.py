@@ -1,0 +1,36 @@
+"""``bench attention --baseline``: another build of the operator timed against this tree's, call by call."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from phi_api.bench.attention import Layer
+from phi_api.engine.kernels import native, op
+from phi_api.engine.kernels.attention_graph import SMOLLM2
+from phi_api.errors import KernelError
+from phi_api.settings import cache_root
+
+
+def test_a_baseline_build_is_timed_against_ours_in_one_process():
+    if native.unsupported() is not None:  # no operator here: nothing to time it against
+        with pytest.raises(KernelError):
+            op.build_library(cache_root() / "runtime")
+        return
+    library = str(op.build_library(cache_root() / "runtime"))
+    layer = Layer(SMOLLM2, 256, threads=1, baseline=library)
+    assert set(layer.sessions) == {"ours", "int8", "float32", "versus", "baseline"}
+    for rows, new, past in ((2, 1, 100), (1, 16, 64)):
+        figures = layer.against_baseline(rows, new, past, reps=3)
+        assert figures["baseline_ms"] > 0 and figures["versus_ours_ms"] > 0
+        assert math.isfinite(figures["ours_over_baseline"])
+        assert figures["ours_over_baseline"] > 0
+
+
+def test_without_a_baseline_there_is_no_baseline_session():
+    if native.unsupported() is not None:
+        with pytest.raises(KernelError):
+            Layer(SMOLLM2, 64, threads=1)
+        return
+    assert set(Layer(SMOLLM2, 64, threads=1).sessions) == {"ours", "int8", "float32"}
