@@ -106,9 +106,10 @@ class Layer:
                     ours / base for ours, base in zip(times["versus"], times["baseline"], strict=True))}
 
     def bound(self, kind: str, rows: int, new: int, past: int,
-              caches: tuple[np.ndarray, np.ndarray]) -> Callable[[], None]:
+              caches: tuple[np.ndarray, np.ndarray]) -> Callable[[], Any]:
         """One call of ``kind``'s session on a step of ``rows`` rows of ``new`` tokens on ``past`` tokens each,
-        its inputs bound (the caches as its past and present keys and values)."""
+        its inputs bound (the caches as its past and present keys and values); the call returns the binding, whose
+        outputs hold the step's result."""
         import onnxruntime as ort
 
         session = self.sessions[kind]
@@ -127,10 +128,15 @@ class Layer:
             binding.bind_ortvalue_input(past_name, shared)
             binding.bind_ortvalue_output(present_name, shared)
         binding.bind_output("output")
-        return lambda: session.run_with_iobinding(binding)
+
+        def call() -> Any:
+            session.run_with_iobinding(binding)
+            return binding
+
+        return call
 
 
-def _seconds(call: Callable[[], None]) -> float:
+def _seconds(call: Callable[[], Any]) -> float:
     started = time.perf_counter()
     call()
     return time.perf_counter() - started

@@ -175,7 +175,11 @@ constexpr int kSpan = 4;       // tiles of one softmax update
 constexpr int kTogether = 4;   // queries whose accumulators share the registers
 constexpr int kLaneChunk = 4;  // 16-channel lanes of the values done at once
 
-// The scores of NQ queries against the `tiles` tiles at k (tokens token0..), masked to what each query sees.
+// The 16 tokens of tile t at channels 2c and 2c+1, widened to 16 bits: one vpdpwssd operand.
+inline __m512i widened_keys(const int8_t* k, int t, int c, int size) {
+  return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + t * kKeyTile * size + c * 32)));
+}
+
 // The dot products of NQ queries with the tiles [t0, t0 + T) of a step, in two halves (high, low).
 template <int NQ, int T>
 inline void dots(const int8_t* k, int tiles, int t0, const Query* const* queries, int size, __m512i high[NQ][kSpan],
@@ -185,14 +189,14 @@ inline void dots(const int8_t* k, int tiles, int t0, const Query* const* queries
   if constexpr (NQ < kTogether) {
     // Fewer queries than a full group: a decode step's, whose keys come from memory once. They are read tile by
     // tile, in the order they lie in memory: walked across the tiles (below), the reads of a step's 4 tiles
-    // interleave and the step waits on memory (one layer at Phi-3.5's shape, 8 rows at 4,096 keys: 0.69x the time
-    // tile by tile, one row 0.51x; a prompt chunk's blocks read their keys from cache, and there the order below is
-    // no slower). Every accumulator sums the same products in the same order either way: the same bits.
+    // interleave and the step waits on memory (one layer at Phi-3.5's shape, `bench attention --baseline`: 8 rows
+    // at 4,096 keys 0.65x the time tile by tile, one row 0.91x; a prompt chunk's blocks read their keys from cache,
+    // and there the order below is no slower). Every accumulator sums the same products in the same order either
+    // way: the same bits.
     for (int t = t0; t < t0 + T; ++t) {
       if (t >= tiles) break;
       for (int c = 0; c < size / 2; ++c) {
-        const __m512i key = _mm512_cvtepi8_epi16(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + t * kKeyTile * size + c * 32)));
+        const __m512i key = widened_keys(k, t, c, size);
         for (int i = 0; i < NQ; ++i) {
           const int32_t* high_pairs = reinterpret_cast<const int32_t*>(queries[i]->high);
           const int32_t* low_pairs = reinterpret_cast<const int32_t*>(queries[i]->low);
@@ -211,8 +215,7 @@ inline void dots(const int8_t* k, int tiles, int t0, const Query* const* queries
     }
     for (int t = t0; t < t0 + T; ++t) {
       if (t >= tiles) break;
-      const __m512i key = _mm512_cvtepi8_epi16(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + t * kKeyTile * size + c * 32)));
+      const __m512i key = widened_keys(k, t, c, size);
       for (int i = 0; i < NQ; ++i) {
         high[i][t] = _mm512_dpwssd_epi32(high[i][t], qh[i], key);
         low[i][t] = _mm512_dpwssd_epi32(low[i][t], ql[i], key);
@@ -221,6 +224,7 @@ inline void dots(const int8_t* k, int tiles, int t0, const Query* const* queries
   }
 }
 
+// The scores of NQ queries against the `tiles` tiles at k (tokens token0..), masked to what each query sees.
 template <int NQ>
 inline void scores(const int8_t* k, int tiles, int64_t token0, const Query* const* queries, int size,
                    __m512 out[NQ][kSpan]) {
