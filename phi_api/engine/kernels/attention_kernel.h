@@ -12,10 +12,10 @@
 //   channels of two tokens: a pair of probabilities (broadcast) times them is vpdpwssd's 16 sums at once.
 // A range of whole tiles (16 tokens) is a range of bytes: rows are copied, kept and stored on disk by such ranges.
 //
-// Queries are quantized per (token, head) to 31 bits, after the keys' per-channel scales and the softmax scale are
-// folded in, and multiplied as two halves of 16 bits (8 bits, as the keys, or 16, cost as much as the cache's own
-// error or more where a few channels of the keys dominate: measured); probabilities to 15 bits per step of 64
-// tokens, the step's largest one as their scale. Scores, the softmax and the output accumulate in float32. Sums of
+// Queries are quantized per (token, head) to 16 bits, after the keys' per-channel scales and the softmax scale are
+// folded in (the rounding's error in a score is at most a few percent of the one the int8 keys already make, in
+// the root-mean-square: see docs/attention.md); probabilities to 15 bits per step of 64 tokens, the step's largest
+// one as their scale. Scores, the softmax and the output accumulate in float32. Sums of
 // int16 x int8 products stay within int32 up to D = 256.
 #pragma once
 #include <immintrin.h>
@@ -109,12 +109,10 @@ inline void write_head(const Step& step, const Layer& layer, int b, int h) {
 }
 
 // A query made ready for the keys: rotated, times the keys' channel scales and the softmax scale, quantized to
-// 31 bits with its own scale, as two halves of 16 bits (vpdpwssd's operands): 16 bits alone, measured, moved a
-// model's log-probabilities by as much as int8 keys and values do, where a few channels of the keys are large.
-constexpr double kQueryUnits = 1073741823.0;  // 2^30 - 1
+// 16 bits with its own scale (vpdpwssd's operand).
+constexpr float kQueryUnits = 32767.0f;
 struct Query {
-  alignas(64) int16_t high[kMaxHeadSize];  // the query in 31 bits: high * 2^15 + low
-  alignas(64) int16_t low[kMaxHeadSize];
+  alignas(64) int16_t units[kMaxHeadSize];
   float scale;
   int64_t position;  // of its token
   int64_t start;     // the first key it sees
@@ -129,13 +127,10 @@ inline void prepare_query(const float* x, const float* cos, const float* sin, co
     rotated[d] *= kscale[d] * layer.scale;
     largest = std::max(largest, std::fabs(rotated[d]));
   }
-  const double inverse = largest > 0.0f ? kQueryUnits / largest : 0.0;
-  for (int d = 0; d < layer.head_size; ++d) {
-    const int32_t q = static_cast<int32_t>(std::nearbyint(rotated[d] * inverse));
-    query.high[d] = static_cast<int16_t>(q >> 15);  // arithmetic shift: the floor, so that low is never negative
-    query.low[d] = static_cast<int16_t>(q & 0x7FFF);
-  }
-  query.scale = static_cast<float>(largest / kQueryUnits);
+  const float inverse = largest > 0.0f ? kQueryUnits / largest : 0.0f;
+  for (int d = 0; d < layer.head_size; ++d)
+    query.units[d] = static_cast<int16_t>(std::nearbyint(rotated[d] * inverse));
+  query.scale = largest / kQueryUnits;
 }
 
 // exp(x) for x <= 0 (a probability's argument), to about 1e-7 relative; 0 below -87.
@@ -180,12 +175,11 @@ inline __m512i widened_keys(const int8_t* k, int t, int c, int size) {
   return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + t * kKeyTile * size + c * 32)));
 }
 
-// The dot products of NQ queries with the tiles [t0, t0 + T) of a step, in two halves (high, low).
-template <int NQ, int T>
-inline void dots(const int8_t* k, int tiles, int t0, const Query* const* queries, int size, __m512i high[NQ][kSpan],
-                 __m512i low[NQ][kSpan]) {
+// The dot products of NQ queries with the `tiles` tiles of a step.
+template <int NQ>
+inline void dots(const int8_t* k, int tiles, const Query* const* queries, int size, __m512i acc[NQ][kSpan]) {
   for (int i = 0; i < NQ; ++i)
-    for (int t = t0; t < t0 + T; ++t) high[i][t] = low[i][t] = _mm512_setzero_si512();
+    for (int t = 0; t < kSpan; ++t) acc[i][t] = _mm512_setzero_si512();
   if constexpr (NQ < kTogether) {
     // Fewer queries than a full group: a decode step's, whose keys come from memory once. They are read tile by
     // tile, in the order they lie in memory: walked across the tiles (below), the reads of a step's 4 tiles
@@ -193,33 +187,25 @@ inline void dots(const int8_t* k, int tiles, int t0, const Query* const* queries
     // at 4,096 keys 0.65x the time tile by tile, one row 0.91x; a prompt chunk's blocks read their keys from cache,
     // and there the order below is no slower). Every accumulator sums the same products in the same order either
     // way: the same bits.
-    for (int t = t0; t < t0 + T; ++t) {
+    for (int t = 0; t < kSpan; ++t) {
       if (t >= tiles) break;
       for (int c = 0; c < size / 2; ++c) {
         const __m512i key = widened_keys(k, t, c, size);
         for (int i = 0; i < NQ; ++i) {
-          const int32_t* high_pairs = reinterpret_cast<const int32_t*>(queries[i]->high);
-          const int32_t* low_pairs = reinterpret_cast<const int32_t*>(queries[i]->low);
-          high[i][t] = _mm512_dpwssd_epi32(high[i][t], _mm512_set1_epi32(high_pairs[c]), key);
-          low[i][t] = _mm512_dpwssd_epi32(low[i][t], _mm512_set1_epi32(low_pairs[c]), key);
+          const int32_t* pairs = reinterpret_cast<const int32_t*>(queries[i]->units);
+          acc[i][t] = _mm512_dpwssd_epi32(acc[i][t], _mm512_set1_epi32(pairs[c]), key);
         }
       }
     }
     return;
   }
-  for (int c = 0; c < size / 2; ++c) {  // a full group: each pair of channels' broadcasts serve T tiles
-    __m512i qh[NQ], ql[NQ];
-    for (int i = 0; i < NQ; ++i) {
-      qh[i] = _mm512_set1_epi32(reinterpret_cast<const int32_t*>(queries[i]->high)[c]);
-      ql[i] = _mm512_set1_epi32(reinterpret_cast<const int32_t*>(queries[i]->low)[c]);
-    }
-    for (int t = t0; t < t0 + T; ++t) {
+  for (int c = 0; c < size / 2; ++c) {  // a full group: each pair of channels' broadcasts serve the step's tiles
+    __m512i q[NQ];
+    for (int i = 0; i < NQ; ++i) q[i] = _mm512_set1_epi32(reinterpret_cast<const int32_t*>(queries[i]->units)[c]);
+    for (int t = 0; t < kSpan; ++t) {
       if (t >= tiles) break;
       const __m512i key = widened_keys(k, t, c, size);
-      for (int i = 0; i < NQ; ++i) {
-        high[i][t] = _mm512_dpwssd_epi32(high[i][t], qh[i], key);
-        low[i][t] = _mm512_dpwssd_epi32(low[i][t], ql[i], key);
-      }
+      for (int i = 0; i < NQ; ++i) acc[i][t] = _mm512_dpwssd_epi32(acc[i][t], q[i], key);
     }
   }
 }
@@ -228,13 +214,8 @@ inline void dots(const int8_t* k, int tiles, int t0, const Query* const* queries
 template <int NQ>
 inline void scores(const int8_t* k, int tiles, int64_t token0, const Query* const* queries, int size,
                    __m512 out[NQ][kSpan]) {
-  __m512i high[NQ][kSpan], low[NQ][kSpan];
-  if constexpr (NQ <= 2) {  // 2 x NQ x 4 accumulators in registers
-    dots<NQ, kSpan>(k, tiles, 0, queries, size, high, low);
-  } else {
-    dots<NQ, kSpan / 2>(k, tiles, 0, queries, size, high, low);
-    dots<NQ, kSpan / 2>(k, tiles, kSpan / 2, queries, size, high, low);
-  }
+  __m512i acc[NQ][kSpan];  // NQ x 4 accumulators in registers
+  dots<NQ>(k, tiles, queries, size, acc);
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int t = 0; t < kSpan; ++t) {
     const __m512i token = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(token0 + t * kKeyTile)), lanes);
@@ -245,9 +226,8 @@ inline void scores(const int8_t* k, int tiles, int64_t token0, const Query* cons
                                              _MM_CMPINT_LE) &
                            _mm512_cmp_epi32_mask(token, _mm512_set1_epi32(static_cast<int>(queries[i]->start)),
                                                  _MM_CMPINT_NLT);
-      const __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high[i][t]), _mm512_set1_ps(32768.0f),
-                                         _mm512_cvtepi32_ps(low[i][t]));
-      out[i][t] = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), seen, sum, _mm512_set1_ps(queries[i]->scale));
+      out[i][t] = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), seen, _mm512_cvtepi32_ps(acc[i][t]),
+                                     _mm512_set1_ps(queries[i]->scale));
     }
   }
 }
