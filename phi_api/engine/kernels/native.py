@@ -83,7 +83,6 @@ class Q4Kernel:
         library = compiled(SOURCE, FLAGS, cache_dir, "q4_vnni")
         self._lib = ctypes.CDLL(str(library))
         self._lib.q4_matmul.restype = ctypes.c_int
-        self.max_rows = int(self._lib.q4_max_rows())
 
     def matmul(self, tiles: np.ndarray, scales: np.ndarray, x: np.ndarray, n: int, threads: int = 1) -> np.ndarray:
         """``x [M, K]`` (float32) times repacked weights (:func:`.reference.repack`): ``[M, N]``."""
@@ -94,6 +93,6 @@ class Q4Kernel:
         status = self._lib.q4_matmul(pointer(tiles.ctypes.data), pointer(scales.ctypes.data), pointer(x.ctypes.data),
                                      pointer(y.ctypes.data), m, k, n, threads)
         if status != 0:
-            raise KernelError(f"the 4-bit kernel takes 1 to {self.max_rows} rows, K a multiple of 128 and N of 16 "
+            raise KernelError(f"the 4-bit kernel takes one row or more, K a multiple of 128 and N of 16 "
                               f"(not {m} x {k} x {n})")
         return y

@@ -9,12 +9,11 @@
 
 extern "C" {
 
-int q4_max_rows() { return q4::kMaxRows; }
-
 // w: packed weights; w_scales: [blocks, N] (block-major, for one vector load per 16 columns); x: [M, K]; y: [M, N].
-// K a multiple of 128, N of 16, 1 <= M <= 16. Returns 0, or -1 for shapes it does not take.
+// K a multiple of 128, N of 16, M >= 1 (kMaxRows at a time, as the operator goes). Returns 0, or -1 for shapes it
+// does not take.
 int q4_matmul(const uint8_t* w, const float* w_scales, const float* x, float* y, int m, int k, int n, int threads) {
-  if (m < 1 || m > q4::kMaxRows || k % q4::kBlock || n % 16) return -1;
+  if (m < 1 || k % q4::kBlock || n % 16) return -1;
   const int blocks = k / q4::kBlock;
   std::vector<int8_t> q(static_cast<size_t>(m) * k);
   std::vector<float> a_scales(static_cast<size_t>(m) * blocks);
@@ -22,13 +21,16 @@ int q4_matmul(const uint8_t* w, const float* w_scales, const float* x, float* y,
   q4::quantize_rows(x, m, k, q.data(), a_scales.data(), a_sums.data());
   const int groups = n / 16;
   threads = threads < 1 ? 1 : (threads > groups ? groups : threads);
-  const q4::Part part = q4::part_for(m);
   // OpenMP's workers wait between calls (a thread made per call costs tens of microseconds, as much as a call)
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), count = omp_get_num_threads();
-    part(w, w_scales, q.data(), a_scales.data(), a_sums.data(), y, k, n, groups * t / count,
-         groups * (t + 1) / count);
+    for (int r0 = 0; r0 < m; r0 += q4::kMaxRows) {
+      const int rows = m - r0 < q4::kMaxRows ? m - r0 : q4::kMaxRows;
+      q4::part_for(rows)(w, w_scales, q.data() + static_cast<size_t>(r0) * k, a_scales.data() + r0 * blocks,
+                         a_sums.data() + r0 * blocks, y + static_cast<size_t>(r0) * n, k, n, groups * t / count,
+                         groups * (t + 1) / count);
+    }
   }
   return 0;
 }
