@@ -8,7 +8,10 @@ What the server's processes take, as the kernel counts a process tree (PSS):
   models: Python, tokenizers, grammars);
 - each worker's private memory beyond its keys and values (measured once its
   engines have made their sessions: ONNX Runtime's arenas, the small tensors
-  it copies, Python; until then the master's figure stands for it);
+  it copies, Python; until then the master's figure stands for it), measured
+  again as it serves: what it holds beyond what its key/value books hold, the
+  largest such figure kept (ONNX Runtime's arenas grow with the largest step
+  they have run, and keep that size);
 - each worker's keys and values: what is left, split evenly between the
   workers. That share is the worker's :class:`~phi_api.engine.kv.budget.SharedBudget`,
   which every model's engine in the worker books from.
@@ -61,15 +64,20 @@ class ServerMemory:
         return max(0, (self.limit - self.fixed(weights)) // self.workers)
 
     def observe(self, loaded: bool, ready: bool, weights: int) -> None:
-        """In a worker: measure its own memory once its engines (``loaded`` and ``ready``) are, and set its key/value
-        share for the models' ``weights`` now loaded."""
-        if self.worker_private is None and loaded and ready:
-            self.worker_private = measured_here()
+        """In a worker: measure its own memory once its engines (``loaded`` and ``ready``) are, and again at each
+        call after (the largest figure stands), and set its key/value share for the models' ``weights`` now
+        loaded. Its own memory is what it holds beyond its key/value books: a running request's reservation may
+        not be written yet, so the figure errs low, and the largest one seen keeps the worker from counting on
+        memory its arenas once took."""
+        if loaded and ready:
+            own = measured_here() - self.shared.held()
+            if self.worker_private is None or own > self.worker_private:
+                self.worker_private = own
         self.refresh(weights)
 
     def refresh(self, weights: int) -> None:
         """Set this worker's key/value budget for the models now loaded (``weights``: their files' sizes)."""
-        self.shared.budget = self.kv_share(weights)
+        self.shared.resize(self.kv_share(weights))
 
     def check_fits(self, weights: int, needed_kv: int, what: str) -> None:
         """Raise :class:`InsufficientMemoryError` unless ``weights`` and ``needed_kv`` bytes of keys and values per

@@ -93,6 +93,22 @@ class SharedBudget:
         with self.lock:
             return sum(account.kept_bytes for account in self.accounts)
 
+    def held(self) -> int:
+        """Bytes the books hold: running requests' reservations, kept prefixes and copies staged for disk."""
+        with self.lock:
+            return self.reserved + self.kept_bytes + self.staged
+
+    def resize(self, budget: int) -> None:
+        """A new budget: kept prefixes beyond a smaller one are asked to leave at once, least recently used first,
+        rather than when the next request needs their room. Running requests are never cut short: the budget
+        stays at what they hold until they end (the next resize lowers it)."""
+        with self.lock:
+            self.budget = max(budget, self.reserved)
+            over = self.short(0)
+            chosen = self.victims(over, lambda kept: False) if over else []
+        for owner, kept in chosen:
+            self.ask(owner, kept)
+
     def short(self, extra: int) -> int:
         """Bytes that kept prefixes must give back before ``extra`` more bytes of running requests fit."""
         with self.lock:

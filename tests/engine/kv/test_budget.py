@@ -112,3 +112,24 @@ def test_kept_prefixes_unused_for_the_idle_time_give_their_memory_back():
     engines["a"].batch.kv.upkeep(time.monotonic() + 61)
     assert engines["a"].batch.ledger.kept == [] and kept.slot is None
     assert shared.accounts[0].evictions == 1
+
+
+def test_a_smaller_budget_asks_kept_prefixes_beyond_it_to_leave_at_once_least_recently_used_first():
+    shared, engines = models(rows(40) * 3, "a", "b", "c", tokens=(1, 2, 3))
+    keep_a_conversation(engines["a"], 1)
+    keep_a_conversation(engines["b"], 31)
+    engines["c"].submit(np.arange(11, 21), max_tokens=20)
+    engines["c"].iterate()
+    running = shared.reserved
+    assert running == engines["c"].batch.ledger.reserved > 0  # c's request is admitted: its row is booked
+    shared.resize(shared.held())  # no smaller than what is held: nothing leaves
+    assert not any(account.asked for account in shared.accounts)
+    shared.resize(shared.held() - 1)  # a byte short: the least recently used kept prefix (a's) is asked
+    assert [account.name for account in shared.accounts if account.asked] == ["a"]
+    engines["a"].iterate()
+    assert kept_firsts(engines["a"]) == [] and kept_firsts(engines["b"]) == [32]
+    assert shared.reserved == running  # a running request is never asked
+    shared.resize(0)  # below the running request alone: every kept prefix leaves, the request runs on
+    assert shared.budget == running and [account.name for account in shared.accounts if account.asked] == ["b"]
+    run_all(engines)
+    assert kept_firsts(engines["b"]) == [] and engines["c"].reasons() == ["length"]
