@@ -52,6 +52,7 @@ class ServerMemory:
     workers: int
     master_private: int = 0
     worker_private: int | None = None  # measured in this process (a worker) once its engines are ready
+    measured_with: int = -1  # the loaded models' weights when worker_private was measured
     shared: SharedBudget = field(default_factory=lambda: SharedBudget(0))
 
     def fixed(self, weights: int) -> int:
@@ -65,14 +66,14 @@ class ServerMemory:
 
     def observe(self, loaded: bool, ready: bool, weights: int) -> None:
         """In a worker: measure its own memory once its engines (``loaded`` and ``ready``) are, and again at each
-        call after (the largest figure stands), and set its key/value share for the models' ``weights`` now
-        loaded. Its own memory is what it holds beyond its key/value books: a running request's reservation may
-        not be written yet, so the figure errs low, and the largest one seen keeps the worker from counting on
-        memory its arenas once took."""
+        call after (the largest figure stands while the same models are loaded; a model loaded or unloaded starts
+        it again), and set its key/value share for the models' ``weights`` now loaded. Its own memory is what it
+        holds beyond its key/value books: a running request's reservation may not be written yet, so the figure
+        errs low, and the largest one seen keeps the worker from counting on memory its arenas once took."""
         if loaded and ready:
             own = measured_here() - self.shared.held()
-            if self.worker_private is None or own > self.worker_private:
-                self.worker_private = own
+            if self.worker_private is None or own > self.worker_private or weights != self.measured_with:
+                self.worker_private, self.measured_with = own, weights
         self.refresh(weights)
 
     def refresh(self, weights: int) -> None:

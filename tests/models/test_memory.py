@@ -44,3 +44,15 @@ def test_what_the_key_value_books_hold_is_not_counted_as_the_worker_s_own(measur
     server.observe(loaded=True, ready=True, weights=0)
     assert server.worker_private == 120 * MB
     assert shared.budget == (1000 - 50 - 120) * MB
+
+
+def test_a_model_loaded_or_unloaded_starts_the_largest_figure_again(measured):
+    server = ServerMemory(limit=1000 * MB, workers=1, master_private=50 * MB, shared=SharedBudget(0))
+    measured["bytes"] = 100 * MB
+    server.observe(loaded=True, ready=True, weights=200 * MB)
+    measured["bytes"] = 180 * MB  # a second model's sessions
+    server.observe(loaded=True, ready=True, weights=300 * MB)
+    assert server.worker_private == 180 * MB
+    measured["bytes"] = 110 * MB  # unloaded, its memory given back
+    server.observe(loaded=True, ready=True, weights=200 * MB)
+    assert server.worker_private == 110 * MB and server.shared.budget == (1000 - 200 - 50 - 110) * MB
