@@ -6,8 +6,8 @@
 // weights (uint8, reference.repack's layout) and their scales [K / 128, N] float; attributes K and N; output
 // [..., N] float.
 //
-// The rows of A go through the kernel 8 at a time (q4::kMaxRows); the columns are shared among ONNX Runtime's intra-op threads
-// through the kernel context (the session's own pool: no second pool competing for the cores). A task is a few
+// The rows of A go through the kernel 8 at a time (q4::kMaxRows); the columns are shared among ONNX Runtime's
+// intra-op threads through the kernel context (the session's own pool: no second pool competing for the cores). A task is a few
 // groups of 16 columns, so that a chunk of rows after the first finds that task's weights still in the cache.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
