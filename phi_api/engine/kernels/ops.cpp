@@ -47,14 +47,9 @@ void quantize_task(void* data, size_t index) {
 
 void columns_task(void* data, size_t index) {
   const Work& work = *static_cast<const Work*>(data);
-  const int blocks = work.k / q4::kBlock;
   const int g0 = static_cast<int>(index) * kGroupsPerTask;
   const int g1 = std::min(work.groups, g0 + kGroupsPerTask);
-  for (int64_t r0 = 0; r0 < work.m; r0 += q4::kMaxRows) {
-    const int rows = static_cast<int>(std::min<int64_t>(q4::kMaxRows, work.m - r0));
-    q4::part_for(rows)(work.w, work.w_scales, work.q + r0 * work.k, work.a_scales + r0 * blocks,
-                       work.a_sums + r0 * blocks, work.y + r0 * work.n, work.k, work.n, g0, g1);
-  }
+  q4::all_rows(work.w, work.w_scales, work.q, work.a_scales, work.a_sums, work.y, work.m, work.k, work.n, g0, g1);
 }
 
 struct Q4Kernel {

@@ -103,4 +103,15 @@ inline Part part_for(int m) {
   return kParts[m - 1];
 }
 
+// Columns [g0 * 16, g1 * 16) of Y for any number of rows, kMaxRows at a time (q, a_scales, a_sums as
+// quantize_rows gives them): the weights of these columns stay in the cache from one pass to the next.
+inline void all_rows(const uint8_t* w, const float* w_scales, const int8_t* q, const float* a_scales,
+                     const int32_t* a_sums, float* y, int64_t m, int k, int n, int g0, int g1) {
+  const int blocks = k / kBlock;
+  for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
+    const int rows = static_cast<int>(m - r0 < kMaxRows ? m - r0 : kMaxRows);
+    part_for(rows)(w, w_scales, q + r0 * k, a_scales + r0 * blocks, a_sums + r0 * blocks, y + r0 * n, k, n, g0, g1);
+  }
+}
+
 }  // namespace q4

@@ -25,12 +25,8 @@ int q4_matmul(const uint8_t* w, const float* w_scales, const float* x, float* y,
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), count = omp_get_num_threads();
-    for (int r0 = 0; r0 < m; r0 += q4::kMaxRows) {
-      const int rows = m - r0 < q4::kMaxRows ? m - r0 : q4::kMaxRows;
-      q4::part_for(rows)(w, w_scales, q.data() + static_cast<size_t>(r0) * k, a_scales.data() + r0 * blocks,
-                         a_sums.data() + r0 * blocks, y + static_cast<size_t>(r0) * n, k, n, groups * t / count,
-                         groups * (t + 1) / count);
-    }
+    q4::all_rows(w, w_scales, q.data(), a_scales.data(), a_sums.data(), y, m, k, n, groups * t / count,
+                 groups * (t + 1) / count);
   }
   return 0;
 }

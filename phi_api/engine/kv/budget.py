@@ -112,13 +112,13 @@ class SharedBudget:
     def short(self, extra: int) -> int:
         """Bytes that kept prefixes must give back before ``extra`` more bytes of running requests fit."""
         with self.lock:
-            return max(0, self.reserved + self.kept_bytes + self.staged + extra - self.budget)
+            return max(0, self.held() + extra - self.budget)
 
     def stage(self, nbytes: int) -> bool:
         """Book ``nbytes`` for a copy on its way to disk (:mod:`engine.kv.disk`), if the budget has room beside
         the running requests and kept prefixes; such copies never make anything else leave."""
         with self.lock:
-            if self.reserved + self.kept_bytes + self.staged + nbytes > self.budget:
+            if self.held() + nbytes > self.budget:
                 return False
             self.staged += nbytes
             return True
