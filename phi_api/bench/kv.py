@@ -91,7 +91,7 @@ def teacher_forced(model: Any, ids: np.ndarray, threads: int, chunk: int = 1) ->
             if piece.shape[1] == 1:
                 logits = decoder.step(pool, 0, piece, np.array([start]), False)
             else:
-                logits = decoder.step(pool, 0, piece, np.array([start]), True, every_position=True)
+                logits = decoder.step(pool, 0, piece, np.array([start]), True, every_position=True)[0]
             for row in np.atleast_2d(logits).astype(np.float64):
                 shifted = row - row.max()
                 rows.append(shifted - np.log(np.exp(shifted).sum()))

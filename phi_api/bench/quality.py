@@ -68,8 +68,7 @@ def position_logprobs(model: Any, ids: np.ndarray, threads: int) -> np.ndarray:
         for start in range(0, len(ids) - 1, CHUNK):
             end = min(start + CHUNK, len(ids) - 1)
             chunk = ids[None, start:end]
-            logits = decoder.step(pool, 0, chunk, np.array([start]), True, every_position=True)
-            logits = logits[None, :] if logits.ndim == 1 else logits  # a one-token chunk
+            logits = decoder.step(pool, 0, chunk, np.array([start]), True, every_position=True)[0]
             pieces.append(_log_softmax(np.asarray(logits[:end - start], dtype=np.float64)))
     finally:
         decoder.unbind()

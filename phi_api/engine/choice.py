@@ -59,7 +59,8 @@ class Finished:
     stop_string: str | None = None  # the stop string that ended it (reason "stop"), if one did
     drafted_tokens: int = 0  # prompt-lookup draft tokens it verified ...
     accepted_tokens: int = 0  # ... and kept
-    draft_checks: int = 0  # steps that checked a draft
+    draft_checks: int = 0  # steps that checked a draft ...
+    draft_checks_beside: int = 0  # ... of which batched steps with other rows in them
     # Per draft source (prompt, prediction, history: engine.sampling.draft): tokens checked, and kept.
     draft_sources: tuple[tuple[str, int, int], ...] = ()
     queue_seconds: float | None = None  # from submission until its request started (None: it never did)

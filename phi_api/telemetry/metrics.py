@@ -235,6 +235,8 @@ class DraftMetrics:
         self.drafted = Counter("phi_api_draft_tokens", "Draft tokens verified", ["model_name"], **own)
         self.accepted = Counter("phi_api_draft_accepted_tokens", "Draft tokens kept", ["model_name"], **own)
         self.checks = Counter("phi_api_draft_checks", "Steps that checked a draft", ["model_name"], **own)
+        self.beside = Counter("phi_api_draft_checks_beside", "Drafts checked in a batched step with other rows",
+                              ["model_name"], **own)
         self.by_source = Counter("phi_api_draft_source_tokens", "Draft tokens checked and kept, by source",
                                  ["model_name", "source", "outcome"], **own)
 
@@ -244,6 +246,7 @@ class DraftMetrics:
         self.drafted.labels(model).inc(finished.drafted_tokens)
         self.accepted.labels(model).inc(finished.accepted_tokens)
         self.checks.labels(model).inc(finished.draft_checks)
+        self.beside.labels(model).inc(finished.draft_checks_beside)
         for source, checked, kept in finished.draft_sources:
             self.by_source.labels(model, source, "checked").inc(checked)
             self.by_source.labels(model, source, "kept").inc(kept)

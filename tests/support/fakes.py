@@ -60,10 +60,11 @@ class Script:
 class FakeDecoder:
     """The decoder graph's contract, with scripted logits."""
 
-    def __init__(self, script: Script, rope_switch: int | None = None, row_wise: bool = False) -> None:
+    def __init__(self, script: Script, rope_switch: int | None = None, row_wise: bool = False,
+                 multi_token_rows: bool = False) -> None:
         self.script = script
         self.spec = DecoderSpec(layers=1, kv_heads=1, head_size=16, vocab_size=VOCAB, rope_switch=rope_switch,
-                                row_wise=row_wise)
+                                row_wise=row_wise, multi_token_rows=multi_token_rows)
         self._decode_steps = 0
 
     def step(self, kv: KVPool, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool,
@@ -73,7 +74,7 @@ class FakeDecoder:
         count, new = ids.shape
         script.now += script.step_seconds + script.token_seconds * (new if prefill else count - 1)
         if not prefill:
-            script.now += script.check_token_seconds * (new - 1)
+            script.now += script.check_token_seconds * (new - 1) * count
         marks = kv.keys[0]
         logits = np.zeros((count, VOCAB), dtype=np.float32)
         if script.gate is not None:
@@ -83,8 +84,9 @@ class FakeDecoder:
             script.chunks.append((int(past[0]), new))
             script.chunk_firsts.append(int(ids[0, 0]))
             chosen = [0]
-        elif new > 1:  # a draft's check: as many decode steps of one row, in one
-            return self._check(kv, first, ids, int(past[0]), every_position)
+        elif new > 1:  # drafts' checks: as many decode steps of each row, in one
+            assert count == 1 or self.spec.multi_token_rows, "several new tokens for several rows"
+            return self._check(kv, first, ids, past, every_position)
         else:
             if script.fail_at == self._decode_steps:
                 raise RuntimeError("fake engine failure")
@@ -98,20 +100,25 @@ class FakeDecoder:
             kv.values[0][first + row, 0, int(past[row]):int(past[row]) + new, 0] = ids[row] + 1
             logits[row, script.tokens[chosen[row] % len(script.tokens)]] = SCRIPTED_LOGIT
             script.logits_seen.append(logits[row])
-        if every_position:  # a prompt chunk: after each of its tokens, the token that follows it is the likeliest
-            return prompt_logits(ids[0], logits[0])
-        return logits
+        if every_position and prefill:  # a prompt chunk: after each of its tokens, the token after it is likeliest
+            return prompt_logits(ids[0], logits[0])[None]
+        return logits[:, None, :] if every_position else logits
 
-    def _check(self, kv: KVPool, first: int, ids: np.ndarray, past: int, every_position: bool) -> np.ndarray:
-        """The script's next tokens after each of ``ids`` (whatever they are), as consecutive decode steps."""
+    def _check(self, kv: KVPool, first: int, ids: np.ndarray, past: np.ndarray, every_position: bool) -> np.ndarray:
+        """The script's next tokens after each of ``ids`` (whatever they are), as consecutive decode steps of each
+        row."""
         script, marks = self.script, kv.keys[0]
-        script.steps.append(f"check:{ids.shape[1]}")
-        logits = np.zeros((ids.shape[1], VOCAB), dtype=np.float32)
-        for position in range(ids.shape[1]):
-            chosen = int(marks[first, 0, past + position - 1, 0]) + 1
-            marks[first, 0, past + position, 0] = chosen
-            logits[position, script.tokens[chosen % len(script.tokens)]] = SCRIPTED_LOGIT
-        return logits if every_position else logits[-1:]
+        count, new = ids.shape
+        script.steps.append(f"check:{new}" if count == 1 else f"checks:{count}x{new}")
+        logits = np.zeros((count, new, VOCAB), dtype=np.float32)
+        for row in range(count):
+            start = int(past[row])
+            for position in range(new):
+                chosen = int(marks[first + row, 0, start + position - 1, 0]) + 1
+                marks[first + row, 0, start + position, 0] = chosen
+                kv.values[0][first + row, 0, start + position, 0] = ids[row, position] + 1
+                logits[row, position, script.tokens[chosen % len(script.tokens)]] = SCRIPTED_LOGIT
+        return logits if every_position else logits[:, -1]
 
 
 def prompt_logits(ids: np.ndarray, last: np.ndarray) -> np.ndarray:
@@ -153,18 +160,20 @@ class FakeModel:
                  has_chat_template: bool = True, rope_switch: int | None = None,
                  fim_tokens: tuple[int, int, int] | None = None, think_markers: tuple[str, str] | None = None,
                  chat_template: str = "", think_token_ids: tuple[int, int] | None = None,
-                 prompt_prefix: tuple[int, ...] = (), row_wise: bool = False) -> None:
+                 prompt_prefix: tuple[int, ...] = (), row_wise: bool = False,
+                 multi_token_rows: bool = False) -> None:
         self.script = script
         self.pieces = pieces
         self.rope_switch = rope_switch  # LongRoPE's original length, as the graph would say
         self.row_wise = row_wise  # its graph computes a row's tokens as one-token steps would (as phi-api's operators)
+        self.multi_token_rows = multi_token_rows  # its attention takes several new tokens a row (as phi-api's)
         self.info = ModelInfo(
             path="/fake", model_type="fake", context_length=context_length, vocab_size=VOCAB,
             eos_token_ids=frozenset({EOS}), has_chat_template=has_chat_template, fingerprint="fp_fake",
             fim_tokens=fim_tokens, think_markers=think_markers, chat_template=chat_template,
             think_token_ids=think_token_ids, prompt_prefix=prompt_prefix,
         )
-        self.spec = FakeDecoder(script, rope_switch, row_wise).spec
+        self.spec = FakeDecoder(script, rope_switch, row_wise, multi_token_rows).spec
         self.identity = "fake model"
         self.rendered: list[str] = []  # every prompt the chat template produced
 
@@ -192,7 +201,7 @@ class FakeModel:
 
     def new_decoder(self, threads: int) -> FakeDecoder:
         self.script.decoder_threads.append(threads)
-        return FakeDecoder(self.script, self.rope_switch, self.row_wise)
+        return FakeDecoder(self.script, self.rope_switch, self.row_wise, self.multi_token_rows)
 
     def guide(self, grammar: tuple[str, str]) -> FakeGuide:
         self.script.grammars.append(grammar)

@@ -247,7 +247,7 @@ class LanguageModel:
         found = attention_model(self.decoder_file, choice, str(library or ""), self.spec.head_size)
         if found is not None:
             self.decoder_file = found
-            self.spec = dataclasses.replace(self.spec, custom_ops=str(library), kv_layout=LAYOUT)
+            self.spec = dataclasses.replace(self.spec, custom_ops=str(library), kv_layout=LAYOUT, multi_token_rows=True)
 
     def _calibration_ids(self) -> np.ndarray:
         """Token ids that show the model the kinds of text it meets: prose, code, tables, languages, a chat."""

@@ -76,9 +76,9 @@ class Decoder:
     def step(self, pool: KVPool, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool,
              every_position: bool = False) -> np.ndarray:
         """Advance rows ``first``..``first + len(ids) - 1`` by ``ids`` (``[rows, new_tokens]``; several new
-        tokens only for one row, a prompt chunk: ``prefill``), each row holding ``past[i]`` tokens; returns
-        each row's next-token logits (``[rows, vocab]``, valid until the next step), or with ``every_position``
-        a prompt chunk's logits after each of its tokens (``[new_tokens, vocab]``)."""
+        tokens for several rows only where the graph's attention takes them, :attr:`DecoderSpec.multi_token_rows`),
+        each row holding ``past[i]`` tokens; returns each row's next-token logits (``[rows, vocab]``, valid until the
+        next step), or with ``every_position`` the logits after each new token (``[rows, new_tokens, vocab]``)."""
         spec = self.spec
         count, new = ids.shape
         lengths = past.astype(np.int64) + new
@@ -91,8 +91,8 @@ class Decoder:
         self.session.run_with_iobinding(binding)
         if new > 1:
             logits = binding.get_outputs()[-1].numpy()
-            return logits[0] if every_position else logits[:, -1, :]
-        return self._logits[first:first + count, 0, :]
+            return logits if every_position else logits[:, -1, :]
+        return self._logits[first:first + count] if every_position else self._logits[first:first + count, 0, :]
 
     def unbind(self) -> None:
         """Forget the bindings (before the pool they use is closed)."""

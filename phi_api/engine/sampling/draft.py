@@ -64,6 +64,7 @@ class Drafter:
         self.drafted = 0
         self.accepted = 0
         self.checks = 0  # drafts checked (each in one step)
+        self.checks_beside = 0  # of those, in a batched step beside other rows
         self.extend(tokens)
         if prediction is not None and prediction.tokens:
             self._prediction = Lookup(prediction, in_order=True)  # after the prompt: it follows the answer

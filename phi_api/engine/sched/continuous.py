@@ -91,6 +91,8 @@ class ContinuousBatch:
         self.endings = Endings(self.waiting, self.prefilling, self.kv, self.outputs, publish)
         self.speculation = Speculation(self.rows, policy, self.costs, self.outputs, self.endings, self.step,
                                        self._switch, invariant and not exact_checks)
+        # Drafts checked within the batched step where the graph allows, unless rows must check theirs as alone.
+        self._checks_in_step = decoder.spec.multi_token_rows and not self.speculation.invariant
 
     @property
     def idle(self) -> bool:
@@ -140,6 +142,7 @@ class ContinuousBatch:
         try:
             logits = self.step(row_of(leader), prompt[start:end][None, :], np.array([start]), prefill=True,
                                every_position=every)
+            logits = logits[0] if every else logits
         except ORT_ERRORS as error:
             self.outputs.end_request(request, "error", trace(error))
             return
@@ -193,23 +196,21 @@ class ContinuousBatch:
     # Decode -----------------------------------------------------------------------------------------
 
     def decode(self) -> None:
-        """Advance every running sequence: rows with a draft first, by as many tokens as their draft keeps
-        (:mod:`engine.sched.verify`), then every row by one token in one batched step per LongRoPE group, long
-        first; a group whose every row advanced by its draft is not stepped again."""
+        """Advance every running sequence in one batched step per LongRoPE group, long first. Drafts are checked in
+        that step where the graph allows (:meth:`Speculation.in_step`); elsewhere rows with a draft go first, by as
+        many tokens as their draft keeps (:mod:`engine.sched.verify`), and a group whose every row advanced so is not
+        stepped again."""
         if self._switch is not None:
             for row in [row for row in self.rows.group(0, self.rows.short) if row.length >= self._switch]:
                 self._cross(row)
-        advanced = self.speculation.advance()
+        advanced = set() if self._checks_in_step else self.speculation.advance()
         # The long group first: its rows leaving move only rows of its own group.
-        if self.rows.running > self.rows.short:
-            self._step_unless_advanced(self.rows.short, self.rows.running, advanced)
-        if self.rows.short:
-            self._step_unless_advanced(0, self.rows.short, advanced)
-
-    def _step_unless_advanced(self, first: int, end: int, advanced: set[int]) -> None:
-        if not all(id(row) in advanced for row in self.rows.group(first, end)):
-            # Batch-invariant, a row a check advanced rides along and takes nothing, as when alone it is not stepped.
-            self._step_rows(first, end, advanced if self.invariant else set())
+        for first, end in ((self.rows.short, self.rows.running), (0, self.rows.short)):
+            if all(id(row) in advanced for row in self.rows.group(first, end)):
+                continue  # no rows, or every row advanced by its draft
+            if not (self._checks_in_step and self.speculation.in_step(first, end)):
+                # Batch-invariant, a row a check advanced rides along and takes nothing, as alone it is not stepped.
+                self._step_rows(first, end, advanced if self.invariant else set())
 
     def _step_rows(self, first: int, end: int, riding: set[int]) -> None:
         rows = self.rows.group(first, end)

@@ -117,6 +117,7 @@ class Outputs:
             index=row.choice.index, batch_rows=row.step_rows / row.steps if row.steps else 0.0,
             stop_string=row.text.stop_string, drafted_tokens=row.drafter.drafted,
             accepted_tokens=row.drafter.accepted, draft_checks=row.drafter.checks,
+            draft_checks_beside=row.drafter.checks_beside,
             draft_sources=tuple((source, counted.checked, counted.kept)
                                for source, counted in row.drafter.sources.items()),
             queue_seconds=_waited(row.choice), first_of_prompt=row.choice.first_of_prompt))

@@ -8,9 +8,19 @@ decisions read these running averages: how long a prompt chunk may be while
 others wait (:mod:`engine.sched.prefill`, from a one-row step's cost and the
 cost of a prompt token), and whether checking a draft pays (below).
 
-A drafting row checks its draft in a step of its own (the attention kernel
-takes several new tokens on top of past context only for a batch of one;
-see :mod:`engine.sched.verify`). Alone, a row's check replaces its decode
+Where the graph's attention takes several new tokens for each of several
+rows (phi-api's operator), the drafts of a group's rows are checked in its
+batched step: every row brings its pending token and as many draft tokens as
+the step's common length, padded (:meth:`StepCosts.batch_check_length`). Such a
+step is timed by its token-rows (rows times tokens a row): what it costs is
+mostly that many rows' matrix products. The length chosen is the one whose
+expected tokens per second (each row's expected kept tokens up to that
+length, plus one token of every row) beat every shorter one's and the plain
+step's, and a length not yet timed at that many token-rows is tried once.
+
+Elsewhere (ONNX Runtime's attention takes several new tokens on top of past
+context only for a batch of one) a drafting row checks its draft in a step of
+its own (:mod:`engine.sched.verify`). Alone, a row's check replaces its decode
 step and gives the kept tokens and one more for little more than a step's
 price. Among many rows the batched step gives every row a token for far
 less than that many one-row steps (at 8 rows, 2.4x to 3.5x one row's
@@ -51,6 +61,7 @@ class StepCosts:
         self.clock = clock
         self.steps: dict[int, float] = {}
         self.checks: dict[int, float] = {}
+        self.wide: dict[int, float] = {}  # a batched step with drafts, by its token-rows
         self.per_token: float | None = None  # None until measured, then > 0
 
     @property
@@ -63,6 +74,9 @@ class StepCosts:
 
     def observe_check(self, drafted: int, seconds: float) -> None:
         _observe(self.checks, drafted, seconds)
+
+    def observe_wide(self, token_rows: int, seconds: float) -> None:
+        _observe(self.wide, token_rows, seconds)
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """A prompt chunk of ``tokens`` took ``seconds``."""
@@ -84,6 +98,26 @@ class StepCosts:
         rate, best = max(((min(expected, k) + 1) / self.checks[k], k) for k in range(1, drafted + 1)
                          if k in self.checks)
         return best if rate > rows / step else 0
+
+    def batch_check_length(self, drafts: list[tuple[int, float]], rows: int) -> int:
+        """Draft tokens a row to check in the batched step of ``rows`` rows, ``drafts`` the (length, expected kept)
+        of its drafting rows: the timed length that gives the most tokens per second, if that beats the plain step
+        (0: none); the longest draft's when that length is not timed yet."""
+        step = self.steps.get(rows)
+        longest = max((length for length, _ in drafts), default=0)
+        if step is None or longest == 0:
+            return 0
+        if rows * (longest + 1) not in self.wide:
+            return longest
+        best_rate, best = rows / step, 0
+        for k in range(1, longest + 1):
+            seconds = self.wide.get(rows * (k + 1))
+            if seconds is not None:
+                rate = (rows + sum(min(expected, length, k) for length, expected in drafts)) / seconds
+                if rate > best_rate:
+                    best_rate, best = rate, k
+        return best
+
 
 def _observe(averages: dict[int, float], key: int, seconds: float) -> None:
     current = averages.get(key)

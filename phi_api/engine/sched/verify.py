@@ -8,8 +8,13 @@ them, and keeps the longest accepted run plus one token of the model's own
 (:meth:`engine.sampling.logits.Sampler.verify`): between 1 and ``k + 1`` tokens for
 about the price of one step.
 
-The attention kernel takes several new tokens on top of past context only
-for a batch of one, so a drafting row's check is a step of its own, before the
+Where the graph's attention takes several new tokens for each of several rows
+(phi-api's operator: :attr:`engine.runtime.spec.DecoderSpec.multi_token_rows`), the
+drafts are checked in the batched step itself (:meth:`Speculation.in_step`):
+every row of a LongRoPE group brings its pending token and its draft, padded to
+the step's common length, chosen where it pays (:mod:`engine.sched.stepcost`).
+ONNX Runtime's attention takes several new tokens on top of past context only
+for a batch of one: there a drafting row's check is a step of its own, before the
 batched step of every row; a LongRoPE group whose every row advanced this way
 is not stepped again (:meth:`engine.sched.continuous.ContinuousBatch.decode`). Among many rows a
 check costs time the whole batch waits: a draft is checked only where and as
@@ -37,6 +42,7 @@ from phi_api.engine.kv.sequence import Phase, Sequence, row_of
 from phi_api.engine.runtime.session import ORT_ERRORS
 from phi_api.engine.sched.endings import Endings
 from phi_api.engine.sched.outputs import Outputs, trace
+from phi_api.engine.sched.padding import PAD_TOKEN
 from phi_api.engine.sched.stepcost import StepCosts
 
 
@@ -82,6 +88,56 @@ class Speculation:
                     advanced.add(id(row))
         return advanced
 
+    def in_step(self, first: int, end: int) -> bool:
+        """The running rows ``[first, end)`` (a LongRoPE group) advanced in one step that checks their drafts: each
+        row brings its pending token and its draft, padded to the longest; the tokens past a row's draft are computed
+        and dropped (their keys and values are overwritten by the row's next step). False, with nothing done, when no
+        draft is worth it: the caller takes the plain step."""
+        rows = self.rows.group(first, end)
+        space = min(self._space(row) for row in rows)  # every row holds the step's padded tokens
+        drafts = [row.drafter.propose(min(space, self._room(row))) for row in rows]
+        if self._alone(rows, rows[0]):
+            length = max(map(len, drafts))
+        else:
+            length = self.costs.batch_check_length([(len(d), row.drafter.expected)
+                                                    for row, d in zip(rows, drafts, strict=True) if d], len(rows))
+        checked = []
+        for row, draft in zip(rows, drafts, strict=True):
+            worth = len(draft[:length]) >= max(1, row.drafter.min_tokens)  # a shorter one is not (n_min)
+            if draft and not worth:
+                row.drafter.decline(draft)
+            checked.append(draft[:length] if worth else [])
+        width = 1 + max(map(len, checked))
+        if width == 1:
+            return False
+        ids = np.array([[row.pending, *draft] + [PAD_TOKEN] * (width - 1 - len(draft))
+                        for row, draft in zip(rows, checked, strict=True)], dtype=np.int64)
+        started = self.costs.clock()
+        try:
+            logits = self.step(first, ids, np.array([row.length for row in rows]), prefill=False,
+                               every_position=True)
+        except ORT_ERRORS as error:
+            detail = trace(error)
+            for row in rows:
+                self.outputs.finish(row, "error", detail)
+            return True
+        for row in rows:  # every row holds its pending token's key and value before any row moves
+            row.fed(self.policy, len(rows))
+        # From the last row back: a row that ends has the group's last row take its place (a copy of its keys and
+        # values as far as its length), and by then that row has counted every token of its own the step kept.
+        for index in reversed(range(len(rows))):
+            row, draft = rows[index], checked[index]
+            try:
+                if draft:
+                    row.drafter.checks_beside += len(rows) > 1
+                    self._keep(row, logits[index, :len(draft) + 1], draft)
+                else:
+                    self.outputs.take_token(row, logits[index, 0])
+            except Exception as error:  # a bug of ours with this row ends this row only
+                self.endings.fail_row(row, trace(error))
+        self.costs.observe_wide(len(rows) * width, self.costs.clock() - started)
+        return True
+
     def _group(self, row: Sequence) -> list[Sequence]:
         """The rows of the batched step ``row`` takes part in (its LongRoPE group)."""
         rows = self.rows
@@ -94,26 +150,38 @@ class Speculation:
         return all(other.request == row.request for other in group)
 
     def _room(self, row: Sequence) -> int:
-        """The most draft tokens a check may hold: room for them and one token more, in ``max_tokens``, in the
+        """The most draft tokens a check may hold: room for them and one token more, in ``max_tokens``, and in the
+        row's :meth:`_space`."""
+        return min(row.choice.params.max_tokens - row.generated - 1, self._space(row))
+
+    def _space(self, row: Sequence) -> int:
+        """The most tokens past the pending one a step may bring the row: room for them and one token more in the
         row, and under LongRoPE's switch for a short row."""
-        switch = self.switch
-        room = min(row.choice.params.max_tokens - row.generated - 1, self.rows.pool.tokens - row.length - 2)
-        if switch is not None and not row.long:
-            room = min(room, switch - row.length - 1)
-        return room
+        space = self.rows.pool.tokens - row.length - 2
+        if self.switch is not None and not row.long:
+            space = min(space, self.switch - row.length - 1)
+        return space
 
     def _verify(self, row: Sequence, draft: list[int]) -> bool:
         """Check ``draft`` in one step; act on the tokens it keeps. True while the row goes on."""
-        outputs = self.outputs
         ids = np.array([[row.pending, *draft]], dtype=np.int64)
         started = self.costs.clock()
         try:
             # not a prompt chunk: the same tokens as that many decode steps (the fake model tells them apart)
-            logits = self.step(row_of(row), ids, np.array([row.length]), prefill=False, every_position=True)
+            logits = self.step(row_of(row), ids, np.array([row.length]), prefill=False, every_position=True)[0]
         except ORT_ERRORS as error:
-            outputs.finish(row, "error", trace(error))
+            self.outputs.finish(row, "error", trace(error))
             return False
         row.fed(self.policy)  # the pending token is in
+        going_on = self._keep(row, logits, draft)
+        # timed with its choices: a sampled row's check draws at each position it reaches
+        self.costs.observe_check(len(draft), self.costs.clock() - started)
+        return going_on
+
+    def _keep(self, row: Sequence, logits: np.ndarray, draft: list[int]) -> bool:
+        """Act on what the logits after the row's pending token and each token of ``draft`` (``[len(draft) + 1,
+        vocab]``) keep of it, and on the model's own token after. True while the row goes on."""
+        outputs = self.outputs
         if not outputs.still_wanted(row):
             return False
         try:
@@ -121,8 +189,6 @@ class Speculation:
         except Exception as error:  # one sequence's sampler or grammar failing ends that sequence only
             outputs.finish(row, "error", trace(error))
             return False
-        # timed with its choices: a sampled row's check draws at each position it reaches
-        self.costs.observe_check(len(draft), self.costs.clock() - started)
         accepted = len(chosen) - 1  # verify() stops at the first token of the model's own, which it always gives
         row.drafter.record(len(draft), accepted)
         for index, (token, record) in enumerate(chosen):
