@@ -1,5 +1,6 @@
 """``phi-api bench attention``: one attention layer of Phi-3.5-mini's shape on its own, phi-api's operator beside ONNX
-Runtime's GroupQueryAttention (int8 keys and values, and float32 ones) in the same run: decode steps of 1 and 8
+Runtime's GroupQueryAttention (int8 keys and values, and float32 ones: ``ours_float32`` is phi-api's over float32
+ones, against ``float32``) in the same run: decode steps of 1 and 8
 rows at contexts of 1k to 8k tokens, and prompt chunks on pasts of 0 to 8k tokens. Each figure is the median of
 several calls; ours is also given as a share of the machine's limits measured in the same run (``bench roofline``):
 a decode step's bytes of keys and values over the read bandwidth, a prompt chunk's multiply-adds over the int8
@@ -25,7 +26,7 @@ from phi_api.bench.common import emit, say
 from phi_api.engine.kernels.attention_graph import PHI35, SMOLLM2, Shape, gqa_model
 
 SHAPES = {"phi-3.5-mini": PHI35, "smollm2": SMOLLM2}
-KINDS = ("ours", "int8", "float32")
+KINDS = ("ours", "int8", "float32", "ours_float32")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -54,8 +55,10 @@ class Layer:
         library = build_library(cache_root() / "runtime")
         self.positions = tokens
         graphs = {"int8": gqa_model(shape, tokens, tokens), "float32": gqa_model(shape, tokens, tokens, int8=False)}
-        graphs["ours"] = gqa_model(shape, tokens, tokens)
+        graphs["ours"], graphs["ours_float32"] = gqa_model(shape, tokens, tokens), gqa_model(shape, tokens, tokens,
+                                                                                             int8=False)
         swap(graphs["ours"])
+        swap(graphs["ours_float32"])
         libraries = dict.fromkeys(graphs, str(library))
         if baseline:  # a pair of its own: their pools' threads must not spin while the other one's run
             graphs["versus"] = graphs["baseline"] = graphs["ours"]
@@ -78,7 +81,7 @@ class Layer:
 
     def caches(self, rows: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
         size = (rows, self.shape.kv_heads, self.tokens, self.shape.head_size)
-        if kind == "float32":
+        if kind in ("float32", "ours_float32"):
             return (self.rng.standard_normal(size, dtype=np.float32), self.rng.standard_normal(size, dtype=np.float32))
         return (self.rng.integers(-127, 128, size, dtype=np.int8), self.rng.integers(-127, 128, size, dtype=np.int8))
 
@@ -118,7 +121,7 @@ class Layer:
         feeds = {"qkv": self.rng.standard_normal((rows, new, self.shape.width), dtype=np.float32),
                  "seqlens_k": np.full(rows, past + new - 1, dtype=np.int32),
                  "total_sequence_length": np.array(past + new, dtype=np.int32), "cos": self.cos, "sin": self.sin}
-        if kind != "float32":
+        if kind not in ("float32", "ours_float32"):
             feeds["key_scale"], feeds["value_scale"] = self.scales
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
@@ -174,7 +177,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _ms(times: dict[str, float]) -> dict[str, float]:
     return {f"{kind}_ms": seconds * 1e3 for kind, seconds in times.items()} | {
-        "int8_over_ours": times["int8"] / times["ours"], "float32_over_ours": times["float32"] / times["ours"]}
+        "int8_over_ours": times["int8"] / times["ours"], "float32_over_ours": times["float32"] / times["ours"],
+        "float32_over_ours_float32": times["float32"] / times["ours_float32"]}
 
 
 def main(args: argparse.Namespace) -> int:

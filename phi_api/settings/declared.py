@@ -136,10 +136,10 @@ class Declared:
                                "for all rows of a step), mlas (ONNX Runtime's), or auto (phi-api's where the CPU "
                                "and its built library allow, else mlas)", per_model=True)
     ATTENTION_KERNEL: str = setting("auto", _text(choices=("auto", "phi-api", "onnxruntime")),
-                                    "The attention over int8 keys and values: phi-api's own (AVX-512 VNNI, int8 "
-                                    "keys and values read once per step, in the operator's layout), onnxruntime "
-                                    "(GroupQueryAttention), or auto (phi-api's where the CPU and its built library "
-                                    "allow)", per_model=True)
+                                    "The attention over int8 or float32 keys and values: phi-api's own (AVX-512 "
+                                    "VNNI, keys and values read once per step, in the operator's layout; drafts "
+                                    "checked in the batched step), onnxruntime (GroupQueryAttention), or auto "
+                                    "(phi-api's where the CPU and its built library allow)", per_model=True)
     PLAYGROUND: bool = setting(True, _boolean, "Serve the chat playground at /; false: / is a 404")
     MODELS_FILE: str = setting("", _stripped,
                                "A JSON file declaring several models (ids, folders, options); else MODEL_PATH")

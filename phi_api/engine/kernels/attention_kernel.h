@@ -1,15 +1,18 @@
-// phi-api's attention over int8 keys and values (AVX-512 VNNI), for the decoder graph's GroupQueryAttention nodes:
-// see attention_reference.py for what it computes. Flash-style: the queries of a task walk their row's keys 64
-// tokens at a time, with an online softmax; the int8 keys and values are widened to 16 bits in registers as they
-// are multiplied, never dequantized to memory.
+// phi-api's attention over int8 keys and values (AVX-512 VNNI), or float32 ones, for the decoder graph's
+// GroupQueryAttention nodes: see attention_reference.py for what it computes. Flash-style: the queries of a task walk
+// their row's keys 64 tokens at a time, with an online softmax; the int8 keys and values are widened to 16 bits in
+// registers as they are multiplied, never dequantized to memory. What differs between the two caches is in the
+// codecs Int8Cache and FloatCache; the walk, the softmax and the merges are shared.
 //
-// The cache: one byte per value, one scale per (kv head, channel), in a layout of its own within each head's run of
-// tokens (a multiple of 16 tokens long):
+// The int8 cache: one byte per value, one scale per (kv head, channel), in a layout of its own within each head's
+// run of tokens (a multiple of 16 tokens long):
 // - keys in tiles of 16 tokens: tile j holds tokens 16j..16j+15 as [D / 2][16 tokens][2 channels], so that 32 bytes
 //   sign-extended to 16 bits are 2 channels of 16 tokens: a query's 2 channels (broadcast) times them is vpdpwssd's
 //   16 dot products at once;
 // - values in pairs of tokens: pair j holds tokens 2j, 2j+1 as [D][2], so that 32 bytes sign-extended are 16
 //   channels of two tokens: a pair of probabilities (broadcast) times them is vpdpwssd's 16 sums at once.
+// The float32 cache: keys in tiles of 16 tokens as [D][16 tokens] (a channel of 16 tokens is one vector: a query's
+// channel, broadcast, times it is 16 fused multiply-adds), values token after token [D].
 // A range of whole tiles (16 tokens) is a range of bytes: rows are copied, kept and stored on disk by such ranges.
 //
 // Queries are quantized per (token, head) to 16 bits, after the keys' per-channel scales and the softmax scale are
@@ -24,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace attn {
 
@@ -40,17 +44,18 @@ struct Layer {
   int window;                      // > 0: a query sees the last `window` keys, its own included
 };
 
+template <typename T>  // int8_t or float: the cache's type
 struct Step {
   const float* qkv;       // [rows, new, (heads + 2 kv_heads) * D]
-  int8_t* keys;           // [rows, kv_heads, tokens, D] in the layout above
-  int8_t* values;
+  T* keys;                // [rows, kv_heads, tokens, D] in the layout above
+  T* values;
   int64_t tokens;         // tokens a head's run of the cache holds (a multiple of kKeyTile)
   const int32_t* lengths; // [rows]: tokens of each row once this step's are in
   const float* cos;       // [positions, rot_half]
   const float* sin;
   int64_t positions;
-  const float* key_scale;    // [kv_heads, D]
-  const float* value_scale;  // [kv_heads, D]
+  const float* key_scale;    // [kv_heads, D] (int8; null for float32)
+  const float* value_scale;  // [kv_heads, D] (int8; null for float32)
   float* out;             // [rows, new, heads * D]
   int rows, news;
 };
@@ -60,6 +65,10 @@ inline int64_t key_offset(int64_t t, int d, int size) {
 }
 
 inline int64_t value_offset(int64_t t, int d, int size) { return (t / 2) * 2 * size + d * 2 + (t % 2); }
+
+inline int64_t float_key_offset(int64_t t, int d, int size) {
+  return (t / kKeyTile) * kKeyTile * size + d * kKeyTile + t % kKeyTile;
+}
 
 // Rotate one head's vector x (D channels) at the position whose cos/sin rows are given, into out.
 inline void rotate(const float* x, const float* cos, const float* sin, const Layer& layer, float* out) {
@@ -86,14 +95,17 @@ inline int8_t quantized(float x, float inverse) {  // ONNX Runtime's: rint(x * (
 }
 
 // The new keys and values of kv head h of row b (its `news` tokens) written into the cache, keys rotated first.
-inline void write_head(const Step& step, const Layer& layer, int b, int h) {
+template <typename T>
+inline void write_head(const Step<T>& step, const Layer& layer, int b, int h) {
   const int size = layer.head_size, width = (layer.heads + 2 * layer.kv_heads) * size;
   const int64_t length = step.lengths[b];
   const int64_t base = (static_cast<int64_t>(b) * layer.kv_heads + h) * step.tokens * size;
   float rotated[kMaxHeadSize], kinverse[kMaxHeadSize], vinverse[kMaxHeadSize];
-  for (int d = 0; d < size; ++d) {
-    kinverse[d] = 1.0f / step.key_scale[h * size + d];
-    vinverse[d] = 1.0f / step.value_scale[h * size + d];
+  if constexpr (std::is_same_v<T, int8_t>) {
+    for (int d = 0; d < size; ++d) {
+      kinverse[d] = 1.0f / step.key_scale[h * size + d];
+      vinverse[d] = 1.0f / step.value_scale[h * size + d];
+    }
   }
   for (int s = 0; s < step.news; ++s) {
     const int64_t position = length - step.news + s;
@@ -102,35 +114,15 @@ inline void write_head(const Step& step, const Layer& layer, int b, int h) {
     const float* value = token + (layer.heads + layer.kv_heads + h) * size;
     rotate(key, step.cos + position * layer.rot_half, step.sin + position * layer.rot_half, layer, rotated);
     for (int d = 0; d < size; ++d) {
-      step.keys[base + key_offset(position, d, size)] = quantized(rotated[d], kinverse[d]);
-      step.values[base + value_offset(position, d, size)] = quantized(value[d], vinverse[d]);
+      if constexpr (std::is_same_v<T, int8_t>) {
+        step.keys[base + key_offset(position, d, size)] = quantized(rotated[d], kinverse[d]);
+        step.values[base + value_offset(position, d, size)] = quantized(value[d], vinverse[d]);
+      } else {
+        step.keys[base + float_key_offset(position, d, size)] = rotated[d];
+        step.values[base + position * size + d] = value[d];
+      }
     }
   }
-}
-
-// A query made ready for the keys: rotated, times the keys' channel scales and the softmax scale, quantized to
-// 16 bits with its own scale (vpdpwssd's operand).
-constexpr float kQueryUnits = 32767.0f;
-struct Query {
-  alignas(64) int16_t units[kMaxHeadSize];
-  float scale;
-  int64_t position;  // of its token
-  int64_t start;     // the first key it sees
-};
-
-inline void prepare_query(const float* x, const float* cos, const float* sin, const float* kscale, const Layer& layer,
-                          Query& query) {
-  float rotated[kMaxHeadSize];
-  rotate(x, cos, sin, layer, rotated);
-  float largest = 0.0f;
-  for (int d = 0; d < layer.head_size; ++d) {
-    rotated[d] *= kscale[d] * layer.scale;
-    largest = std::max(largest, std::fabs(rotated[d]));
-  }
-  const float inverse = largest > 0.0f ? kQueryUnits / largest : 0.0f;
-  for (int d = 0; d < layer.head_size; ++d)
-    query.units[d] = static_cast<int16_t>(std::nearbyint(rotated[d] * inverse));
-  query.scale = largest / kQueryUnits;
 }
 
 // exp(x) for x <= 0 (a probability's argument), to about 1e-7 relative; 0 below -87.
@@ -150,7 +142,7 @@ inline __m512 exp_negative(__m512 x) {
 }
 
 // What one query holds while it walks its keys: the running max and sum of the softmax, and its output (not yet
-// divided by the sum nor times the values' scales).
+// divided by the sum, nor times the values' scales for int8).
 struct Running {
   float max, sum;
   alignas(64) float out[kMaxHeadSize];
@@ -163,59 +155,39 @@ inline void reset(Running& run, int size) {
 }
 
 // A step of the walk: up to kSpan tiles (64 tokens) for up to kTogether queries at once, their accumulators in
-// registers: the scores of every (query, tile) pair are independent chains of vpdpwssd over the key channels (each
-// 32 bytes of keys loaded and widened once for all the queries), then one softmax update per query for the 64
-// tokens, then the values: (query, 16 channels) accumulators over the 32 pairs of tokens.
+// registers: the scores of every (query, tile) pair are independent chains over the key channels (each load of
+// keys serves all the queries), then one softmax update per query for the 64 tokens, then the values: (query, 16
+// channels) accumulators over the tokens.
 constexpr int kSpan = 4;       // tiles of one softmax update
 constexpr int kTogether = 4;   // queries whose accumulators share the registers
 constexpr int kLaneChunk = 4;  // 16-channel lanes of the values done at once
 
-// The 16 tokens of tile t at channels 2c and 2c+1, widened to 16 bits: one vpdpwssd operand.
-inline __m512i widened_keys(const int8_t* k, int t, int c, int size) {
-  return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + t * kKeyTile * size + c * 32)));
+// One query's softmax update over a step's scores: its running max, sum and output's rescale, and the step's
+// probabilities p; returns the largest of them (0: none seen, or all far below the keys before).
+inline float softmax_step(const __m512 s[kSpan], Running& run, __m512 p[kSpan], float& rescale) {
+  __m512 top4 = _mm512_max_ps(_mm512_max_ps(s[0], s[1]), _mm512_max_ps(s[2], s[3]));
+  const float step_max = _mm512_reduce_max_ps(top4);
+  rescale = 1.0f;
+  if (step_max == -INFINITY) return 0.0f;
+  const float top = std::max(run.max, step_max);
+  rescale = run.max == -INFINITY ? 0.0f : std::exp(run.max - top);
+  run.max = top;
+  __m512 sum = _mm512_setzero_ps(), largest = _mm512_setzero_ps();
+  for (int t = 0; t < kSpan; ++t) {
+    // exp(-inf - top) is 0 (exp_negative clamps to -87, whose exp is the smallest normal: masked to 0 here)
+    const __mmask16 seen = _mm512_cmp_ps_mask(s[t], _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    p[t] = _mm512_maskz_mov_ps(seen, exp_negative(_mm512_sub_ps(s[t], _mm512_set1_ps(top))));
+    sum = _mm512_add_ps(sum, p[t]);
+    largest = _mm512_max_ps(largest, p[t]);
+  }
+  run.sum = run.sum * rescale + _mm512_reduce_add_ps(sum);
+  return _mm512_reduce_max_ps(largest);
 }
 
-// The dot products of NQ queries with the `tiles` tiles of a step.
-template <int NQ>
-inline void dots(const int8_t* k, int tiles, const Query* const* queries, int size, __m512i acc[NQ][kSpan]) {
-  for (int i = 0; i < NQ; ++i)
-    for (int t = 0; t < kSpan; ++t) acc[i][t] = _mm512_setzero_si512();
-  if constexpr (NQ < kTogether) {
-    // Fewer queries than a full group: a decode step's, whose keys come from memory once. They are read tile by
-    // tile, in the order they lie in memory: walked across the tiles (below), the reads of a step's 4 tiles
-    // interleave and the step waits on memory (one layer at Phi-3.5's shape, `bench attention --baseline`: 8 rows
-    // at 4,096 keys 0.65x the time tile by tile, one row 0.91x; a prompt chunk's blocks read their keys from cache,
-    // and there the order below is no slower). Every accumulator sums the same products in the same order either
-    // way: the same bits.
-    for (int t = 0; t < kSpan; ++t) {
-      if (t >= tiles) break;
-      for (int c = 0; c < size / 2; ++c) {
-        const __m512i key = widened_keys(k, t, c, size);
-        for (int i = 0; i < NQ; ++i) {
-          const int32_t* pairs = reinterpret_cast<const int32_t*>(queries[i]->units);
-          acc[i][t] = _mm512_dpwssd_epi32(acc[i][t], _mm512_set1_epi32(pairs[c]), key);
-        }
-      }
-    }
-    return;
-  }
-  for (int c = 0; c < size / 2; ++c) {  // a full group: each pair of channels' broadcasts serve the step's tiles
-    __m512i q[NQ];
-    for (int i = 0; i < NQ; ++i) q[i] = _mm512_set1_epi32(reinterpret_cast<const int32_t*>(queries[i]->units)[c]);
-    for (int t = 0; t < kSpan; ++t) {
-      if (t >= tiles) break;
-      const __m512i key = widened_keys(k, t, c, size);
-      for (int i = 0; i < NQ; ++i) acc[i][t] = _mm512_dpwssd_epi32(acc[i][t], q[i], key);
-    }
-  }
-}
-
-// The scores of NQ queries against the `tiles` tiles at k (tokens token0..), masked to what each query sees.
-template <int NQ>
-inline void scores(const int8_t* k, int tiles, int64_t token0, const Query* const* queries, int size,
-                   __m512 out[NQ][kSpan]) {
-  __m512i acc[NQ][kSpan];  // NQ x 4 accumulators in registers
-  dots<NQ>(k, tiles, queries, size, acc);
+// The scores of NQ queries against the `tiles` tiles of a step (tokens token0..), as the codec computed them (raw,
+// before the query's scale), masked to what each query sees.
+template <class Q, int NQ>
+inline void masked(__m512 raw[NQ][kSpan], int tiles, int64_t token0, const Q* const* queries) {
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int t = 0; t < kSpan; ++t) {
     const __m512i token = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(token0 + t * kKeyTile)), lanes);
@@ -226,59 +198,183 @@ inline void scores(const int8_t* k, int tiles, int64_t token0, const Query* cons
                                              _MM_CMPINT_LE) &
                            _mm512_cmp_epi32_mask(token, _mm512_set1_epi32(static_cast<int>(queries[i]->start)),
                                                  _MM_CMPINT_NLT);
-      out[i][t] = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), seen, _mm512_cvtepi32_ps(acc[i][t]),
-                                     _mm512_set1_ps(queries[i]->scale));
+      raw[i][t] = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), seen, raw[i][t], _mm512_set1_ps(queries[i]->scale));
     }
   }
 }
 
-// One query's softmax update over a step's scores: its running max, sum and output rescaled, and the step's
-// probabilities as 15-bit pairs (tokens 2j, 2j+1 in pairs[j]); returns the probabilities' unit (0: none seen).
-inline float update(const __m512 s[kSpan], Running& run, int32_t* pairs, float& rescale) {
-  __m512 top4 = _mm512_max_ps(_mm512_max_ps(s[0], s[1]), _mm512_max_ps(s[2], s[3]));
-  const float step_max = _mm512_reduce_max_ps(top4);
-  rescale = 1.0f;
-  if (step_max == -INFINITY) return 0.0f;
-  const float top = std::max(run.max, step_max);
-  rescale = run.max == -INFINITY ? 0.0f : std::exp(run.max - top);
-  run.max = top;
-  __m512 p[kSpan];
-  __m512 sum = _mm512_setzero_ps(), largest = _mm512_setzero_ps();
-  for (int t = 0; t < kSpan; ++t) {
-    // exp(-inf - top) is 0 (exp_negative clamps to -87, whose exp is the smallest normal: masked to 0 here)
-    const __mmask16 seen = _mm512_cmp_ps_mask(s[t], _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-    p[t] = _mm512_maskz_mov_ps(seen, exp_negative(_mm512_sub_ps(s[t], _mm512_set1_ps(top))));
-    sum = _mm512_add_ps(sum, p[t]);
-    largest = _mm512_max_ps(largest, p[t]);
-  }
-  run.sum = run.sum * rescale + _mm512_reduce_add_ps(sum);
-  const float most = _mm512_reduce_max_ps(largest);
-  if (most == 0.0f) return 0.0f;  // every key here far below the ones before: nothing to add
-  const __m512 to_units = _mm512_set1_ps(32767.0f / most);
-  for (int t = 0; t < kSpan; ++t) {
-    const __m256i words = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(p[t], to_units)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + t * kKeyTile / 2), words);
-  }
-  return most / 32767.0f;
-}
+// The int8 cache. A query made ready for the keys: rotated, times the keys' channel scales and the softmax scale,
+// quantized to 16 bits with its own scale (vpdpwssd's operand).
+struct Int8Cache {
+  using Value = int8_t;
+  static constexpr float kQueryUnits = 32767.0f;
+  struct Query {
+    alignas(64) int16_t units[kMaxHeadSize];
+    float scale;
+    int64_t position;  // of its token
+    int64_t start;     // the first key it sees
+  };
+  using Probabilities = int32_t[kSpan * kKeyTile / 2];  // 15-bit pairs: tokens 2j, 2j+1 in pairs[j]
 
-// The values of a step (the `tiles` tiles at v) weighted by NQ queries' probabilities, into their outputs.
-template <int NQ>
-inline void weigh(const int8_t* v, int tiles, const int32_t pairs[NQ][kSpan * kKeyTile / 2], const float* unit,
-                  const float* rescale, Running* const* runs, int size) {
-  const int lanes = size / 16, count = tiles * kKeyTile / 2;
-  for (int l0 = 0; l0 < lanes; l0 += kLaneChunk) {
-    __m512i acc[NQ][kLaneChunk];
+  static void prepare(const float* x, const float* cos, const float* sin, const float* kscale, const Layer& layer,
+                      Query& query) {
+    float rotated[kMaxHeadSize];
+    rotate(x, cos, sin, layer, rotated);
+    float largest = 0.0f;
+    for (int d = 0; d < layer.head_size; ++d) {
+      rotated[d] *= kscale[d] * layer.scale;
+      largest = std::max(largest, std::fabs(rotated[d]));
+    }
+    const float inverse = largest > 0.0f ? kQueryUnits / largest : 0.0f;
+    for (int d = 0; d < layer.head_size; ++d)
+      query.units[d] = static_cast<int16_t>(std::nearbyint(rotated[d] * inverse));
+    query.scale = largest / kQueryUnits;
+  }
+
+  // The 16 tokens of tile t at channels 2c and 2c+1, widened to 16 bits: one vpdpwssd operand.
+  static __m512i widened_keys(const int8_t* k, int t, int c, int size) {
+    return _mm512_cvtepi8_epi16(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + t * kKeyTile * size + c * 32)));
+  }
+
+  // The dot products of NQ queries with the `tiles` tiles of a step.
+  template <int NQ>
+  static void dots(const int8_t* k, int tiles, const Query* const* queries, int size, __m512i acc[NQ][kSpan]) {
     for (int i = 0; i < NQ; ++i)
-      for (int l = 0; l < kLaneChunk; ++l) acc[i][l] = _mm512_setzero_si512();
+      for (int t = 0; t < kSpan; ++t) acc[i][t] = _mm512_setzero_si512();
+    if constexpr (NQ < kTogether) {
+      // Fewer queries than a full group: a decode step's, whose keys come from memory once. They are read tile by
+      // tile, in the order they lie in memory: walked across the tiles (below), the reads of a step's 4 tiles
+      // interleave and the step waits on memory (one layer at Phi-3.5's shape, `bench attention --baseline`: 8
+      // rows at 4,096 keys 0.65x the time tile by tile, one row 0.91x; a prompt chunk's blocks read their keys from
+      // cache, and there the order below is no slower). Every accumulator sums the same products in the same order
+      // either way: the same bits.
+      for (int t = 0; t < kSpan; ++t) {
+        if (t >= tiles) break;
+        for (int c = 0; c < size / 2; ++c) {
+          const __m512i key = widened_keys(k, t, c, size);
+          for (int i = 0; i < NQ; ++i) {
+            const int32_t* pairs = reinterpret_cast<const int32_t*>(queries[i]->units);
+            acc[i][t] = _mm512_dpwssd_epi32(acc[i][t], _mm512_set1_epi32(pairs[c]), key);
+          }
+        }
+      }
+      return;
+    }
+    for (int c = 0; c < size / 2; ++c) {  // a full group: each pair of channels' broadcasts serve the step's tiles
+      __m512i q[NQ];
+      for (int i = 0; i < NQ; ++i) q[i] = _mm512_set1_epi32(reinterpret_cast<const int32_t*>(queries[i]->units)[c]);
+      for (int t = 0; t < kSpan; ++t) {
+        if (t >= tiles) break;
+        const __m512i key = widened_keys(k, t, c, size);
+        for (int i = 0; i < NQ; ++i) acc[i][t] = _mm512_dpwssd_epi32(acc[i][t], q[i], key);
+      }
+    }
+  }
+
+  template <int NQ>
+  static void scores(const int8_t* k, int tiles, const Query* const* queries, int size, __m512 out[NQ][kSpan]) {
+    __m512i acc[NQ][kSpan];  // NQ x 4 accumulators in registers
+    dots<NQ>(k, tiles, queries, size, acc);
+    for (int i = 0; i < NQ; ++i)
+      for (int t = 0; t < kSpan; ++t) out[i][t] = _mm512_cvtepi32_ps(acc[i][t]);
+  }
+
+  // The step's probabilities as 15-bit pairs, the largest one as their unit; returns the unit (0: none).
+  static float probabilities(const __m512 s[kSpan], Running& run, Probabilities& pairs, float& rescale) {
+    __m512 p[kSpan];
+    const float most = softmax_step(s, run, p, rescale);
+    if (most == 0.0f) return 0.0f;  // every key here far below the ones before: nothing to add
+    const __m512 to_units = _mm512_set1_ps(32767.0f / most);
+    for (int t = 0; t < kSpan; ++t) {
+      const __m256i words = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(p[t], to_units)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + t * kKeyTile / 2), words);
+    }
+    return most / 32767.0f;
+  }
+
+  // What the values' weighing (weigh, below) needs: 32 bits of accumulators per channel, fed by pairs of tokens.
+  using Acc = __m512i;
+  static constexpr int kWeightsPerTile = kKeyTile / 2;  // a pair of probabilities per vpdpwssd
+  static Acc zero() { return _mm512_setzero_si512(); }
+  static Acc broadcast(int32_t pair) { return _mm512_set1_epi32(pair); }
+  // Channels 16l..16l+15 of the pair of tokens j, widened to 16 bits.
+  static Acc values(const int8_t* v, int j, int l, int size) {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j * 2 * size + l * 32)));
+  }
+  static Acc madd(Acc acc, Acc p, Acc value) { return _mm512_dpwssd_epi32(acc, p, value); }
+  static __m512 to_float(Acc acc) { return _mm512_cvtepi32_ps(acc); }
+};
+
+// The float32 cache: queries rotated and times the softmax scale, in float32; products fused multiply-adds.
+struct FloatCache {
+  using Value = float;
+  struct Query {
+    alignas(64) float x[kMaxHeadSize];
+    float scale;  // 1: the softmax scale is in x
+    int64_t position;
+    int64_t start;
+  };
+  using Probabilities = float[kSpan * kKeyTile];
+
+  static void prepare(const float* x, const float* cos, const float* sin, const float*, const Layer& layer,
+                      Query& query) {
+    rotate(x, cos, sin, layer, query.x);
+    for (int d = 0; d < layer.head_size; ++d) query.x[d] *= layer.scale;
+    query.scale = 1.0f;
+  }
+
+  // Channel by channel across the step's tiles: NQ x 4 independent chains, each summing its channels in order (a
+  // query's bits do not depend on the queries or tiles beside it).
+  template <int NQ>
+  static void scores(const float* k, int tiles, const Query* const* queries, int size, __m512 out[NQ][kSpan]) {
+    for (int i = 0; i < NQ; ++i)
+      for (int t = 0; t < kSpan; ++t) out[i][t] = _mm512_setzero_ps();
+    for (int d = 0; d < size; ++d) {
+      __m512 q[NQ];
+      for (int i = 0; i < NQ; ++i) q[i] = _mm512_set1_ps(queries[i]->x[d]);
+      for (int t = 0; t < kSpan; ++t) {
+        if (t >= tiles) break;
+        const __m512 key = _mm512_loadu_ps(k + t * kKeyTile * size + d * kKeyTile);
+        for (int i = 0; i < NQ; ++i) out[i][t] = _mm512_fmadd_ps(q[i], key, out[i][t]);
+      }
+    }
+  }
+
+  // The step's probabilities as they are; returns 1 (0: none).
+  static float probabilities(const __m512 s[kSpan], Running& run, Probabilities& probs, float& rescale) {
+    __m512 p[kSpan];
+    if (softmax_step(s, run, p, rescale) == 0.0f) return 0.0f;
+    for (int t = 0; t < kSpan; ++t) _mm512_storeu_ps(probs + t * kKeyTile, p[t]);
+    return 1.0f;
+  }
+
+  using Acc = __m512;
+  static constexpr int kWeightsPerTile = kKeyTile;
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static Acc broadcast(float p) { return _mm512_set1_ps(p); }
+  static Acc values(const float* v, int j, int l, int size) { return _mm512_loadu_ps(v + j * size + l * 16); }
+  static Acc madd(Acc acc, Acc p, Acc value) { return _mm512_fmadd_ps(p, value, acc); }
+  static __m512 to_float(Acc acc) { return acc; }
+};
+
+// The values of a step (the `tiles` tiles at v) weighted by NQ queries' probabilities (in the codec's units), into
+// their outputs: (query, 16 channels) accumulators over the step's tokens.
+template <class C, int NQ>
+inline void weigh(const typename C::Value* v, int tiles, const typename C::Probabilities probs[NQ], const float* unit,
+                  const float* rescale, Running* const* runs, int size) {
+  const int lanes = size / 16, count = tiles * C::kWeightsPerTile;
+  for (int l0 = 0; l0 < lanes; l0 += kLaneChunk) {
+    typename C::Acc acc[NQ][kLaneChunk];
+    for (int i = 0; i < NQ; ++i)
+      for (int l = 0; l < kLaneChunk; ++l) acc[i][l] = C::zero();
     for (int j = 0; j < count; ++j) {
-      __m512i p[NQ];
-      for (int i = 0; i < NQ; ++i) p[i] = _mm512_set1_epi32(pairs[i][j]);
+      typename C::Acc p[NQ];
+      for (int i = 0; i < NQ; ++i) p[i] = C::broadcast(probs[i][j]);
       for (int l = 0; l < kLaneChunk; ++l) {
         if (l0 + l >= lanes) break;
-        const __m512i value = _mm512_cvtepi8_epi16(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j * 2 * size + (l0 + l) * 32)));
-        for (int i = 0; i < NQ; ++i) acc[i][l] = _mm512_dpwssd_epi32(acc[i][l], p[i], value);
+        const typename C::Acc value = C::values(v, j, l0 + l, size);
+        for (int i = 0; i < NQ; ++i) acc[i][l] = C::madd(acc[i][l], p[i], value);
       }
     }
     for (int i = 0; i < NQ; ++i) {
@@ -286,18 +382,19 @@ inline void weigh(const int8_t* v, int tiles, const int32_t pairs[NQ][kSpan * kK
       for (int l = 0; l < kLaneChunk; ++l) {
         if (l0 + l >= lanes) break;
         float* out = runs[i]->out + (l0 + l) * 16;
-        _mm512_store_ps(out, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][l]), u, _mm512_mul_ps(_mm512_load_ps(out), keep)));
+        _mm512_store_ps(out, _mm512_fmadd_ps(C::to_float(acc[i][l]), u, _mm512_mul_ps(_mm512_load_ps(out), keep)));
       }
     }
   }
 }
 
 // NQ queries over the tiles [first_tile, end_tile) of one row's kv head, a step of kSpan tiles at a time.
-template <int NQ>
-inline void walk(const int8_t* keys, const int8_t* values, const Query* const* queries, Running* const* runs,
-                 int size, int64_t first_tile, int64_t end_tile) {
+template <class C, int NQ>
+inline void walk(const typename C::Value* keys, const typename C::Value* values,
+                 const typename C::Query* const* queries, Running* const* runs, int size, int64_t first_tile,
+                 int64_t end_tile) {
   // No software prefetch: measured, it slowed the walk (the hardware's prefetchers follow these two streams)
-  const int64_t tile_bytes = static_cast<int64_t>(kKeyTile) * size;
+  const int64_t tile_values = static_cast<int64_t>(kKeyTile) * size;
   int64_t seen_first = queries[0]->start, seen_last = queries[0]->position;
   for (int i = 1; i < NQ; ++i) {
     seen_first = std::min(seen_first, queries[i]->start);
@@ -310,29 +407,31 @@ inline void walk(const int8_t* keys, const int8_t* values, const Query* const* q
   for (int64_t t = first_tile; t < end_tile; t += kSpan) {
     const int tiles = static_cast<int>(std::min<int64_t>(kSpan, end_tile - t));
     __m512 s[NQ][kSpan];
-    scores<NQ>(keys + t * tile_bytes, tiles, t * kKeyTile, queries, size, s);
-    alignas(64) int32_t pairs[NQ][kSpan * kKeyTile / 2];
+    C::template scores<NQ>(keys + t * tile_values, tiles, queries, size, s);
+    masked<typename C::Query, NQ>(s, tiles, t * kKeyTile, queries);
+    alignas(64) typename C::Probabilities probs[NQ];
     float unit[NQ], rescale[NQ];
     bool any = false;
     for (int i = 0; i < NQ; ++i) {
-      unit[i] = update(s[i], *runs[i], pairs[i], rescale[i]);
+      unit[i] = C::probabilities(s[i], *runs[i], probs[i], rescale[i]);
       if (unit[i] == 0.0f) {
-        std::memset(pairs[i], 0, sizeof(pairs[i]));
+        std::memset(probs[i], 0, sizeof(probs[i]));
       } else {
         any = true;
       }
     }
-    if (any) weigh<NQ>(values + t * tile_bytes, tiles, pairs, unit, rescale, runs, size);
+    if (any) weigh<C, NQ>(values + t * tile_values, tiles, probs, unit, rescale, runs, size);
     // a query that saw nothing of this step still had its output rescaled (by 1) above: nothing else to do
   }
 }
 
 // The queries of one task (up to kQueryBlock: tokens x heads of one kv head's group) over the tiles
 // [first_tile, end_tile) of one row's kv head; each query's Running carries on from where it stood.
-inline void attend(const int8_t* keys, const int8_t* values, const Query* queries, int count, int size,
-                   int64_t first_tile, int64_t end_tile, Running* running) {
+template <class C>
+inline void attend(const typename C::Value* keys, const typename C::Value* values, const typename C::Query* queries,
+                   int count, int size, int64_t first_tile, int64_t end_tile, Running* running) {
   for (int first = 0; first < count; first += kTogether) {
-    const Query* group[kTogether];
+    const typename C::Query* group[kTogether];
     Running* runs[kTogether];
     const int n = std::min(kTogether, count - first);
     for (int i = 0; i < n; ++i) {
@@ -340,10 +439,10 @@ inline void attend(const int8_t* keys, const int8_t* values, const Query* querie
       runs[i] = &running[first + i];
     }
     switch (n) {
-      case 1: walk<1>(keys, values, group, runs, size, first_tile, end_tile); break;
-      case 2: walk<2>(keys, values, group, runs, size, first_tile, end_tile); break;
-      case 3: walk<3>(keys, values, group, runs, size, first_tile, end_tile); break;
-      default: walk<4>(keys, values, group, runs, size, first_tile, end_tile); break;
+      case 1: walk<C, 1>(keys, values, group, runs, size, first_tile, end_tile); break;
+      case 2: walk<C, 2>(keys, values, group, runs, size, first_tile, end_tile); break;
+      case 3: walk<C, 3>(keys, values, group, runs, size, first_tile, end_tile); break;
+      default: walk<C, 4>(keys, values, group, runs, size, first_tile, end_tile); break;
     }
   }
 }
@@ -364,17 +463,19 @@ inline int64_t part_end(int64_t t) { return (t / kPartTiles + 1) * kPartTiles; }
 // The queries over the tiles [first_tile, end_tile) part by part on the absolute grid of kPartTiles, each part's walk
 // merged into their running state in order: the arithmetic of a lone block whose parts are tasks of their own
 // (attend, then merge), so that a query's bits are those of a one-token step whatever else its step holds.
-inline void attend_parts(const int8_t* keys, const int8_t* values, const Query* queries, int count, int size,
-                         int64_t first_tile, int64_t end_tile, Running* running) {
+template <class C>
+inline void attend_parts(const typename C::Value* keys, const typename C::Value* values,
+                         const typename C::Query* queries, int count, int size, int64_t first_tile, int64_t end_tile,
+                         Running* running) {
   alignas(64) Running part[kQueryBlock];
   for (int64_t from = first_tile; from < end_tile; from = part_end(from)) {
     const int64_t to = std::min(end_tile, part_end(from));
     if (from == first_tile) {
-      attend(keys, values, queries, count, size, from, to, running);
+      attend<C>(keys, values, queries, count, size, from, to, running);
       continue;
     }
     for (int i = 0; i < count; ++i) reset(part[i], size);
-    attend(keys, values, queries, count, size, from, to, part);
+    attend<C>(keys, values, queries, count, size, from, to, part);
     for (int i = 0; i < count; ++i) merge(running[i], part[i], size);
   }
 }

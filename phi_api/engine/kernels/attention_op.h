@@ -1,9 +1,9 @@
-// ONNX Runtime's custom operator phi_api.Attention: attention_kernel.h in the decoder graph, in place of
-// GroupQueryAttention (see rewrite.py for when). Its inputs are GroupQueryAttention's: the packed query, key and value
-// [B, S, (N + 2 Nkv) D] (0), the past keys and values (3, 4: int8, in the kernel's layout, bound as the present ones
-// too), seqlens_k (5: each row's length once the step's tokens are in, minus one), total_sequence_length (6), the
-// rotary tables (7, 8) and the keys' and values' scales per kv head and channel (12, 13); inputs 1, 2, 9, 10, 11 are
-// absent. Unlike GroupQueryAttention, S new tokens may come for each of B > 1 rows of different lengths. Outputs: the
+// ONNX Runtime's custom operators phi_api.Attention (int8 keys and values) and phi_api.AttentionFloat (float32 ones):
+// attention_kernel.h in the decoder graph, in place of GroupQueryAttention (see attention.py for when). Their inputs
+// are GroupQueryAttention's: the packed query, key and value [B, S, (N + 2 Nkv) D] (0), the past keys and values
+// (3, 4: in the kernel's layout, bound as the present ones too), seqlens_k (5: each row's length once the step's
+// tokens are in, minus one), total_sequence_length (6), the rotary tables (7, 8) and, for int8, the keys' and values'
+// scales per kv head and channel (12, 13); inputs 1, 2, 9, 10, 11 are absent. Unlike GroupQueryAttention, S new tokens may come for each of B > 1 rows of different lengths. Outputs: the
 // attention [B, S, N D], and the present keys and values (the past's buffers, written in place; copied first if
 // ONNX Runtime gave other buffers).
 //
@@ -33,8 +33,9 @@ struct Task {
   int64_t partial;  // index of this task's results in the scratch (-1: written straight to the output)
 };
 
+template <class C>
 struct Work {
-  const attn::Step* step;
+  const attn::Step<typename C::Value>* step;
   const attn::Layer* layer;
   int blocks;  // query blocks per (row, kv head)
   std::vector<Task> tasks;
@@ -42,46 +43,51 @@ struct Work {
   std::unique_ptr<attn::Running[]> partial;  // not initialized: each task resets its own
 };
 
+template <class C>
 inline void write_task(void* data, size_t index) {
-  const Work& work = *static_cast<const Work*>(data);
+  const Work<C>& work = *static_cast<const Work<C>*>(data);
   const int h = static_cast<int>(index % work.layer->kv_heads), b = static_cast<int>(index / work.layer->kv_heads);
   attn::write_head(*work.step, *work.layer, b, h);
 }
 
 // The queries of a block: how many, and query i's token s and head.
-inline int block_queries(const Work& work, int block) {
+template <class C>
+inline int block_queries(const Work<C>& work, int block) {
   const int total = work.step->news * (work.layer->heads / work.layer->kv_heads);
   return std::min(attn::kQueryBlock, total - block * attn::kQueryBlock);
 }
 
-inline void query_place(const Work& work, int h, int block, int i, int& s, int& head) {
+template <class C>
+inline void query_place(const Work<C>& work, int h, int block, int i, int& s, int& head) {
   const int group = work.layer->heads / work.layer->kv_heads, n = block * attn::kQueryBlock + i;
   s = n / group;
   head = h * group + n % group;
 }
 
-inline void finish(const Work& work, int b, int h, int block, const attn::Running* running) {
-  const attn::Step& step = *work.step;
+template <class C>
+inline void finish(const Work<C>& work, int b, int h, int block, const attn::Running* running) {
+  const attn::Step<typename C::Value>& step = *work.step;
   const int size = work.layer->head_size, count = block_queries(work, block);
-  const float* vscale = step.value_scale + h * size;
+  const float* vscale = step.value_scale ? step.value_scale + h * size : nullptr;
   for (int i = 0; i < count; ++i) {
     int s, head;
     query_place(work, h, block, i, s, head);
     float* out = step.out + ((static_cast<int64_t>(b) * step.news + s) * work.layer->heads + head) * size;
     const float inverse = running[i].sum > 0.0f ? 1.0f / running[i].sum : 0.0f;
-    for (int d = 0; d < size; ++d) out[d] = running[i].out[d] * vscale[d] * inverse;
+    for (int d = 0; d < size; ++d) out[d] = running[i].out[d] * (vscale ? vscale[d] : 1.0f) * inverse;
   }
 }
 
+template <class C>
 inline void attend_task(void* data, size_t index) {
-  Work& work = *static_cast<Work*>(data);
+  Work<C>& work = *static_cast<Work<C>*>(data);
   const Task& task = work.tasks[index];
-  const attn::Step& step = *work.step;
+  const attn::Step<typename C::Value>& step = *work.step;
   const attn::Layer& layer = *work.layer;
   const int size = layer.head_size, width = (layer.heads + 2 * layer.kv_heads) * size;
   const int count = block_queries(work, task.block);
   const int64_t length = step.lengths[task.b];
-  alignas(64) attn::Query queries[attn::kQueryBlock];
+  alignas(64) typename C::Query queries[attn::kQueryBlock];
   alignas(64) attn::Running local[attn::kQueryBlock];
   attn::Running* running = task.partial < 0 ? local : &work.partial[task.partial];
   for (int i = 0; i < count; ++i) {
@@ -89,24 +95,25 @@ inline void attend_task(void* data, size_t index) {
     query_place(work, task.h, task.block, i, s, head);
     const int64_t position = length - step.news + s;
     const float* x = step.qkv + (static_cast<int64_t>(task.b) * step.news + s) * width + head * size;
-    attn::prepare_query(x, step.cos + position * layer.rot_half, step.sin + position * layer.rot_half,
-                        step.key_scale + task.h * size, layer, queries[i]);
+    C::prepare(x, step.cos + position * layer.rot_half, step.sin + position * layer.rot_half,
+               step.key_scale ? step.key_scale + task.h * size : nullptr, layer, queries[i]);
     queries[i].position = position;
     queries[i].start = layer.window > 0 ? std::max<int64_t>(0, position + 1 - layer.window) : 0;
     attn::reset(running[i], size);
   }
   const int64_t base = (static_cast<int64_t>(task.b) * layer.kv_heads + task.h) * step.tokens * size;
   if (task.partial < 0) {  // all its keys in this task: part by part, merged in order, as split blocks are
-    attn::attend_parts(step.keys + base, step.values + base, queries, count, size, task.first_tile, task.end_tile,
-                       running);
+    attn::attend_parts<C>(step.keys + base, step.values + base, queries, count, size, task.first_tile,
+                          task.end_tile, running);
     finish(work, task.b, task.h, task.block, running);
   } else {  // one part of a split block's keys
-    attn::attend(step.keys + base, step.values + base, queries, count, size, task.first_tile, task.end_tile, running);
+    attn::attend<C>(step.keys + base, step.values + base, queries, count, size, task.first_tile, task.end_tile, running);
   }
 }
 
+template <class C>
 inline void merge_task(void* data, size_t index) {
-  Work& work = *static_cast<Work*>(data);
+  Work<C>& work = *static_cast<Work<C>*>(data);
   const int first = work.merges[index];
   const Task& task = work.tasks[first];
   const int count = block_queries(work, task.block), size = work.layer->head_size;
@@ -118,8 +125,9 @@ inline void merge_task(void* data, size_t index) {
 
 // The tasks of a step: per row, kv head and block of queries, the tiles its queries see, split in parts for a
 // lone block.
-inline void plan(Work& work) {
-  const attn::Step& step = *work.step;
+template <class C>
+inline void plan(Work<C>& work) {
+  const attn::Step<typename C::Value>& step = *work.step;
   const attn::Layer& layer = *work.layer;
   int64_t scratch = 0;
   for (int b = 0; b < step.rows; ++b) {
@@ -152,7 +160,11 @@ inline void plan(Work& work) {
   if (scratch > 0) work.partial.reset(new attn::Running[static_cast<size_t>(scratch)]);
 }
 
+template <class C>
 struct Kernel {
+  using T = typename C::Value;
+  static constexpr bool kInt8 = std::is_same_v<T, int8_t>;
+
   Kernel(const OrtApi&, const OrtKernelInfo* info) {
     Ort::ConstKernelInfo kernel_info(info);
     layer_.heads = static_cast<int>(kernel_info.GetAttribute<int64_t>("num_heads"));
@@ -184,11 +196,11 @@ struct Kernel {
     const int rows = static_cast<int>(input[0]), news = static_cast<int>(input[1]);
     Ort::UnownedValue out = ctx.GetOutput(0, {input[0], input[1], layer.heads * layer.head_size});
     Ort::UnownedValue present_key = ctx.GetOutput(1, cache), present_value = ctx.GetOutput(2, cache);
-    int8_t* keys = present_key.GetTensorMutableData<int8_t>();
-    int8_t* values = present_value.GetTensorMutableData<int8_t>();
-    const size_t bytes = static_cast<size_t>(cache[0] * cache[1] * cache[2] * cache[3]);
-    if (keys != past_key.GetTensorData<int8_t>()) std::memcpy(keys, past_key.GetTensorData<int8_t>(), bytes);
-    if (values != past_value.GetTensorData<int8_t>()) std::memcpy(values, past_value.GetTensorData<int8_t>(), bytes);
+    T* keys = present_key.GetTensorMutableData<T>();
+    T* values = present_value.GetTensorMutableData<T>();
+    const size_t bytes = static_cast<size_t>(cache[0] * cache[1] * cache[2] * cache[3]) * sizeof(T);
+    if (keys != past_key.GetTensorData<T>()) std::memcpy(keys, past_key.GetTensorData<T>(), bytes);
+    if (values != past_value.GetTensorData<T>()) std::memcpy(values, past_value.GetTensorData<T>(), bytes);
     const int32_t* seqlens = ctx.GetInput(5).GetTensorData<int32_t>();
     std::vector<int32_t> lengths(rows);
     for (int b = 0; b < rows; ++b) {
@@ -196,16 +208,17 @@ struct Kernel {
       if (lengths[b] < news || lengths[b] > cache[2] || (rotary_ && lengths[b] > table[0]))
         ORT_CXX_API_THROW("phi_api.Attention: a row's length is out of range", ORT_INVALID_ARGUMENT);
     }
-    attn::Step step{qkv.GetTensorData<float>(), keys, values, cache[2], lengths.data(),
-                    rotary_ ? cos.GetTensorData<float>() : nullptr, rotary_ ? sin.GetTensorData<float>() : nullptr,
-                    rotary_ ? table[0] : 0, ctx.GetInput(12).GetTensorData<float>(),
-                    ctx.GetInput(13).GetTensorData<float>(), out.GetTensorMutableData<float>(), rows, news};
+    attn::Step<T> step{qkv.GetTensorData<float>(), keys, values, cache[2], lengths.data(),
+                       rotary_ ? cos.GetTensorData<float>() : nullptr, rotary_ ? sin.GetTensorData<float>() : nullptr,
+                       rotary_ ? table[0] : 0, kInt8 ? ctx.GetInput(12).GetTensorData<float>() : nullptr,
+                       kInt8 ? ctx.GetInput(13).GetTensorData<float>() : nullptr, out.GetTensorMutableData<float>(),
+                       rows, news};
     const int group = layer.heads / layer.kv_heads;
-    Work work{&step, &layer, (news * group + attn::kQueryBlock - 1) / attn::kQueryBlock, {}, {}, {}};
+    Work<C> work{&step, &layer, (news * group + attn::kQueryBlock - 1) / attn::kQueryBlock, {}, {}, {}};
     plan(work);
-    ctx.ParallelFor(write_task, static_cast<size_t>(rows) * layer.kv_heads, 0, &work);
-    ctx.ParallelFor(attend_task, work.tasks.size(), 0, &work);
-    if (!work.merges.empty()) ctx.ParallelFor(merge_task, work.merges.size(), 0, &work);
+    ctx.ParallelFor(write_task<C>, static_cast<size_t>(rows) * layer.kv_heads, 0, &work);
+    ctx.ParallelFor(attend_task<C>, work.tasks.size(), 0, &work);
+    if (!work.merges.empty()) ctx.ParallelFor(merge_task<C>, work.merges.size(), 0, &work);
   }
 
  private:
@@ -213,23 +226,27 @@ struct Kernel {
   bool rotary_ = false;
 };
 
-struct Op : Ort::CustomOpBase<Op, Kernel> {
-  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new Kernel(api, info); }
-  const char* GetName() const { return "Attention"; }
+template <class C>
+struct Op : Ort::CustomOpBase<Op<C>, Kernel<C>> {
+  static constexpr ONNXTensorElementDataType kCache =
+      Kernel<C>::kInt8 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new Kernel<C>(api, info); }
+  const char* GetName() const { return Kernel<C>::kInt8 ? "Attention" : "AttentionFloat"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 14; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
-    if (index == 3 || index == 4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+    if (index == 3 || index == 4) return kCache;
     if (index == 5 || index == 6) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
     if (index == 9) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
     return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
-    return (index == 1 || index == 2 || (index >= 9 && index <= 11)) ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+    const bool absent = index == 1 || index == 2 || (index >= 9 && index <= 11) || (!Kernel<C>::kInt8 && index >= 12);
+    return absent ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
   size_t GetOutputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetOutputType(size_t index) const {
-    return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+    return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : kCache;
   }
 };
 

@@ -82,9 +82,13 @@ KEY_TILE = 16  # tokens of a key tile in the operator's layout (attention_kernel
 
 
 def tiled(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A cache ``[..., L, D]`` (L a multiple of 16) in the operator's layout: keys in tiles of 16 tokens
-    ``[D / 2][16][2]``, values in pairs of tokens ``[D][2]``."""
+    """A cache ``[..., L, D]`` (L a multiple of 16) in the operator's layout: int8 keys in tiles of 16 tokens
+    ``[D / 2][16][2]``, values in pairs of tokens ``[D][2]``; float32 keys in tiles of 16 tokens ``[D][16]``, values
+    as they are."""
     *lead, length, size = keys.shape
+    if keys.dtype == np.float32:
+        k = keys.reshape(*lead, length // KEY_TILE, KEY_TILE, size).swapaxes(-2, -1)
+        return np.ascontiguousarray(k).reshape(*lead, length, size), values.copy()
     k = keys.reshape(*lead, length // KEY_TILE, KEY_TILE, size // 2, 2).swapaxes(-3, -2)
     v = values.reshape(*lead, length // 2, 2, size).swapaxes(-2, -1)
     return (np.ascontiguousarray(k).reshape(*lead, length, size), np.ascontiguousarray(v).reshape(*lead, length, size))
@@ -93,6 +97,9 @@ def tiled(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 def untiled(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The operator's layout back to ``[..., L, D]``."""
     *lead, length, size = keys.shape
+    if keys.dtype == np.float32:
+        k = keys.reshape(*lead, length // KEY_TILE, size, KEY_TILE).swapaxes(-2, -1)
+        return np.ascontiguousarray(k).reshape(*lead, length, size), values.copy()
     k = keys.reshape(*lead, length // KEY_TILE, size // 2, KEY_TILE, 2).swapaxes(-3, -2)
     v = values.reshape(*lead, length // 2, size, 2).swapaxes(-2, -1)
     return (np.ascontiguousarray(k).reshape(*lead, length, size), np.ascontiguousarray(v).reshape(*lead, length, size))

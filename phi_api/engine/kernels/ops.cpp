@@ -1,5 +1,5 @@
-// phi-api's custom operators for ONNX Runtime, in one library: phi_api.Attention (attention_op.h) and
-// phi_api.Q4MatMul.
+// phi-api's custom operators for ONNX Runtime, in one library: phi_api.Attention and phi_api.AttentionFloat
+// (attention_op.h) and phi_api.Q4MatMul.
 //
 // phi_api.Q4MatMul: the kernel of q4_kernel.h in the decoder graph, in place of
 // MatMulNBits (4 bits, blocks of 128, no zero points; see rewrite.py). Inputs: A [..., K] float, the repacked
@@ -112,7 +112,8 @@ extern "C" {
 // as the library (ONNX Runtime keeps pointers to them), hence the static storage.
 OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   static Q4Op op;
-  static attn_op::Op attention;
+  static attn_op::Op<attn::Int8Cache> attention;
+  static attn_op::Op<attn::FloatCache> float_attention;
   static std::mutex mutex;
   static std::vector<Ort::CustomOpDomain> domains;
   Ort::InitApi(api_base->GetApi(ORT_API_VERSION));
@@ -121,6 +122,7 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
     Ort::CustomOpDomain domain("phi_api");
     domain.Add(&op);
     domain.Add(&attention);
+    domain.Add(&float_attention);
     Ort::UnownedSessionOptions(options).Add(domain);
     domains.push_back(std::move(domain));
   } catch (const Ort::Exception& error) {

@@ -1,11 +1,16 @@
-"""The int8 decoder graph with phi-api's attention operator in place of ONNX Runtime's GroupQueryAttention.
+"""The decoder graph with phi-api's attention operator in place of ONNX Runtime's GroupQueryAttention.
 
 A node is replaced when the operator computes exactly what it does (see
 ``engine/kernels/attention_reference.py``): a packed query, key and value; int8 keys and values with one scale per
-head and channel (the graph :mod:`engine.runtime.quant` writes); no position ids, attention bias, head sink,
-softcap, smooth softmax or scores output; causal; a head size the kernel takes. Either every attention node of the
-graph qualifies, or none is replaced: the cache's layout is the operator's (tiles of 16 tokens) in every layer or
-in none. The new graph sits beside the int8 one and shares its weights.
+head and channel (the graph :mod:`engine.runtime.quant` writes: ``phi_api.Attention``) or float32 ones
+(``phi_api.AttentionFloat``); no position ids, attention bias, head sink, softcap, smooth softmax or scores output;
+causal; a head size the kernel takes. Either every attention node of the graph qualifies, or none is replaced: the
+cache's layout is the operator's (tiles of 16 tokens) in every layer or in none. The new graph sits beside the one
+it is made from and shares its weights.
+
+Beside computing attention in one pass over keys that stay in cache, the operator takes several new tokens for
+each of several rows in one step (GroupQueryAttention only for a batch of one): drafts are then checked in the
+batched step (:mod:`engine.sched.verify`).
 
 ``ATTENTION_KERNEL`` chooses: ``auto`` swaps where the library runs here (AVX-512 VNNI), ``phi-api`` demands it,
 ``onnxruntime`` keeps GroupQueryAttention.
@@ -24,9 +29,8 @@ from phi_api.errors import KernelError
 
 log = logging.getLogger(__name__)
 
-OP_TYPE = "Attention"
+OP_TYPES = {"int8": "Attention", "float32": "AttentionFloat"}  # by the keys' and values' type
 VERSION = 1  # bump when the operator's cache layout or this rewrite changes
-ATTENTION_FILE = f"model.kv-int8-attention.v{VERSION}.onnx"
 LAYOUT = "tiles16"  # the cache layout the operator keeps (DecoderSpec.kv_layout)
 KEPT = ("num_heads", "kv_num_heads", "scale", "do_rotary", "rotary_interleaved", "local_window_size")
 NEUTRAL = {"softcap": 0.0, "smooth_softmax": (-1, 0), "qk_output": 0, "causal": 1, "sliding_window_cache": 0}
@@ -44,14 +48,29 @@ def _neutral(name: str, value: Any) -> bool:
     return value in wanted if isinstance(wanted, tuple) else value == wanted
 
 
-def refusal(node: Any, head_size: int) -> str:
-    """Why the operator cannot stand in for ``node`` (empty: it can)."""
+def attention_file(cache: str) -> str:
+    """The swapped graph's file name, beside the graph it is made from, for keys and values of type ``cache``."""
+    return f"model.kv-{cache}-attention.v{VERSION}.onnx"
+
+
+def cache_kind(node: Any) -> str:
+    """``int8`` (per channel) or ``float32`` (not quantized) for a GroupQueryAttention node's keys and values; empty
+    for any other kind (whose elements, float32 or float16, the graph's declared inputs tell)."""
+    attributes = _attributes(node)
+    quant = (attributes.get("k_quant_type"), attributes.get("v_quant_type"), attributes.get("kv_cache_bit_width"))
+    if quant == (b"PER_CHANNEL", b"PER_CHANNEL", 8):
+        return "int8"
+    return "float32" if quant[0] in (None, b"NONE") and quant[1] in (None, b"NONE") and not quant[2] else ""
+
+
+def refusal(node: Any, head_size: int, cache: str) -> str:
+    """Why the operator cannot stand in for ``node``, whose keys and values the graph declares of type ``cache``
+    (empty: it can)."""
     attributes = _attributes(node)
     inputs = list(node.input) + [""] * (14 - len(node.input))
-    quant = (attributes.get("k_quant_type"), attributes.get("v_quant_type"), attributes.get("kv_cache_bit_width"))
     checks = [
         (node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft", "not GroupQueryAttention"),
-        (quant == (b"PER_CHANNEL", b"PER_CHANNEL", 8), "keys and values not int8 per channel"),
+        (cache in OP_TYPES and cache_kind(node) == cache, "keys and values neither int8 per channel nor float32"),
         (not inputs[1] and not inputs[2], "query, key and value not packed"),
         (not any(inputs[9:12]) and len(node.input) <= 14, "position ids, attention bias or head sink given"),
         (all(_neutral(name, attributes[name]) for name in NEUTRAL if name in attributes),
@@ -68,42 +87,47 @@ def swap(model: Any, head_size: int | None = None) -> int:
 
     graph = model.graph
     nodes = [node for node in graph.node if node.op_type == "GroupQueryAttention"]
-    if head_size is None:
-        head_size = _head_size(graph, nodes)
+    declared_size, cache = _cache(graph, nodes)
+    head_size = declared_size if head_size is None else head_size
     for node in nodes:
-        reason = refusal(node, head_size)
+        reason = refusal(node, head_size, cache)
         if reason:
             raise KernelError(f"{node.name or node.output[0]}: phi-api's attention cannot stand in for it ({reason})")
     for node in nodes:
         attributes = {name: value for name, value in _attributes(node).items() if name in KEPT}
         inputs = list(node.input)[:14]
-        node.CopyFrom(helper.make_node(OP_TYPE, inputs, list(node.output)[:3], name=node.name, domain=DOMAIN,
-                                       **attributes))
+        node.CopyFrom(helper.make_node(OP_TYPES[cache], inputs, list(node.output)[:3], name=node.name,
+                                       domain=DOMAIN, **attributes))
     if nodes and not any(opset.domain == DOMAIN for opset in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return len(nodes)
 
 
-def _head_size(graph: Any, nodes: list[Any]) -> int:
-    """The head size, from the graph's declared cache inputs."""
+def _cache(graph: Any, nodes: list[Any]) -> tuple[int, str]:
+    """The head size and the keys' and values' type (``int8``, ``float32``, or another), from the graph's declared
+    cache inputs."""
+    from onnx import helper
+
     declared = {value.name: value for value in graph.input}
     for node in nodes:
         cache = declared.get(node.input[3]) if len(node.input) > 3 else None
         if cache is not None:
-            return int(cache.type.tensor_type.shape.dim[3].dim_value)
-    return 0
+            tensor = cache.type.tensor_type
+            kind = str(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+            return int(tensor.shape.dim[3].dim_value), kind
+    return 0, ""
 
 
-def attention_model(int8_file: Path, choice: str, library: str, head_size: int) -> Path | None:
-    """The graph with the operator beside ``int8_file`` (made now if missing), or None where GroupQueryAttention
-    serves: ``choice`` is onnxruntime, or auto and the operator cannot serve this graph or this machine.
-    KernelError when phi-api's is demanded and cannot serve."""
+def attention_model(graph_file: Path, cache: str, choice: str, library: str, head_size: int) -> Path | None:
+    """The graph with the operator beside ``graph_file`` (keys and values of type ``cache``; made now if missing),
+    or None where GroupQueryAttention serves: ``choice`` is onnxruntime, or auto and the operator cannot serve this
+    graph or this machine. KernelError when phi-api's is demanded and cannot serve."""
     if choice == "onnxruntime":
         return None
     reason = "" if library else "phi-api's kernel library cannot run here"
-    target = int8_file.parent / ATTENTION_FILE
+    target = graph_file.parent / attention_file(cache)
     if not reason and not target.is_file():
-        reason = _write(int8_file, target, head_size)
+        reason = _write(graph_file, target, head_size)
     if reason:
         if choice == "phi-api":
             raise KernelError(f"ATTENTION_KERNEL is phi-api, but {reason}")
@@ -112,17 +136,17 @@ def attention_model(int8_file: Path, choice: str, library: str, head_size: int) 
     return target
 
 
-def _write(int8_file: Path, target: Path, head_size: int) -> str:
+def _write(graph_file: Path, target: Path, head_size: int) -> str:
     """Write the swapped graph to ``target``: empty, or why it could not be."""
     import onnx
 
-    model = onnx.load(str(int8_file), load_external_data=False)
+    model = onnx.load(str(graph_file), load_external_data=False)
     try:
         if swap(model, head_size) == 0:
             return "the graph has no GroupQueryAttention node"
     except KernelError as exc:
         return str(exc)
-    handle, staging = tempfile.mkstemp(prefix=".kv-int8-attention-", suffix=".onnx", dir=target.parent)
+    handle, staging = tempfile.mkstemp(prefix=".attention-", suffix=".onnx", dir=target.parent)
     os.close(handle)
     try:
         onnx.save(model, staging)

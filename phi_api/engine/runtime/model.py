@@ -201,13 +201,16 @@ class LanguageModel:
             spec = dataclasses.replace(spec, custom_ops=library)
         self.decoder_file = prepacked_model(source, decoder_file, cache_dir / "prepacked", spec)
         self.spec = Decoder(self.decoder_file, spec, threads=1).spec
+        cache = "float32"
         if self._int8_wanted(kv_dtype, root):
             from phi_api.engine.runtime.quant import int8_model
 
             self.decoder_file = int8_model(self.decoder_file, self.spec, self._calibration_ids(),
                                            threads=os.cpu_count() or 1)
-            self._own_attention(attention_kernel, cache_dir)
-            self.spec = Decoder(self.decoder_file, self.spec, threads=1).spec
+            cache = "int8"
+        if self.decoder_file.parent != root:  # a folder of ours to write the operator's graph in
+            self._own_attention(cache, attention_kernel, cache_dir)
+        self.spec = Decoder(self.decoder_file, self.spec, threads=1).spec
         self.spec = dataclasses.replace(self.spec, row_wise=row_wise(self.decoder_file))
         self.guides = GuideFactory(root / "tokenizer.json", self.info.vocab_size, self.info.eos_token_ids)
         # Read once, at load (before gunicorn forks), without keeping the table: workers that never answer with
@@ -235,16 +238,16 @@ class LanguageModel:
             return False
         return True
 
-    def _own_attention(self, choice: str, cache_dir: Path) -> None:
-        """The int8 graph with phi-api's attention operator, where ``choice`` (ATTENTION_KERNEL) and the machine
-        allow: its keys and values then sit in the operator's layout."""
+    def _own_attention(self, cache: str, choice: str, cache_dir: Path) -> None:
+        """The graph (keys and values of type ``cache``) with phi-api's attention operator, where ``choice``
+        (ATTENTION_KERNEL) and the machine allow: its keys and values then sit in the operator's layout."""
         from phi_api.engine.kernels.op import find_library
         from phi_api.engine.runtime.attention import LAYOUT, attention_model
 
         library, reason = find_library(cache_dir)
         if library is None and choice == "phi-api":
             raise KernelError(f"ATTENTION_KERNEL is phi-api, but phi-api's kernel library cannot run here: {reason}")
-        found = attention_model(self.decoder_file, choice, str(library or ""), self.spec.head_size)
+        found = attention_model(self.decoder_file, cache, choice, str(library or ""), self.spec.head_size)
         if found is not None:
             self.decoder_file = found
             self.spec = dataclasses.replace(self.spec, custom_ops=str(library), kv_layout=LAYOUT, multi_token_rows=True)
