@@ -1,8 +1,10 @@
-"""Drafts that change no answer, on a graph of phi-api's own operators: a tiny Phi-3 with Phi-3.5-mini's recipe
-(4-bit weights, int8 keys and values) served twice from one models file, with drafts and without, by one real
+"""Drafts that change no answer: a model served twice from one models file, with drafts and without, by one real
 gunicorn worker, asked through the openai SDK. A draft's check gives each of its tokens the bits one-token steps give
 it, so greedy and seeded answers and their log-probabilities are the same with speculation on and off, alone and
-beside seven other streams, while drafts are kept (beside the others, checked in their batched step).
+beside seven other streams, while drafts are kept (beside the others, checked in their batched step). Two models:
+a tiny Phi-3 with Phi-3.5-mini's recipe (4-bit weights, int8 keys and values: a graph of phi-api's own operators,
+row-wise), and the default model at its defaults (ONNX Runtime's 8-bit and float32 matrices, which compute rows in
+pairs, and phi-api's attention over float32 keys and values: BATCH_INVARIANT's even steps make checks exact).
 
 Where the CPU lacks AVX-512 VNNI, ONNX Runtime's operators serve, whose checks compute other last bits than one-token
 steps (docs/identical-answers.md): there the test checks that /v1/status says which attention serves."""
@@ -30,12 +32,13 @@ PROBES = [(prompt, kind) for prompt in PROMPTS for kind in KINDS]
 NOISE = [f"Tell me about the number {n}, at length." for n in range(7)]
 
 
-@pytest.fixture(scope="module")
-def twice(tiny_phi3, logs_dir, tmp_path_factory):
+@pytest.fixture(scope="module", params=["phi-3.5 recipe", "default model"])
+def twice(request, tiny_phi3, model_path, logs_dir, tmp_path_factory):
     listing = tmp_path_factory.mktemp("draft-identity") / "models.json"
+    path, cache = (str(tiny_phi3), "int8") if request.param == "phi-3.5 recipe" else (model_path, "auto")
     listing.write_text(json.dumps({"models": [
-        {"id": "drafts", "path": str(tiny_phi3), "options": {"KV_CACHE_DTYPE": "int8", "SPECULATIVE_DRAFT_MAX": 8}},
-        {"id": "plain", "path": str(tiny_phi3), "options": {"KV_CACHE_DTYPE": "int8", "SPECULATIVE_DRAFT_MAX": 0}},
+        {"id": "drafts", "path": path, "options": {"KV_CACHE_DTYPE": cache, "SPECULATIVE_DRAFT_MAX": 8}},
+        {"id": "plain", "path": path, "options": {"KV_CACHE_DTYPE": cache, "SPECULATIVE_DRAFT_MAX": 0}},
     ]}))
     with Server(logs_dir, MODELS_FILE=str(listing), WEB_CONCURRENCY=1, MAX_CONCURRENT_REQUESTS=16) as running:
         yield running
@@ -72,7 +75,9 @@ def test_answers_are_the_same_with_drafts_and_without_alone_and_beside_seven_str
         return  # ONNX Runtime's operators serve: their checks are not one-token steps' bits, and nothing promises it
     client = OpenAI(base_url=twice.url + "/v1", api_key="none", max_retries=0, timeout=300)
     plain = [answer(client, "plain", prompt, kind) for prompt, kind in PROBES]
-    assert all(len(tokens) >= 16 for tokens in plain) and len({tuple(tokens) for tokens in plain}) > len(PROMPTS)
+    # answers long enough to part somewhere (the default model ends a few short), and not all alike
+    assert sum(len(tokens) >= 16 for tokens in plain) >= len(plain) // 2
+    assert len({tuple(tokens) for tokens in plain}) > len(PROMPTS)
     assert [answer(client, "drafts", prompt, kind) for prompt, kind in PROBES] == plain
     alone_kept = kept_drafts(twice)
     assert alone_kept >= 16  # the answers were drafted, not merely decoded a token at a time

@@ -6,9 +6,9 @@
   in numpy; ``q4_vnni.cpp`` and :mod:`.native` call the kernel through ctypes for the tests and
   ``phi-api bench kernels``.
 - The attention over int8 keys and values, or float32 ones: ``attention_kernel.h``, the operators
-  ``phi_api.Attention`` and ``phi_api.AttentionFloat`` (``attention_op.h``); :mod:`phi_api.engine.runtime.attention` swaps GroupQueryAttention nodes for it
-  (``ATTENTION_KERNEL``); :mod:`.attention_reference` computes the same in numpy and :mod:`.attention_graph` makes
-  one-node graphs for the tests and ``phi-api bench attention``.
+  ``phi_api.Attention`` and ``phi_api.AttentionFloat`` (``attention_op.h``); :mod:`phi_api.engine.runtime.attention`
+  swaps GroupQueryAttention nodes for them (``ATTENTION_KERNEL``); :mod:`.attention_reference` computes the same
+  in numpy and :mod:`.attention_graph` makes one-node graphs for the tests and ``phi-api bench attention``.
 
 ``ops.cpp`` registers the operators; :mod:`.op` builds the library and finds it (in the cache, or in ``prebuilt/``,
 where the Docker image ships it).

@@ -74,11 +74,12 @@ class ContinuousBatch:
         self.policy = policy
         self.planner = planner
         self.publish = publish
-        # Where a check gives each token the bits one-token steps give it (a graph of row-wise operators), drafts change
-        # no answer: any source drafts and checks are made where they pay, batch-invariant or not. Elsewhere a key's
-        # earlier answers as drafts, or checks decided by timings, would make an answer depend on them: batch-invariant,
-        # only the request's own tokens (and its prediction) draft, and every draft is checked as alone.
-        exact_checks = decoder.spec.row_wise
+        # Where a check gives each token one-token steps' bits (row-wise operators; phi-api's attention with an even
+        # number of token-rows a step, batch-invariant: engine.sched.padding), drafts change no answer: any source
+        # drafts, checks are made where they pay. Elsewhere, batch-invariant, only the request's own tokens (and its
+        # prediction) draft, and every draft is checked as alone: timings and other keys change no answer.
+        paired = invariant and not decoder.spec.row_wise
+        exact_checks = decoder.spec.row_wise or (paired and decoder.spec.multi_token_rows)
         histories = Histories(history_tokens if draft_max and (exact_checks or not invariant) else 0)
         self.outputs = Outputs(model.info.eos_token_ids, self.kv, publish, histories)
         self.scheduler = Scheduler(model, self.kv, planner, self.outputs, draft_max)
@@ -86,11 +87,10 @@ class ContinuousBatch:
         self.prefilling = self.scheduler.prefilling
         self._switch = decoder.spec.rope_switch
         self.costs = planner.costs
-        # Batch-invariant, odd steps take a padding row, unless every operator computes a row on its own anyway.
-        self.padding = Padding(self.rows, self._switch) if invariant and not decoder.spec.row_wise else None
+        self.padding = Padding(self.rows, self._switch) if paired else None  # odd steps take a padding row
         self.endings = Endings(self.waiting, self.prefilling, self.kv, self.outputs, publish)
         self.speculation = Speculation(self.rows, policy, self.costs, self.outputs, self.endings, self.step,
-                                       self._switch, invariant and not exact_checks)
+                                       self._switch, invariant and not exact_checks, paired)
         # Drafts checked within the batched step where the graph allows, unless rows must check theirs as alone.
         self._checks_in_step = decoder.spec.multi_token_rows and not self.speculation.invariant
 

@@ -50,8 +50,9 @@ from phi_api.engine.sched.stepcost import StepCosts
 class Speculation:
     """The drafting part of a batch's decode, with what it uses of its batch: the rows, the reuse mode (which of a
     row's tokens are reusable), the step costs, the output handling every kept token goes through, the endings of a
-    row that fails, the batch's one ``step`` (timed into the costs), LongRoPE's switch, and whether every row
-    checks its drafts as when alone (``BATCH_INVARIANT`` where checks are not one-token steps' bits)."""
+    row that fails, the batch's one ``step`` (timed into the costs), LongRoPE's switch, whether every row
+    checks its drafts as when alone (``BATCH_INVARIANT`` where checks are not one-token steps' bits), and whether every
+    step holds an even number of token-rows (``paired``: ONNX Runtime's matrix kernels compute rows in pairs)."""
 
     rows: RowTable
     policy: ReusePolicy
@@ -61,6 +62,7 @@ class Speculation:
     step: Callable[..., np.ndarray]
     switch: int | None
     invariant: bool
+    paired: bool = False
 
     def advance(self) -> set[int]:
         """Check every running row that has a draft; the ids of the rows that advanced and still run."""
@@ -90,11 +92,13 @@ class Speculation:
 
     def in_step(self, first: int, end: int) -> bool:
         """The running rows ``[first, end)`` (a LongRoPE group) advanced in one step that checks their drafts: each
-        row brings its pending token and its draft, padded to the longest; the tokens past a row's draft are computed
-        and dropped (their keys and values are overwritten by the row's next step). False, with nothing done, when no
-        draft is worth it: the caller takes the plain step."""
+        row brings its pending token and its draft, padded to the longest (and to an even number of token-rows where
+        the step must be ``paired``); the tokens past a row's draft are computed and dropped (their keys and values are
+        overwritten by the row's next step). False, with nothing done, when no draft is worth it: the caller takes the
+        plain step."""
         rows = self.rows.group(first, end)
-        space = min(self._space(row) for row in rows)  # every row holds the step's padded tokens
+        odd = self.paired and len(rows) % 2 == 1  # then an even number of tokens a row: one may be padding
+        space = min(self._space(row) for row in rows) - odd  # every row holds the step's padded tokens
         drafts = [row.drafter.propose(min(space, self._room(row))) for row in rows]
         if self._alone(rows, rows[0]):
             length = max(map(len, drafts))
@@ -110,6 +114,7 @@ class Speculation:
         width = 1 + max(map(len, checked))
         if width == 1:
             return False
+        width += odd and width % 2
         ids = np.array([[row.pending, *draft] + [PAD_TOKEN] * (width - 1 - len(draft))
                         for row, draft in zip(rows, checked, strict=True)], dtype=np.int64)
         started = self.costs.clock()

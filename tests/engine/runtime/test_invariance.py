@@ -73,3 +73,40 @@ def test_a_graph_of_row_wise_operators_gives_a_row_the_same_bits_at_any_row_coun
     steps = [(0, 1, 0), (3, 1, 0), (0, 3, 0), (2, 3, 1), (0, 5, 3), (0, 2, 0), (3, 5, 0)]
     seen = target_logits(model.new_decoder(2), steps, seed=5, vocab=1000)
     assert all(np.array_equal(seen[0], logits) for logits in seen[1:])
+
+
+def test_with_phi_api_s_attention_a_check_in_an_even_step_gives_each_token_one_token_steps_bits(model_path):
+    """The default model (ONNX Runtime's 8-bit and float32 matrices) with phi-api's attention over its float32 keys
+    and values: drafts of several rows checked in one step of an even number of token-rows give each token the bits
+    of one-token steps of two rows (what BATCH_INVARIANT's padding makes every step), whatever the rows and tokens a
+    row (odd ones included, with an even count of rows). The scheduler never takes an odd number of token-rows there
+    (engine.sched.verify), whose last one ONNX Runtime computes alone, in another order."""
+    from phi_api.engine.kernels.native import unsupported
+    from phi_api.engine.runtime.model import LanguageModel
+    from phi_api.settings import cache_root
+
+    model = LanguageModel(model_path, cache_dir=cache_root() / "runtime")
+    assert model.spec.multi_token_rows == (unsupported() is None)
+    if not model.spec.multi_token_rows:
+        return  # no AVX-512 VNNI: GroupQueryAttention serves, and checks stay steps of their own
+    decoder = model.new_decoder(2)
+    pool = KVPool(decoder.spec, 10, 512)
+    prompt, tokens = np.arange(1000, 1150, dtype=np.int64), [5, 77, 901, 33, 42, 7, 100, 2000, 15]
+    try:
+        def prefill(rows: range) -> None:
+            for row in rows:
+                for start in range(0, len(prompt), 64):
+                    decoder.step(pool, row, prompt[None, start:start + 64], np.array([start]), True)
+
+        prefill(range(2))
+        one = [decoder.step(pool, 0, np.array([[token], [0]]), np.array([len(prompt) + index, 9]), False)[0].copy()
+               for index, token in enumerate(tokens)]
+        for rows, new in ((1, 6), (2, 9), (3, 4), (8, 9), (9, 2)):
+            prefill(range(rows))
+            checked = decoder.step(pool, 0, np.array([tokens[:new]] * rows), np.full(rows, len(prompt)), False,
+                                   every_position=True)
+            assert all(np.array_equal(checked[row, index], one[index]) for row in range(rows)
+                       for index in range(new)), (rows, new)
+    finally:
+        decoder.unbind()
+        pool.close()

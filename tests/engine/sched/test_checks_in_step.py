@@ -20,9 +20,9 @@ PIECES = text_pieces(*[f" w{token}".encode() for token in SCRIPT])
 
 
 def answers(draft_max: int, params: list[dict], *, check_token_seconds: float = 0.0,
-            prompts: list[list[int]] | None = None) -> tuple[list[tuple[str, str, int]], list[str]]:
+            prompts: list[list[int]] | None = None, **options) -> tuple[list[tuple[str, str, int]], list[str]]:
     """Every request's (text, reason, tokens), submitted together (no step until all are in), and the steps."""
-    engine = fake_engine(SCRIPT, PIECES, draft_max=draft_max, prefill_chunk=64, multi_token_rows=True)
+    engine = fake_engine(SCRIPT, PIECES, draft_max=draft_max, prefill_chunk=64, multi_token_rows=True, **options)
     script = engine.model.script
     script.check_token_seconds = check_token_seconds
     script.gate = threading.Semaphore(0)
@@ -94,3 +94,20 @@ def test_the_common_length_is_the_one_that_pays_best():
     costs.observe_wide(6, 0.011)
     assert costs.batch_check_length([(4, 0.5), (4, 0.5)], 3) == 1  # 4 tokens in 11 ms: one draft token a row
     assert costs.batch_check_length([(4, 4.0), (4, 4.0)], 3) == 4  # 11 tokens in 20 ms against 5 in 11 ms
+
+
+@pytest.mark.parametrize("requests", [1, 2, 3, 5])
+def test_batch_invariant_where_matrices_pair_rows_every_check_holds_an_even_number_of_token_rows(requests):
+    """BATCH_INVARIANT on a graph whose matrix kernels compute rows in pairs (not row-wise) but whose attention takes
+    several new tokens a row: a check in the batched step gives each token one-token steps' bits when the step holds an
+    even number of token-rows, so every check step does (an odd number of rows checks an even number of tokens each),
+    and checks are made there as where they pay."""
+    params = [{"max_tokens": 30 + 3 * index} for index in range(requests)]
+    plain, _ = answers(0, params, batch_invariant=True)
+    drafted, steps = answers(8, params, batch_invariant=True)
+    assert drafted == plain
+    shapes = [tuple(map(int, step.split(":")[1].split("x"))) for step in steps if step.startswith("checks:")]
+    checks = [int(step.split(":")[1]) for step in steps if step.startswith("check:")]  # one row alone
+    assert shapes or checks
+    assert all(rows * tokens % 2 == 0 for rows, tokens in shapes) and all(tokens % 2 == 0 for tokens in checks)
+    assert all(step.split(":")[1] != "1" for step in steps if step.startswith("decode:"))  # padded plain steps
