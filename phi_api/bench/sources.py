@@ -1,6 +1,8 @@
 """``python -m phi_api bench sources``: where drafts come from, on workloads one key repeats, in one run.
 
-Three servers of one worker each, with ``BATCH_INVARIANT=false`` (a key's history drafts only then): ``off``
+Three servers of one worker each, at the server's defaults (``BATCH_INVARIANT`` on: a key's history drafts there
+where a check gives one-token steps' bits, as with phi-api's attention on a CPU with AVX-512 VNNI; elsewhere only
+with ``--no-invariant``): ``off``
 (no speculation), ``prompt`` (drafts from the request's own tokens; ``SPECULATIVE_HISTORY_TOKENS=0``) and
 ``history`` (also from the key's earlier answers). Each workload runs as one key's requests, one at a time, on the
 three servers in turn (the order rotating each run); its time is the sum of its requests' times, and a server's
@@ -105,11 +107,11 @@ def by_source(server: Server) -> dict[str, float]:
             if sample.name == "phi_api_draft_source_tokens_total"}
 
 
-def measure(model_path: str, runs: int) -> dict[str, Any]:
-    report: dict[str, Any] = {}
+def measure(model_path: str, runs: int, invariant: bool = True) -> dict[str, Any]:
+    report: dict[str, Any] = {"batch_invariant": invariant}
     with tempfile.TemporaryDirectory() as logs:
         common: dict[str, Any] = {"MODEL_PATH": model_path, "MODEL_ID": MODEL_ID, "WEB_CONCURRENCY": 1,
-                                  "BATCH_INVARIANT": "false"}
+                                  "BATCH_INVARIANT": str(invariant).lower()}
         servers = {name: Server(Path(logs), **common, **env).start() for name, env in SERVERS.items()}
         try:
             for server in servers.values():  # the first request of a worker pays for warm-up
@@ -152,12 +154,13 @@ def table(report: dict[str, Any]) -> str:
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", required=True, help="model folder the three servers serve")
     parser.add_argument("--runs", type=int, default=3, help="repetitions (medians are reported)")
+    parser.add_argument("--no-invariant", action="store_true", help="serve with BATCH_INVARIANT=false")
     parser.add_argument("--out", default="bench/results/bench-sources.json", help="the JSON report")
 
 
 def main(args: argparse.Namespace) -> int:
     say(f"servers on {args.model_path}: speculation off, from the prompt, and from the key's history too")
-    report = measure(args.model_path, args.runs)
+    report = measure(args.model_path, args.runs, invariant=not args.no_invariant)
     emit(report, args.out)
     print(table(report))
     return 0

@@ -256,7 +256,8 @@ def step_costs(model_path: str, max_k: int, reps: int = 7) -> dict[str, list[flo
 
 def project(traces: list[list[tuple[int, int]]], costs: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     """The replayed steps, and the speed-up each model's step costs give at their acceptance: one row checking
-    its drafts, and 8 rows in lockstep checking theirs in one step (what ONNX Runtime does not allow)."""
+    its drafts, and 8 rows in lockstep checking theirs in one step (as phi-api's attention allows;
+    GroupQueryAttention does not)."""
     steps = [step for trace in traces for step in trace]
     checks = [(k, kept) for k, kept in steps if k]
     tokens = sum(kept + 1 for _, kept in steps)
