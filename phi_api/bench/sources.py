@@ -143,6 +143,8 @@ def table(report: dict[str, Any]) -> str:
     rows = ["| Workload | prompt / off | history / off | Kept of checked (history server), by source |",
             "|---|---|---|---|"]
     for workload, result in report.items():
+        if workload == "batch_invariant":
+            continue
         drafts = result["history"]["drafts"]
         kept = ", ".join(f"{source} {drafts.get(source + '_kept', 0):.0f}/{drafts.get(source + '_checked', 0):.0f}"
                          for source in ("prompt", "prediction", "history") if drafts.get(source + "_checked"))

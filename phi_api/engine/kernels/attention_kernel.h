@@ -324,12 +324,23 @@ struct FloatCache {
     query.scale = 1.0f;
   }
 
-  // Channel by channel across the step's tiles: NQ x 4 independent chains, each summing its channels in order (a
-  // query's bits do not depend on the queries or tiles beside it).
+  // NQ x 4 independent chains, each summing its channels in order (a query's bits do not depend on the queries or
+  // tiles beside it). Fewer queries than a full group (a decode step's, keys from memory): tile by tile, in the
+  // order the keys lie in memory, as Int8Cache::dots; a full group: channel by channel across the tiles.
   template <int NQ>
   static void scores(const float* k, int tiles, const Query* const* queries, int size, __m512 out[NQ][kSpan]) {
     for (int i = 0; i < NQ; ++i)
       for (int t = 0; t < kSpan; ++t) out[i][t] = _mm512_setzero_ps();
+    if constexpr (NQ < kTogether) {
+      for (int t = 0; t < kSpan; ++t) {
+        if (t >= tiles) break;
+        for (int d = 0; d < size; ++d) {
+          const __m512 key = _mm512_loadu_ps(k + t * kKeyTile * size + d * kKeyTile);
+          for (int i = 0; i < NQ; ++i) out[i][t] = _mm512_fmadd_ps(_mm512_set1_ps(queries[i]->x[d]), key, out[i][t]);
+        }
+      }
+      return;
+    }
     for (int d = 0; d < size; ++d) {
       __m512 q[NQ];
       for (int i = 0; i < NQ; ++i) q[i] = _mm512_set1_ps(queries[i]->x[d]);
