@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+from typing import Literal
 
 import openai
 import pytest
 from openai import OpenAI
+from pydantic import BaseModel
 
 from tests.integration.conftest import MODEL_ID
 from tests.support.server import Server
@@ -122,6 +124,12 @@ def test_another_keys_conversation_is_one_that_never_was(served):
     assert [item.content[0].text for item in mine.conversations.items.list(made.id).data] == ["secret plans"]
 
 
+class Word(BaseModel):
+    """A closed answer (strict JSON schema), as WORD above: each turn ends within its tokens whatever the weights."""
+
+    word: Literal["hello", "goodbye", "yes", "no"]
+
+
 def test_an_agents_conversations_session_over_two_turns(served):
     from agents import Agent, ModelSettings, OpenAIConversationsSession, Runner, set_tracing_disabled
     from agents.models.openai_responses import OpenAIResponsesModel
@@ -131,7 +139,7 @@ def test_an_agents_conversations_session_over_two_turns(served):
     async def run() -> list[dict]:
         http = openai.AsyncOpenAI(base_url=served.url + "/v1", api_key=TEAM_A, max_retries=0, timeout=300)
         session = OpenAIConversationsSession(openai_client=http)
-        agent = Agent(name="Assistant", instructions="Answer in one word.",
+        agent = Agent(name="Assistant", instructions="Answer in one word.", output_type=Word,
                       model=OpenAIResponsesModel(model=MODEL_ID, openai_client=http),
                       model_settings=ModelSettings(temperature=0, max_tokens=24))
         await Runner.run(agent, "Say hello.", session=session)
