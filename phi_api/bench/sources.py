@@ -108,7 +108,8 @@ def by_source(server: Server) -> dict[str, float]:
 
 
 def measure(model_path: str, runs: int, invariant: bool = True) -> dict[str, Any]:
-    report: dict[str, Any] = {"batch_invariant": invariant}
+    workloads: dict[str, Any] = {}
+    report: dict[str, Any] = {"batch_invariant": invariant, "workloads": workloads}
     with tempfile.TemporaryDirectory() as logs:
         common: dict[str, Any] = {"MODEL_PATH": model_path, "MODEL_ID": MODEL_ID, "WEB_CONCURRENCY": 1,
                                   "BATCH_INVARIANT": str(invariant).lower()}
@@ -127,12 +128,12 @@ def measure(model_path: str, runs: int, invariant: bool = True) -> dict[str, Any
                     say(f"{workload}, run {run + 1}/{runs}: " + ", ".join(f"{name} {times[name][-1]:.1f} s"
                                                                          for name in servers))
                 after = {name: by_source(server) for name, server in servers.items()}
-                report[workload] = {name: {"seconds": median(times[name]),
-                                           "speedup": median([off / own for off, own in
-                                                              zip(times["off"], times[name], strict=True)]),
-                                           "drafts": {key: after[name].get(key, 0.0) - before[name].get(key, 0.0)
-                                                      for key in after[name]}}
-                                    for name in servers}
+                workloads[workload] = {name: {"seconds": median(times[name]),
+                                              "speedup": median([off / own for off, own in
+                                                                 zip(times["off"], times[name], strict=True)]),
+                                              "drafts": {key: after[name].get(key, 0.0) - before[name].get(key, 0.0)
+                                                         for key in after[name]}}
+                                       for name in servers}
         finally:
             for server in servers.values():
                 server.stop()
@@ -142,9 +143,7 @@ def measure(model_path: str, runs: int, invariant: bool = True) -> dict[str, Any
 def table(report: dict[str, Any]) -> str:
     rows = ["| Workload | prompt / off | history / off | Kept of checked (history server), by source |",
             "|---|---|---|---|"]
-    for workload, result in report.items():
-        if workload == "batch_invariant":
-            continue
+    for workload, result in report["workloads"].items():
         drafts = result["history"]["drafts"]
         kept = ", ".join(f"{source} {drafts.get(source + '_kept', 0):.0f}/{drafts.get(source + '_checked', 0):.0f}"
                          for source in ("prompt", "prediction", "history") if drafts.get(source + "_checked"))

@@ -16,8 +16,8 @@ def test_the_workloads_are_one_key_s_repeated_requests():
 
 
 def test_the_table_gives_each_server_s_speed_up_and_the_kept_drafts_by_source():
-    report = {"batch_invariant": True,
-              "json": {"off": {"speedup": 1.0, "drafts": {}}, "prompt": {"speedup": 1.25, "drafts": {}},
-                       "history": {"speedup": 1.5, "drafts": {"prompt_checked": 40.0, "prompt_kept": 10.0,
-                                                              "history_checked": 30.0, "history_kept": 24.0}}}}
+    report = {"batch_invariant": True, "workloads": {
+        "json": {"off": {"speedup": 1.0, "drafts": {}}, "prompt": {"speedup": 1.25, "drafts": {}},
+                 "history": {"speedup": 1.5, "drafts": {"prompt_checked": 40.0, "prompt_kept": 10.0,
+                                                        "history_checked": 30.0, "history_kept": 24.0}}}}}
     assert table(report).splitlines()[-1] == "| json | 1.25x | 1.50x | prompt 10/40, history 24/30 |"

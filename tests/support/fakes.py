@@ -64,7 +64,7 @@ class FakeDecoder:
                  multi_token_rows: bool = False) -> None:
         self.script = script
         self.spec = DecoderSpec(layers=1, kv_heads=1, head_size=16, vocab_size=VOCAB, rope_switch=rope_switch,
-                                row_wise=row_wise, multi_token_rows=multi_token_rows)
+                                row_wise=row_wise, kv_layout="tiles16" if multi_token_rows else "")
         self._decode_steps = 0
 
     def step(self, kv: KVPool, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool,

@@ -237,48 +237,12 @@ struct Int8Cache {
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + t * kKeyTile * size + c * 32)));
   }
 
-  // The dot products of NQ queries with the `tiles` tiles of a step.
-  template <int NQ>
-  static void dots(const int8_t* k, int tiles, const Query* const* queries, int size, __m512i acc[NQ][kSpan]) {
-    for (int i = 0; i < NQ; ++i)
-      for (int t = 0; t < kSpan; ++t) acc[i][t] = _mm512_setzero_si512();
-    if constexpr (NQ < kTogether) {
-      // Fewer queries than a full group: a decode step's, whose keys come from memory once. They are read tile by
-      // tile, in the order they lie in memory: walked across the tiles (below), the reads of a step's 4 tiles
-      // interleave and the step waits on memory (one layer at Phi-3.5's shape, `bench attention --baseline`: 8
-      // rows at 4,096 keys 0.65x the time tile by tile, one row 0.91x; a prompt chunk's blocks read their keys from
-      // cache, and there the order below is no slower). Every accumulator sums the same products in the same order
-      // either way: the same bits.
-      for (int t = 0; t < kSpan; ++t) {
-        if (t >= tiles) break;
-        for (int c = 0; c < size / 2; ++c) {
-          const __m512i key = widened_keys(k, t, c, size);
-          for (int i = 0; i < NQ; ++i) {
-            const int32_t* pairs = reinterpret_cast<const int32_t*>(queries[i]->units);
-            acc[i][t] = _mm512_dpwssd_epi32(acc[i][t], _mm512_set1_epi32(pairs[c]), key);
-          }
-        }
-      }
-      return;
-    }
-    for (int c = 0; c < size / 2; ++c) {  // a full group: each pair of channels' broadcasts serve the step's tiles
-      __m512i q[NQ];
-      for (int i = 0; i < NQ; ++i) q[i] = _mm512_set1_epi32(reinterpret_cast<const int32_t*>(queries[i]->units)[c]);
-      for (int t = 0; t < kSpan; ++t) {
-        if (t >= tiles) break;
-        const __m512i key = widened_keys(k, t, c, size);
-        for (int i = 0; i < NQ; ++i) acc[i][t] = _mm512_dpwssd_epi32(acc[i][t], q[i], key);
-      }
-    }
-  }
-
-  template <int NQ>
-  static void scores(const int8_t* k, int tiles, const Query* const* queries, int size, __m512 out[NQ][kSpan]) {
-    __m512i acc[NQ][kSpan];  // NQ x 4 accumulators in registers
-    dots<NQ>(k, tiles, queries, size, acc);
-    for (int i = 0; i < NQ; ++i)
-      for (int t = 0; t < kSpan; ++t) out[i][t] = _mm512_cvtepi32_ps(acc[i][t]);
-  }
+  // What the keys' walk (scores, below) needs: a pair of channels per vpdpwssd.
+  static int key_steps(int size) { return size / 2; }
+  static int32_t query_word(const Query& query, int c) { return reinterpret_cast<const int32_t*>(query.units)[c]; }
+  static __m512i keys(const int8_t* k, int t, int c, int size) { return widened_keys(k, t, c, size); }
+  // The values' scale of channel d, applied once a query's walk is done (the outputs' finish).
+  static float value_unit(const Step<int8_t>& step, int h, int size, int d) { return step.value_scale[h * size + d]; }
 
   // The step's probabilities as 15-bit pairs, the largest one as their unit; returns the unit (0: none).
   static float probabilities(const __m512 s[kSpan], Running& run, Probabilities& pairs, float& rescale) {
@@ -324,33 +288,13 @@ struct FloatCache {
     query.scale = 1.0f;
   }
 
-  // NQ x 4 independent chains, each summing its channels in order (a query's bits do not depend on the queries or
-  // tiles beside it). Fewer queries than a full group (a decode step's, keys from memory): tile by tile, in the
-  // order the keys lie in memory, as Int8Cache::dots; a full group: channel by channel across the tiles.
-  template <int NQ>
-  static void scores(const float* k, int tiles, const Query* const* queries, int size, __m512 out[NQ][kSpan]) {
-    for (int i = 0; i < NQ; ++i)
-      for (int t = 0; t < kSpan; ++t) out[i][t] = _mm512_setzero_ps();
-    if constexpr (NQ < kTogether) {
-      for (int t = 0; t < kSpan; ++t) {
-        if (t >= tiles) break;
-        for (int d = 0; d < size; ++d) {
-          const __m512 key = _mm512_loadu_ps(k + t * kKeyTile * size + d * kKeyTile);
-          for (int i = 0; i < NQ; ++i) out[i][t] = _mm512_fmadd_ps(_mm512_set1_ps(queries[i]->x[d]), key, out[i][t]);
-        }
-      }
-      return;
-    }
-    for (int d = 0; d < size; ++d) {
-      __m512 q[NQ];
-      for (int i = 0; i < NQ; ++i) q[i] = _mm512_set1_ps(queries[i]->x[d]);
-      for (int t = 0; t < kSpan; ++t) {
-        if (t >= tiles) break;
-        const __m512 key = _mm512_loadu_ps(k + t * kKeyTile * size + d * kKeyTile);
-        for (int i = 0; i < NQ; ++i) out[i][t] = _mm512_fmadd_ps(q[i], key, out[i][t]);
-      }
-    }
+  // What the keys' walk (scores, below) needs: a channel per fused multiply-add.
+  static int key_steps(int size) { return size; }
+  static float query_word(const Query& query, int d) { return query.x[d]; }
+  static __m512 keys(const float* k, int t, int d, int size) {
+    return _mm512_loadu_ps(k + t * kKeyTile * size + d * kKeyTile);
   }
+  static float value_unit(const Step<float>&, int, int, int) { return 1.0f; }
 
   // The step's probabilities as they are; returns 1 (0: none).
   static float probabilities(const __m512 s[kSpan], Running& run, Probabilities& probs, float& rescale) {
@@ -368,6 +312,43 @@ struct FloatCache {
   static Acc madd(Acc acc, Acc p, Acc value) { return _mm512_fmadd_ps(p, value, acc); }
   static __m512 to_float(Acc acc) { return acc; }
 };
+
+// The raw scores of NQ queries against the `tiles` tiles of a step: NQ x 4 independent chains in registers, each
+// summing its channels in order (a query's bits do not depend on the queries or tiles beside it). Fewer queries than
+// a full group (a decode step's, whose keys come from memory once): tile by tile, in the order the keys lie in memory
+// (walked across the tiles, the reads of a step's 4 tiles interleave and the step waits on memory: one int8 layer at
+// Phi-3.5's shape, `bench attention --baseline`, 8 rows at 4,096 keys 0.65x the time tile by tile, one row 0.91x; a
+// prompt chunk's blocks read their keys from cache, where the order below is no slower); a full group: each
+// channel's broadcasts serve the step's tiles. Every chain sums the same products in the same order either way.
+template <class C, int NQ>
+inline void scores(const typename C::Value* k, int tiles, const typename C::Query* const* queries, int size,
+                   __m512 out[NQ][kSpan]) {
+  typename C::Acc acc[NQ][kSpan];
+  for (int i = 0; i < NQ; ++i)
+    for (int t = 0; t < kSpan; ++t) acc[i][t] = C::zero();
+  const int steps = C::key_steps(size);
+  if constexpr (NQ < kTogether) {
+    for (int t = 0; t < kSpan; ++t) {  // kSpan, not tiles: unrolled, the accumulators stay in registers
+      if (t >= tiles) break;
+      for (int c = 0; c < steps; ++c) {
+        const typename C::Acc key = C::keys(k, t, c, size);
+        for (int i = 0; i < NQ; ++i) acc[i][t] = C::madd(acc[i][t], C::broadcast(C::query_word(*queries[i], c)), key);
+      }
+    }
+  } else {
+    for (int c = 0; c < steps; ++c) {
+      typename C::Acc q[NQ];
+      for (int i = 0; i < NQ; ++i) q[i] = C::broadcast(C::query_word(*queries[i], c));
+      for (int t = 0; t < kSpan; ++t) {
+        if (t >= tiles) break;
+        const typename C::Acc key = C::keys(k, t, c, size);
+        for (int i = 0; i < NQ; ++i) acc[i][t] = C::madd(acc[i][t], q[i], key);
+      }
+    }
+  }
+  for (int i = 0; i < NQ; ++i)
+    for (int t = 0; t < kSpan; ++t) out[i][t] = C::to_float(acc[i][t]);
+}
 
 // The values of a step (the `tiles` tiles at v) weighted by NQ queries' probabilities (in the codec's units), into
 // their outputs: (query, 16 channels) accumulators over the step's tokens.
@@ -418,7 +399,7 @@ inline void walk(const typename C::Value* keys, const typename C::Value* values,
   for (int64_t t = first_tile; t < end_tile; t += kSpan) {
     const int tiles = static_cast<int>(std::min<int64_t>(kSpan, end_tile - t));
     __m512 s[NQ][kSpan];
-    C::template scores<NQ>(keys + t * tile_values, tiles, queries, size, s);
+    scores<C, NQ>(keys + t * tile_values, tiles, queries, size, s);
     masked<typename C::Query, NQ>(s, tiles, t * kKeyTile, queries);
     alignas(64) typename C::Probabilities probs[NQ];
     float unit[NQ], rescale[NQ];

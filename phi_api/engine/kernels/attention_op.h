@@ -3,9 +3,9 @@
 // are GroupQueryAttention's: the packed query, key and value [B, S, (N + 2 Nkv) D] (0), the past keys and values
 // (3, 4: in the kernel's layout, bound as the present ones too), seqlens_k (5: each row's length once the step's
 // tokens are in, minus one), total_sequence_length (6), the rotary tables (7, 8) and, for int8, the keys' and values'
-// scales per kv head and channel (12, 13); inputs 1, 2, 9, 10, 11 are absent. Unlike GroupQueryAttention, S new tokens may come for each of B > 1 rows of different lengths. Outputs: the
-// attention [B, S, N D], and the present keys and values (the past's buffers, written in place; copied first if
-// ONNX Runtime gave other buffers).
+// scales per kv head and channel (12, 13); inputs 1, 2, 9, 10, 11 are absent. Unlike GroupQueryAttention, S new
+// tokens may come for each of B > 1 rows of different lengths. Outputs: the attention [B, S, N D], and the present
+// keys and values (the past's buffers, written in place; copied first if ONNX Runtime gave other buffers).
 //
 // A step first writes every row's new keys and values (a task per row and kv head), then attends: a task per (row,
 // kv head, block of the group's queries, and for a lone block part of the keys), shared among ONNX Runtime's
@@ -68,13 +68,12 @@ template <class C>
 inline void finish(const Work<C>& work, int b, int h, int block, const attn::Running* running) {
   const attn::Step<typename C::Value>& step = *work.step;
   const int size = work.layer->head_size, count = block_queries(work, block);
-  const float* vscale = step.value_scale ? step.value_scale + h * size : nullptr;
   for (int i = 0; i < count; ++i) {
     int s, head;
     query_place(work, h, block, i, s, head);
     float* out = step.out + ((static_cast<int64_t>(b) * step.news + s) * work.layer->heads + head) * size;
     const float inverse = running[i].sum > 0.0f ? 1.0f / running[i].sum : 0.0f;
-    for (int d = 0; d < size; ++d) out[d] = running[i].out[d] * (vscale ? vscale[d] : 1.0f) * inverse;
+    for (int d = 0; d < size; ++d) out[d] = running[i].out[d] * C::value_unit(step, h, size, d) * inverse;
   }
 }
 
@@ -107,7 +106,8 @@ inline void attend_task(void* data, size_t index) {
                           task.end_tile, running);
     finish(work, task.b, task.h, task.block, running);
   } else {  // one part of a split block's keys
-    attn::attend<C>(step.keys + base, step.values + base, queries, count, size, task.first_tile, task.end_tile, running);
+    attn::attend<C>(step.keys + base, step.values + base, queries, count, size, task.first_tile, task.end_tile,
+                    running);
   }
 }
 

@@ -201,7 +201,7 @@ class LanguageModel:
             spec = dataclasses.replace(spec, custom_ops=library)
         self.decoder_file = prepacked_model(source, decoder_file, cache_dir / "prepacked", spec)
         self.spec = Decoder(self.decoder_file, spec, threads=1).spec
-        cache = "float32"
+        loaded, cache = self.decoder_file, "float32"
         if self._int8_wanted(kv_dtype, root):
             from phi_api.engine.runtime.quant import int8_model
 
@@ -210,7 +210,8 @@ class LanguageModel:
             cache = "int8"
         if self.decoder_file.parent != root:  # a folder of ours to write the operator's graph in
             self._own_attention(cache, attention_kernel, cache_dir)
-        self.spec = Decoder(self.decoder_file, self.spec, threads=1).spec
+        if self.decoder_file != loaded:  # another graph (int8 caches, the attention operator): its tensor types
+            self.spec = Decoder(self.decoder_file, self.spec, threads=1).spec
         self.spec = dataclasses.replace(self.spec, row_wise=row_wise(self.decoder_file))
         self.guides = GuideFactory(root / "tokenizer.json", self.info.vocab_size, self.info.eos_token_ids)
         # Read once, at load (before gunicorn forks), without keeping the table: workers that never answer with
@@ -250,7 +251,7 @@ class LanguageModel:
         found = attention_model(self.decoder_file, cache, choice, str(library or ""), self.spec.head_size)
         if found is not None:
             self.decoder_file = found
-            self.spec = dataclasses.replace(self.spec, custom_ops=str(library), kv_layout=LAYOUT, multi_token_rows=True)
+            self.spec = dataclasses.replace(self.spec, custom_ops=str(library), kv_layout=LAYOUT)
 
     def _calibration_ids(self) -> np.ndarray:
         """Token ids that show the model the kinds of text it meets: prose, code, tables, languages, a chat."""

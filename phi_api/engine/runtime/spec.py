@@ -39,9 +39,13 @@ class DecoderSpec:
     # Every operator computes a row on its own, in the same order at any row count (engine.runtime.rowwise): a step
     # needs no padding row to give a row the same bits alone and beside others.
     row_wise: bool = False
-    # A step may bring several new tokens to each of several rows (phi-api's attention operator takes them; ONNX
-    # Runtime's GroupQueryAttention only for a batch of one): drafts are then checked in the batched step.
-    multi_token_rows: bool = False
+
+    @property
+    def multi_token_rows(self) -> bool:
+        """A step may bring several new tokens to each of several rows (phi-api's attention operator, whose layout
+        the cache is in, takes them; ONNX Runtime's GroupQueryAttention only for a batch of one): drafts are then
+        checked in the batched step."""
+        return self.kv_layout == "tiles16"
 
     @property
     def kv_granule(self) -> int:
