@@ -277,12 +277,15 @@ def project(traces: list[list[tuple[int, int]]], costs: dict[str, dict[str, list
     }
 
 
-def measure_servers(model_path: str, runs: int, draft_max: int) -> tuple[dict[str, Any], list[Any]]:
+def measure_servers(model_path: str, runs: int, draft_max: int,
+                    draft_model: str = "") -> tuple[dict[str, Any], list[Any]]:
+    """Speculation on (with ``draft_model`` as its draft model, if any) and off, side by side."""
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as logs:
         common: dict[str, Any] = {"MODEL_PATH": model_path, "MODEL_ID": MODEL_ID, "WEB_CONCURRENCY": 1,
                   "MAX_CONCURRENT_REQUESTS": 2 * STREAMS}
-        with Server(Path(logs), **common) as on, Server(Path(logs), **common, SPECULATIVE_DRAFT_MAX=0) as off:
+        with Server(Path(logs), **common, SPECULATIVE_DRAFT_MODEL=draft_model) as on, \
+                Server(Path(logs), **common, SPECULATIVE_DRAFT_MAX=0) as off:
             servers = {"on": on, "off": off}
             for server in servers.values():  # the first request of a worker pays for warm-up
                 stream_completion(server.url, unique(chat_body(CHAT["story"], 8)), path=CHAT_PATH)
@@ -297,7 +300,8 @@ def run(args: Any) -> dict[str, Any]:
 
     draft_max = load_settings({}).SPECULATIVE_DRAFT_MAX
     say(f"servers on {args.model_path}: speculation on (draft max {draft_max}) and off, {args.runs} runs")
-    report, traces = measure_servers(args.model_path, args.runs, draft_max)
+    report, traces = measure_servers(args.model_path, args.runs, draft_max, args.draft_model_path or "")
+    report["draft_model_path"] = args.draft_model_path
     costs = {"model": step_costs(args.model_path, draft_max)}
     if args.shape_model_path:
         costs["shape"] = step_costs(args.shape_model_path, draft_max)
@@ -335,6 +339,7 @@ def table(report: dict[str, Any]) -> str:
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", required=True, help="model folder the two servers serve")
     parser.add_argument("--shape-model-path", help="also measure step costs on this (production-shaped) model")
+    parser.add_argument("--draft-model-path", help="a draft model (same vocabulary) for the server with speculation")
     parser.add_argument("--runs", type=int, default=3, help="repetitions (medians are reported)")
     parser.add_argument("--out", default="bench/results", help="folder for bench-spec.json")
 

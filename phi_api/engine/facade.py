@@ -80,8 +80,10 @@ class Generation:
 class Engine:
     """The model, its tokenizer and this process's engine loop."""
 
-    def __init__(self, model: Model, config: EngineConfig, memory: SharedBudget | None = None) -> None:
-        """``memory``: the worker's key/value budget, shared with its other engines (one of its own if none)."""
+    def __init__(self, model: Model, config: EngineConfig, memory: SharedBudget | None = None,
+                 draft: Model | None = None) -> None:
+        """``memory``: the worker's key/value budget, shared with its other engines (one of its own if none);
+        ``draft``: a draft model of the same vocabulary (:mod:`engine.sched.drafts`)."""
         self.model = model
         granule = model.spec.kv_granule
         if config.prefix_disk_dir and config.prefill_chunk % granule:
@@ -91,7 +93,8 @@ class Engine:
         self.config = config
         self.observers: list[Callable[[Choice, Finished], None]] = [
             lambda choice, finished: log_generation(choice, finished, config.name)]
-        self.loop = EngineLoop(model, config, report=self._report, memory=memory)
+        self.draft = draft
+        self.loop = EngineLoop(model, config, report=self._report, memory=memory, draft=draft)
         self.draining = False  # set when this worker starts shutting down
         self.loaded_at = int(time.time())
         self._timeout = config.timeout
@@ -103,6 +106,12 @@ class Engine:
     def info(self) -> ModelInfo:
         """Facts about the loaded model folder."""
         return self.model.info
+
+    @property
+    def folders(self) -> dict[str, int]:
+        """The model folders this engine maps (its model's, and its draft model's), and their files' bytes."""
+        models = [self.model] + ([self.draft] if self.draft is not None else [])
+        return {model.info.path: model.info.size_bytes for model in models}
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text`` (tokenized off the hub: see :func:`engine.threads.native.off_hub`)."""

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from phi_api.engine import EncoderEngine, EncoderInfo, Engine, EngineConfig, SharedBudget, is_encoder_folder
 from phi_api.errors import FolderError, ModelLoadingError
 from phi_api.models.sampling import sampling_defaults
 from phi_api.models.specs import ModelSpec, task_mismatch
 from phi_api.settings import Settings, engine_values
+
+if TYPE_CHECKING:
+    from phi_api.engine.runtime.model import LanguageModel
 
 
 def load_engine(settings: Settings, spec: ModelSpec, memory: SharedBudget | None = None) -> Engine | EncoderEngine:
@@ -40,15 +45,37 @@ def load_engine(settings: Settings, spec: ModelSpec, memory: SharedBudget | None
     if not os.path.isfile(os.path.join(path, "genai_config.json")):
         raise ModelLoadingError(path, "genai_config.json not found (not an ONNX Runtime GenAI model folder)",
                                 spec.id)
-    try:
-        model = LanguageModel(path, cache_dir=cache_root() / "runtime", kv_dtype=settings.KV_CACHE_DTYPE,
-                              int4_kernel=settings.INT4_KERNEL, attention_kernel=settings.ATTENTION_KERNEL)
-    except (oga.OgaError, PrepackError, GuidanceError, KernelError) as exc:
-        raise ModelLoadingError(path, str(exc), spec.id) from exc
-    except ORT_ERRORS + (DecodeError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadingError(path, f"unreadable model ({type(exc).__name__}: {exc})", spec.id) from exc
+    def language_model(folder: str) -> LanguageModel:
+        try:
+            return LanguageModel(folder, cache_dir=cache_root() / "runtime", kv_dtype=settings.KV_CACHE_DTYPE,
+                                 int4_kernel=settings.INT4_KERNEL, attention_kernel=settings.ATTENTION_KERNEL)
+        except (oga.OgaError, PrepackError, GuidanceError, KernelError) as exc:
+            raise ModelLoadingError(folder, str(exc), spec.id) from exc
+        except ORT_ERRORS + (DecodeError, ValueError, KeyError, TypeError) as exc:
+            raise ModelLoadingError(folder, f"unreadable model ({type(exc).__name__}: {exc})", spec.id) from exc
+
+    model = language_model(path)
+    draft = _draft_model(settings.SPECULATIVE_DRAFT_MODEL, model, language_model, spec.id)
     config = engine_config(settings, spec.id).replace(sampling_defaults=sampling_defaults(settings, path))
-    return Engine(model, config, memory)
+    return Engine(model, config, memory, draft=draft)
+
+
+def _draft_model(folder: str, model: LanguageModel, language_model: Callable[[str], LanguageModel],
+                 model_id: str) -> LanguageModel | None:
+    """The draft model in ``folder`` for ``model`` (None: no folder given), refused unless it is a generator of the
+    same vocabulary."""
+    if not folder:
+        return None
+    from phi_api.engine.sched.drafts import vocabulary_mismatch
+
+    if not os.path.isfile(os.path.join(folder, "genai_config.json")):
+        raise ModelLoadingError(folder, "the draft model (SPECULATIVE_DRAFT_MODEL) is no ONNX Runtime GenAI model "
+                                "folder", model_id)
+    draft = language_model(folder)
+    mismatch = vocabulary_mismatch(model, draft)
+    if mismatch is not None:
+        raise ModelLoadingError(folder, f"the draft model cannot draft for {model_id}: {mismatch}", model_id)
+    return draft
 
 
 def _load_encoder(settings: Settings, spec: ModelSpec) -> EncoderEngine:

@@ -232,10 +232,10 @@ class Models:
     # Memory ---------------------------------------------------------------------------------------
 
     def weights(self, without: tuple[Served, ...] = ()) -> int:
-        """Bytes of the loaded models' files (but ``without``'s), each folder once: their weights, which the workers
-        share (a folder served under several ids is mapped once)."""
-        return sum({served.engine.info.path: served.engine.info.size_bytes for served in self._served.values()
-                    if served not in without}.values())
+        """Bytes of the loaded models' files (but ``without``'s) and their draft models', each folder once: their
+        weights, which the workers share (a folder served under several ids is mapped once)."""
+        return sum({path: size for served in self._served.values() if served not in without
+                    for path, size in served.engine.folders.items()}.values())
 
     def check_memory(self, what: str, weights: int = 0, kv: int = 0, without: tuple[Served, ...] = ()) -> None:
         """:class:`InsufficientMemoryError` unless the loaded models (but ``without``), ``weights`` more and room

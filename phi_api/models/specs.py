@@ -130,9 +130,12 @@ def declared(settings: Settings, pull: bool = True) -> list[ModelSpec]:
     entries = document.get("models") if isinstance(document, dict) else document
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"MODELS_FILE {settings.MODELS_FILE}: a list of models, or {{\"models\": [...]}}")
-    specs = []
+    specs: list[ModelSpec] = []
+    drafts: dict[int, Any] = {}  # an entry's index: the id of its draft model
     for entry in entries:
         try:
+            if entry.get("draft") is not None:
+                drafts[len(specs)] = entry["draft"]
             path = entry.get("path")
             path = os.path.expanduser(path) if isinstance(path, str) else path  # "~/.cache/..." as a shell reads it
             if path is None and isinstance(entry.get("model"), str):  # a model by name: pulled unless cached
@@ -146,7 +149,17 @@ def declared(settings: Settings, pull: bool = True) -> list[ModelSpec]:
     ids = [spec.id for spec in specs]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"MODELS_FILE {settings.MODELS_FILE}: model ids must differ")
-    return specs
+    return [with_draft(spec, drafts[index], specs, settings.MODELS_FILE) if index in drafts else spec
+            for index, spec in enumerate(specs)]
+
+
+def with_draft(spec: ModelSpec, draft: Any, specs: list[ModelSpec], source: str) -> ModelSpec:
+    """``spec`` with the folder of the entry whose id ``draft`` is as its draft model (``"draft": <id>``)."""
+    folders = {other.id: other.path for other in specs if other.id != spec.id}
+    if not isinstance(draft, str) or draft not in folders:
+        raise ConfigError(f"MODELS_FILE {source}: the draft of {spec.id} must be the id of another of its models "
+                          f"({', '.join(sorted(folders)) or 'none'})")
+    return ModelSpec(spec.id, spec.path, {**spec.options, "SPECULATIVE_DRAFT_MODEL": folders[draft]}, spec.task)
 
 
 def pulled(name: str) -> str:

@@ -122,6 +122,11 @@ class Declared:
     SPECULATIVE_DRAFT_MAX: int = setting(8, _integer(0, 64),
                                          "Most prompt-lookup draft tokens one step verifies (adaptive below it); 0 "
                                          "turns speculative decoding off", engine="draft_max", per_model=True)
+    SPECULATIVE_DRAFT_MODEL: str = setting("", _stripped,
+                                           "Folder of a draft model: a smaller model of the same vocabulary whose "
+                                           "greedy tokens the model checks, for a request alone in its step (in "
+                                           "MODELS_FILE: \"draft\": the id of another entry); empty: none",
+                                           per_model=True)
     SPECULATIVE_HISTORY_TOKENS: int = setting(8192, _integer(0, 1 << 20),
                                               "Tokens of each key's earlier answers a worker keeps per model to draft "
                                               "from (for that key only; the 8 most recent keys; with "

@@ -32,14 +32,16 @@ PROBES = [(prompt, kind) for prompt in PROMPTS for kind in KINDS]
 NOISE = [f"Tell me about the number {n}, at length." for n in range(7)]
 
 
-@pytest.fixture(scope="module", params=["phi-3.5 recipe", "default model"])
+@pytest.fixture(scope="module", params=["phi-3.5 recipe", "default model", "draft model"])
 def twice(request, tiny_phi3, model_path, logs_dir, tmp_path_factory):
     listing = tmp_path_factory.mktemp("draft-identity") / "models.json"
     path, cache = (str(tiny_phi3), "int8") if request.param == "phi-3.5 recipe" else (model_path, "auto")
-    listing.write_text(json.dumps({"models": [
-        {"id": "drafts", "path": path, "options": {"KV_CACHE_DTYPE": cache, "SPECULATIVE_DRAFT_MAX": 8}},
-        {"id": "plain", "path": path, "options": {"KV_CACHE_DTYPE": cache, "SPECULATIVE_DRAFT_MAX": 0}},
-    ]}))
+    models = [{"id": "drafts", "path": path, "options": {"KV_CACHE_DTYPE": cache, "SPECULATIVE_DRAFT_MAX": 8}},
+              {"id": "plain", "path": path, "options": {"KV_CACHE_DTYPE": cache, "SPECULATIVE_DRAFT_MAX": 0}}]
+    if request.param == "draft model":  # the default model drafts for itself: its drafts are kept but near ties
+        models[0]["draft"] = "draft"
+        models.append({"id": "draft", "path": path, "options": {"SPECULATIVE_DRAFT_MAX": 0}})
+    listing.write_text(json.dumps({"models": models}))
     with Server(logs_dir, MODELS_FILE=str(listing), WEB_CONCURRENCY=1, MAX_CONCURRENT_REQUESTS=16) as running:
         yield running
 
@@ -67,9 +69,18 @@ def kept_drafts(server: Server) -> float:
     return drafts_metric(server, "phi_api_draft_accepted_tokens_total")
 
 
+def model_kept(server: Server) -> float:
+    """Draft tokens the draft model proposed and the model kept."""
+    text = requests.get(server.url + "/metrics", timeout=30).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "phi_api_draft_source_tokens_total" and sample.labels["model_name"] == "drafts"
+               and sample.labels["source"] == "model" and sample.labels["outcome"] == "kept")
+
+
 def test_answers_are_the_same_with_drafts_and_without_alone_and_beside_seven_streams(twice):
-    kernels = {entry["model_name"]: entry["runtime_config"]["attention_kernel"]
-               for entry in requests.get(twice.url + "/v1/status", timeout=30).json()["models"]}
+    status = requests.get(twice.url + "/v1/status", timeout=30).json()["models"]
+    kernels = {entry["model_name"]: entry["runtime_config"]["attention_kernel"] for entry in status
+               if entry["model_name"] != "draft"}
     assert kernels == dict.fromkeys(("drafts", "plain"), "phi-api" if unsupported() is None else "onnxruntime")
     if unsupported() is not None:
         return  # ONNX Runtime's operators serve: their checks are not one-token steps' bits, and nothing promises it
@@ -81,6 +92,8 @@ def test_answers_are_the_same_with_drafts_and_without_alone_and_beside_seven_str
     assert [answer(client, "drafts", prompt, kind) for prompt, kind in PROBES] == plain
     alone_kept = kept_drafts(twice)
     assert alone_kept >= 16  # the answers were drafted, not merely decoded a token at a time
+    if any(entry["model_name"] == "draft" for entry in status):  # most of them by the draft model
+        assert model_kept(twice) >= alone_kept / 2
     with ThreadPoolExecutor(1 + len(NOISE)) as pool:
         for (prompt, kind), want in zip(PROBES, plain, strict=True):
             others = [pool.submit(noise, client, text) for text in NOISE]

@@ -157,6 +157,19 @@ def test_models_file_declares_several_models(tmp_path):
     assert [spec.id for spec in declared(Settings(MODEL_ID="solo", MODEL_PATH="/m/solo"))] == ["solo"]
 
 
+def test_a_models_file_entry_names_another_as_its_draft_model(tmp_path):
+    listing = tmp_path / "models.json"
+    listing.write_text(json.dumps([{"id": "big", "path": "/m/big", "draft": "small", "options": {"KV_CACHE_MB": 64}},
+                                   {"id": "small", "path": "/m/small"}]))
+    specs = declared(Settings(MODELS_FILE=str(listing)))
+    assert [spec.options for spec in specs] == [{"KV_CACHE_MB": 64.0, "SPECULATIVE_DRAFT_MODEL": "/m/small"}, {}]
+    for draft in ("missing", "big", 3):  # an id of no other entry (nor its own)
+        listing.write_text(json.dumps([{"id": "big", "path": "/m/big", "draft": draft},
+                                       {"id": "small", "path": "/m/small"}]))
+        with pytest.raises(ConfigError, match="the draft of big must be the id of another of its models"):
+            declared(Settings(MODELS_FILE=str(listing)))
+
+
 def test_a_models_file_path_may_start_with_the_home_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     listing = tmp_path / "models.json"

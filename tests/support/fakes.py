@@ -104,6 +104,9 @@ class FakeDecoder:
             return prompt_logits(ids[0], logits[0])[None]
         return logits[:, None, :] if every_position else logits
 
+    def unbind(self) -> None:
+        pass
+
     def _check(self, kv: KVPool, first: int, ids: np.ndarray, past: np.ndarray, every_position: bool) -> np.ndarray:
         """The script's next tokens after each of ``ids`` (whatever they are), as consecutive decode steps of each
         row."""
@@ -215,9 +218,9 @@ class RecordingEngine(Engine):
     """The real engine, noting every choice's parameters in its model's script, on the script's clock, with the
     batch's invariants checked after every iteration."""
 
-    def __init__(self, model: FakeModel, **options: Any) -> None:
-        """``options``: :class:`EngineConfig`'s fields."""
-        super().__init__(model, EngineConfig(clock=model.script.clock, checked=True, **options))
+    def __init__(self, model: FakeModel, draft: FakeModel | None = None, **options: Any) -> None:
+        """``options``: :class:`EngineConfig`'s fields; ``draft``: a draft model."""
+        super().__init__(model, EngineConfig(clock=model.script.clock, checked=True, **options), draft=draft)
 
     def submit_prompts(self, prompts: list[np.ndarray], params: list[Any], request_id: str = "-",
                        priority: int = 0, cache_key: str = "") -> Any:
@@ -237,11 +240,11 @@ def fake_engine(tokens: list[int], pieces: dict[int, bytes], *, timeout: float =
                 prefix_cache: str = "off", gate: threading.Semaphore | None = None, fail_at: int | None = None,
                 kv_budget_bytes: int = 1 << 20, max_rows: int = 64, draft_max: int = 0, batch_invariant: bool = False,
                 tool_parser: str = "auto", reasoning_parser: str = "auto", history_tokens: int = 0,
-                **model_options: Any) -> RecordingEngine:
+                draft: FakeModel | None = None, **model_options: Any) -> RecordingEngine:
     """An Engine over a FakeModel running ``tokens`` (no drafts unless ``draft_max``; no key's history drafts
-    unless ``history_tokens``)."""
+    unless ``history_tokens``; ``draft``: a draft model)."""
     model = FakeModel(Script(tokens, gate=gate, fail_at=fail_at), pieces, **model_options)
-    return RecordingEngine(model, prefill_chunk=prefill_chunk, timeout=timeout, prefix_cache=prefix_cache,
+    return RecordingEngine(model, draft, prefill_chunk=prefill_chunk, timeout=timeout, prefix_cache=prefix_cache,
                            kv_budget_bytes=kv_budget_bytes, max_rows=max_rows, draft_max=draft_max,
                            batch_invariant=batch_invariant, tool_parser=tool_parser,
                            reasoning_parser=reasoning_parser, history_tokens=history_tokens)

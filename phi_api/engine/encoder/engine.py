@@ -62,6 +62,11 @@ class EncoderEngine:
         return self.info.task
 
     @property
+    def folders(self) -> dict[str, int]:
+        """The model folder this engine maps, and its files' bytes."""
+        return {self.info.path: self.info.size_bytes}
+
+    @property
     def vocab_size(self) -> int:
         return self._tokens().vocab_size
 

@@ -23,7 +23,7 @@ import numpy as np
 from phi_api.engine.choice import Choice
 from phi_api.engine.kv.reuse import Occupant, ReusePolicy
 from phi_api.engine.runtime.model import Model
-from phi_api.engine.sampling.draft import Drafter
+from phi_api.engine.sampling.draft import Drafter, DraftModelSource
 from phi_api.engine.sampling.logits import Sampler
 from phi_api.engine.sampling.lookup import Index
 from phi_api.engine.sampling.text import TextAssembler
@@ -50,7 +50,7 @@ class Sequence:
     """One choice of a request: its row in the pool, and how it chooses and spells its tokens."""
 
     def __init__(self, choice: Choice, model: Model, draft_max: int = 0, request: int = 0,
-                 history: Index | None = None) -> None:
+                 history: Index | None = None, drafts: DraftModelSource | None = None) -> None:
         self.choice = choice
         self.cache_key = choice.cache_key
         self.request = request  # the order of the request it is a choice of (its n choices share it)
@@ -72,7 +72,7 @@ class Sequence:
         self.sampler = Sampler(choice.params, choice.prompt, model.info.eos_token_ids, guide=choice.guide)
         own = choice.params.draft_max
         self.drafter = Drafter(self.tokens, draft_max if own is None else own, choice.prediction, history,
-                               min_tokens=choice.params.draft_min)
+                               min_tokens=choice.params.draft_min, model=drafts)
         self.stream = model.create_stream()
         self.text = TextAssembler(self.stream, choice.params.stop)
 

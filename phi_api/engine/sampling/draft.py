@@ -23,12 +23,27 @@ were not (:meth:`Drafter.decline`), scored against the tokens that came.
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 from phi_api.engine.sampling.lookup import NGRAM_SIZES, Index, Lookup
 
 _FAIL_LIMIT = 2  # drafts in a row that each accepted nothing before drafting pauses
 _PAUSE_STEPS = 4  # first pause, in steps; doubles with every further pause, up to _PAUSE_MAX
 _PAUSE_MAX = 256
+
+
+class ModelRow(Protocol):
+    """A sequence's place in a draft model (:mod:`engine.sched.drafts`)."""
+
+    def propose(self, tokens: list[int], limit: int) -> list[int]: ...
+
+    def close(self) -> None: ...
+
+
+class DraftModelSource(Protocol):
+    """A draft model, which gives a sequence its row (None: none free now)."""
+
+    def open(self) -> ModelRow | None: ...
 
 
 @dataclasses.dataclass
@@ -42,14 +57,18 @@ class Counted:
 class Drafter:
     """One sequence's draft sources and how much it drafts (``max_tokens`` 0: never); ``prediction``: the tokens of
     the answer the request expects, drafted from first; ``history``: its key's earlier answers, drafted from where
-    an n-gram of the sequence's own tokens is no longer than one of the history's."""
+    an n-gram of the sequence's own tokens is no longer than one of the history's; ``model``: a draft model, drafting
+    where no n-gram matches, or where its drafts have kept more than the n-grams' (the row it gives is held from the
+    first such draft to :meth:`close`)."""
 
     def __init__(self, tokens: list[int], max_tokens: int, prediction: Index | None = None,
-                 history: Index | None = None, min_tokens: int = 0) -> None:
+                 history: Index | None = None, min_tokens: int = 0, model: DraftModelSource | None = None) -> None:
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens  # a shorter draft is not worth a check (llama.cpp's n_min)
         self._prediction: Lookup | None = None
         self._history = Lookup(history, in_order=False) if history is not None else None
+        self._model = model
+        self._model_row: ModelRow | None = None  # this sequence's row of the draft model, once taken
         self._source = "prompt"  # where the last draft came from
         self.sources: dict[str, Counted] = {}  # what each source drafted and had kept
         self._own = Index()  # the sequence's tokens so far
@@ -77,13 +96,13 @@ class Drafter:
             self._score_declined(int(token))
             self._own.add((token,))
 
-    def propose(self, room: int) -> list[int]:
+    def propose(self, room: int, model: bool = True) -> list[int]:
         """A draft of at most ``room`` tokens and at least ``min_tokens`` (none when nothing matches, while paused, or
-        when off)."""
-        draft = self._propose(room)
+        when off); ``model``: the draft model may draft (the caller's cost decision)."""
+        draft = self._propose(room, model)
         return draft if len(draft) >= max(1, self.min_tokens) else []
 
-    def _propose(self, room: int) -> list[int]:
+    def _propose(self, room: int, model: bool) -> list[int]:
         if self.max_tokens <= 0 or room <= 0:
             return []
         if self._pause:
@@ -95,6 +114,13 @@ class Drafter:
             if draft:
                 self._source = "prediction"
                 return draft
+        draft = self._matched(limit)
+        if model and self._model is not None and (not draft or self._rate("model") > self._rate(self._source)):
+            return self._from_model(limit) or draft
+        return draft
+
+    def _matched(self, limit: int) -> list[int]:
+        """A draft from the longest n-gram of the sequence's end found in its own tokens or its key's history."""
         for size in NGRAM_SIZES:
             if len(self._tokens) < size:
                 continue
@@ -108,6 +134,27 @@ class Drafter:
                 self._source = "history"
                 return draft
         return []
+
+    def _rate(self, source: str) -> float:
+        """The share of ``source``'s checked draft tokens kept so far (1 before any: worth a try)."""
+        counted = self.sources.get(source)
+        return counted.kept / counted.checked if counted and counted.checked else 1.0
+
+    def _from_model(self, limit: int) -> list[int]:
+        """The draft model's draft (none when it has no row for this sequence)."""
+        if self._model_row is None:
+            assert self._model is not None
+            self._model_row = self._model.open()
+            if self._model_row is None:
+                return []
+        self._source = "model"
+        return self._model_row.propose(self._tokens, limit)
+
+    def close(self) -> None:
+        """The sequence has ended: its row of the draft model goes back."""
+        if self._model_row is not None:
+            self._model_row.close()
+            self._model_row = None
 
     def _repeated(self, start: int, limit: int) -> list[int]:
         """The sequence's tokens from ``start`` on, at most ``limit``; where they reach its end, their repeat: an

@@ -47,6 +47,7 @@ from phi_api.engine.runtime.pool import KVPool
 from phi_api.engine.runtime.session import ORT_ERRORS, Decoder
 from phi_api.engine.sampling.logits import prompt_records
 from phi_api.engine.sampling.lookup import Histories
+from phi_api.engine.sched.drafts import DraftModel
 from phi_api.engine.sched.endings import Endings
 from phi_api.engine.sched.outputs import Outputs, Publish, trace
 from phi_api.engine.sched.padding import PAD_TOKEN, Padding
@@ -60,11 +61,12 @@ class ContinuousBatch:
 
     def __init__(self, model: Model, decoder: Decoder, pool: KVPool, ledger: Ledger, policy: ReusePolicy,
                  planner: ChunkPlanner, publish: Publish, draft_max: int = 0, disk: PrefixStore | None = None,
-                 invariant: bool = False, history_tokens: int = 0) -> None:
+                 invariant: bool = False, history_tokens: int = 0, drafts: DraftModel | None = None) -> None:
         """``planner``'s cost model (:mod:`engine.sched.stepcost`) is the batch's: every step is timed into it;
         ``disk``: the disk tier under the kept prefixes, if any (:mod:`engine.kv.disk`); ``invariant``: a row's numbers
         do not depend on the other rows of its steps (``BATCH_INVARIANT``, :mod:`engine.sched.padding`);
-        ``history_tokens``: each key's earlier answers kept to draft from (:mod:`engine.sampling.lookup`)."""
+        ``history_tokens``: each key's earlier answers kept to draft from (:mod:`engine.sampling.lookup`); ``drafts``:
+        the draft model, if any (:mod:`engine.sched.drafts`)."""
         self.invariant = invariant
         self.model = model
         self.decoder = decoder
@@ -82,7 +84,7 @@ class ContinuousBatch:
         exact_checks = decoder.spec.row_wise or (paired and decoder.spec.multi_token_rows)
         histories = Histories(history_tokens if draft_max and (exact_checks or not invariant) else 0)
         self.outputs = Outputs(model.info.eos_token_ids, self.kv, publish, histories)
-        self.scheduler = Scheduler(model, self.kv, planner, self.outputs, draft_max)
+        self.scheduler = Scheduler(model, self.kv, planner, self.outputs, draft_max, drafts)
         self.waiting = self.scheduler.waiting  # the same queue and list: the loop adds to it, tests look at them
         self.prefilling = self.scheduler.prefilling
         self._switch = decoder.spec.rope_switch

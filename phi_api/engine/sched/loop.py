@@ -35,6 +35,7 @@ from phi_api.engine.runtime.prepack import cpu_features
 from phi_api.engine.runtime.session import Decoder
 from phi_api.engine.runtime.spec import DecoderSpec
 from phi_api.engine.sched.continuous import ContinuousBatch
+from phi_api.engine.sched.drafts import DraftModel
 from phi_api.engine.sched.prefill import ChunkPlanner
 from phi_api.engine.sched.stepcost import StepCosts
 from phi_api.engine.threads.native import give_back_memory
@@ -73,9 +74,10 @@ class EngineLoop(ThreadOwner[list[Choice]]):
     """Owns this process's engine thread, its decoder session, and the batch it runs."""
 
     def __init__(self, model: Model, config: EngineConfig, *, report: Report,
-                 memory: SharedBudget | None = None) -> None:
+                 memory: SharedBudget | None = None, draft: Model | None = None) -> None:
         super().__init__()
         self._model = model
+        self._draft = draft  # a draft model (engine.sched.drafts), if any
         self.config = config
         self.memory = memory if memory is not None else SharedBudget(config.kv_budget_bytes)
         self._report = report
@@ -119,7 +121,8 @@ class EngineLoop(ThreadOwner[list[Choice]]):
     def _run(self) -> None:
         try:
             decoder = self._model.new_decoder(self.config.threads)
-            batch = self.batch = self._new_batch(decoder)
+            drafts = self._draft_model()
+            batch = self.batch = self._new_batch(decoder, drafts)
         except BaseException as error:  # reported on the hub; the worker then answers 503
             self._send("".join(traceback.format_exception(error)))
             return
@@ -136,6 +139,8 @@ class EngineLoop(ThreadOwner[list[Choice]]):
                 self._signal.wait(self.config.idle_wait)
         self._ready = False
         batch.endings.cancel_everything("cancelled")
+        if drafts is not None:  # every sequence has ended: its rows are given back
+            drafts.close()
         self.load = EngineLoad(kv_budget=self.config.kv_budget_bytes)
         if hasattr(decoder, "unbind"):
             decoder.unbind()
@@ -144,11 +149,19 @@ class EngineLoop(ThreadOwner[list[Choice]]):
             batch.kv.disk.close()
         batch.ledger.close()
         self.batch = None
-        del batch, decoder  # the session, its threads and its memory go with them ...
+        del batch, decoder, drafts  # the sessions, its threads and its memory go with them ...
         pool.close()  # ... and the pool's reservations
         self._send(_THREAD_ENDED)
 
-    def _new_batch(self, decoder: Decoder) -> ContinuousBatch:
+    def _draft_model(self) -> DraftModel | None:
+        """The draft model's session and rows on this thread, if the model has one."""
+        if self._draft is None:
+            return None
+        config = self.config
+        return DraftModel(self._draft, config.threads, config.max_rows, self.memory, config.prefill_chunk,
+                          self._model.spec.vocab_size)
+
+    def _new_batch(self, decoder: Decoder, drafts: DraftModel | None = None) -> ContinuousBatch:
         """The batch of this engine thread, its pool reserved: rows for the running and starting sequences, as many
         for kept prefixes, and a spare for moves."""
         config = self.config
@@ -160,7 +173,7 @@ class EngineLoop(ThreadOwner[list[Choice]]):
                                slice_seconds=config.prefill_slice, costs=StepCosts(config.clock))
         return ContinuousBatch(self._model, decoder, pool, ledger, self._policy, planner, self._publish,
                      draft_max=config.draft_max, disk=self._disk_tier(decoder.spec), invariant=config.batch_invariant,
-                     history_tokens=config.history_tokens)
+                     history_tokens=config.history_tokens, drafts=drafts)
 
     def _disk_tier(self, spec: DecoderSpec) -> PrefixStore | None:
         """The disk tier under the kept prefixes (``PREFIX_CACHE_DIR``), if it is set and prefixes are reused."""

@@ -104,6 +104,7 @@ class Outputs:
         if flush and reason in ("stop", "length"):
             self.emit(row, row.text.finish())
         row.stream.close()
+        row.drafter.close()
         row.phase = Phase.FINISHED
         if reason in ("stop", "length"):  # with the tokens that opened it (engine.sampling.lookup)
             self.histories.add(row.cache_key, row.tokens[max(0, len(row.choice.prompt) - HEADER_TOKENS):])

@@ -28,6 +28,7 @@ from phi_api.engine.kv.cache import KVCache, OnDisk
 from phi_api.engine.kv.reuse import Occupant, common_prefix
 from phi_api.engine.kv.sequence import LONG, Request, Sequence
 from phi_api.engine.runtime.model import Model
+from phi_api.engine.sampling.draft import DraftModelSource
 from phi_api.engine.sched.outputs import Outputs, trace
 from phi_api.engine.sched.prefill import ChunkPlanner
 
@@ -47,11 +48,13 @@ class Chunk(NamedTuple):
 class Scheduler:
     """The waiting and prefilling requests of a batch, and the decisions about them."""
 
-    def __init__(self, model: Model, kv: KVCache, planner: ChunkPlanner, outputs: Outputs, draft_max: int = 0) -> None:
+    def __init__(self, model: Model, kv: KVCache, planner: ChunkPlanner, outputs: Outputs, draft_max: int = 0,
+                 drafts: DraftModelSource | None = None) -> None:
         self.model = model
         self.kv = kv
         self.planner = planner
         self.outputs = outputs
+        self.drafts = drafts  # the draft model, if any (engine.sched.drafts)
         self.draft_max = draft_max  # SPECULATIVE_DRAFT_MAX: how far a sequence may draft, unless its request says
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: list[Request] = []
@@ -123,7 +126,8 @@ class Scheduler:
         """Give an admitted request its sequences and its leader's row, starting from ``source``'s prefix."""
         try:
             request.sequences = [Sequence(choice, self.model, self.draft_max, request.order,
-                                          self.outputs.histories.of(choice.cache_key)) for choice in request.choices]
+                                          self.outputs.histories.of(choice.cache_key), self.drafts)
+                                 for choice in request.choices]
         except Exception as error:  # a stream or sampler that cannot be made ends this request only
             self.outputs.end_request(request, "error", trace(error))
             return

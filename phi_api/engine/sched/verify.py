@@ -70,11 +70,12 @@ class Speculation:
         for row in list(self.rows.group(0, self.rows.running)):
             if row.phase is not Phase.RUNNING:  # an earlier row's step finished it (it timed out, say)
                 continue
-            draft = row.drafter.propose(self._room(row))
+            group = self._group(row)
+            alone = self._alone(group, row)
+            draft = row.drafter.propose(self._room(row), model=alone)
             if not draft:
                 continue
-            group = self._group(row)
-            if self.invariant or self._alone(group, row):
+            if self.invariant or alone:
                 length = len(draft)
             else:
                 length = self.costs.check_length(len(draft), row.drafter.expected, len(group))
@@ -99,8 +100,9 @@ class Speculation:
         rows = self.rows.group(first, end)
         odd = self.paired and len(rows) % 2 == 1  # then an even number of tokens a row: one may be padding
         space = min(self._space(row) for row in rows) - odd  # every row holds the step's padded tokens
-        drafts = [row.drafter.propose(min(space, self._room(row))) for row in rows]
-        if self._alone(rows, rows[0]):
+        alone = self._alone(rows, rows[0])
+        drafts = [row.drafter.propose(min(space, self._room(row)), model=alone) for row in rows]
+        if alone:
             length = max(map(len, drafts))
         else:
             length = self.costs.batch_check_length([(len(d), row.drafter.expected)
