@@ -4,7 +4,8 @@ it, so greedy and seeded answers and their log-probabilities are the same with s
 beside seven other streams, while drafts are kept (beside the others, checked in their batched step). Two models:
 a tiny Phi-3 with Phi-3.5-mini's recipe (4-bit weights, int8 keys and values: a graph of phi-api's own operators,
 row-wise), and the default model at its defaults (ONNX Runtime's 8-bit and float32 matrices, which compute rows in
-pairs, and phi-api's attention over float32 keys and values: BATCH_INVARIANT's even steps make checks exact).
+pairs, and phi-api's attention over float32 keys and values: BATCH_INVARIANT's even steps make checks exact), also
+with a draft model (itself: its drafts are kept up to near ties).
 
 Where the CPU lacks AVX-512 VNNI, ONNX Runtime's operators serve, whose checks compute other last bits than one-token
 steps (docs/identical-answers.md): there the test checks that /v1/status says which attention serves."""
@@ -92,8 +93,9 @@ def test_answers_are_the_same_with_drafts_and_without_alone_and_beside_seven_str
     assert [answer(client, "drafts", prompt, kind) for prompt, kind in PROBES] == plain
     alone_kept = kept_drafts(twice)
     assert alone_kept >= 16  # the answers were drafted, not merely decoded a token at a time
-    if any(entry["model_name"] == "draft" for entry in status):  # most of them by the draft model
-        assert model_kept(twice) >= alone_kept / 2
+    if any(entry["model_name"] == "draft" for entry in status):
+        # some by the draft model: its first draft is tried untimed; after that, as far as its time pays
+        assert model_kept(twice) > 0
     with ThreadPoolExecutor(1 + len(NOISE)) as pool:
         for (prompt, kind), want in zip(PROBES, plain, strict=True):
             others = [pool.submit(noise, client, text) for text in NOISE]

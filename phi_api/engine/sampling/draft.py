@@ -119,6 +119,11 @@ class Drafter:
             return self._from_model(limit) or draft
         return draft
 
+    @property
+    def limit(self) -> int:
+        """The next draft's length, at most."""
+        return self._limit
+
     def _matched(self, limit: int) -> list[int]:
         """A draft from the longest n-gram of the sequence's end found in its own tokens or its key's history."""
         for size in NGRAM_SIZES:

@@ -19,6 +19,9 @@ whole batch (draft steps batched over the rows: not built); n-grams still draft 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import numpy as np
 
 from phi_api.engine.kv.budget import SharedBudget
@@ -49,8 +52,11 @@ class DraftModel:
     logits for every fed token are held at once); ``vocab``: the big model's logits width (a draft is one of its
     tokens)."""
 
-    def __init__(self, model: Model, threads: int, rows: int, memory: SharedBudget, chunk: int, vocab: int) -> None:
+    def __init__(self, model: Model, threads: int, rows: int, memory: SharedBudget, chunk: int, vocab: int,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.decoder: Decoder = model.new_decoder(threads)
+        self.clock = clock
+        self.seconds_per_token: float | None = None  # a draft token's time, feeding included (a running average)
         self.pool = KVPool(self.decoder.spec, rows, WINDOW + _DRAFT_ROOM)
         self.memory, self.chunk, self.vocab = memory, chunk, vocab
         self.row_bytes = row_bytes(self.decoder.spec, self.pool.tokens)
@@ -61,6 +67,12 @@ class DraftModel:
         if not self._free or not self.memory.stage(self.row_bytes):
             return None
         return DraftRow(self, self._free.pop())
+
+    def timed(self, seconds: float, tokens: int) -> None:
+        """A draft of ``tokens`` tokens took ``seconds``."""
+        measured = seconds / tokens
+        average = self.seconds_per_token
+        self.seconds_per_token = measured if average is None else average + 0.2 * (measured - average)
 
     def give_back(self, row: int) -> None:
         self.pool.release(row)
@@ -84,6 +96,13 @@ class DraftRow:
 
     def propose(self, tokens: list[int], limit: int) -> list[int]:
         """The draft model's greedy next ``limit`` tokens after ``tokens`` (the sequence so far)."""
+        owner = self.owner
+        started = owner.clock()
+        draft = self._propose(tokens, limit)
+        owner.timed(owner.clock() - started, len(draft))
+        return draft
+
+    def _propose(self, tokens: list[int], limit: int) -> list[int]:
         owner = self.owner
         if len(tokens) - self.start + limit > WINDOW + _DRAFT_ROOM - 1:  # outgrown: from half a window back
             self.start, self.held = max(0, len(tokens) - WINDOW // 2), []

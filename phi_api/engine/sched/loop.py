@@ -159,7 +159,7 @@ class EngineLoop(ThreadOwner[list[Choice]]):
             return None
         config = self.config
         return DraftModel(self._draft, config.threads, config.max_rows, self.memory, config.prefill_chunk,
-                          self._model.spec.vocab_size)
+                          self._model.spec.vocab_size, config.clock)
 
     def _new_batch(self, decoder: Decoder, drafts: DraftModel | None = None) -> ContinuousBatch:
         """The batch of this engine thread, its pool reserved: rows for the running and starting sequences, as many

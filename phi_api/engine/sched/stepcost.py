@@ -119,6 +119,17 @@ class StepCosts:
         return best
 
 
+def model_draft_pays(costs: StepCosts, expected: float, limit: int, seconds_per_token: float | None) -> bool:
+    """Whether a draft model's draft of ``limit`` tokens, ``expected`` of them kept, at ``seconds_per_token`` of the
+    draft model's (None: not timed yet), gives more tokens a second than a row's plain step (alone in it); its check
+    timed as the batched step's of that width, else as a plain step."""
+    step = costs.steps.get(1)
+    if step is None or seconds_per_token is None:
+        return True  # not timed yet: a try times it
+    check = costs.wide.get(limit + 1) or costs.checks.get(limit) or step
+    return (min(expected, limit) + 1) / (check + limit * seconds_per_token) > 1 / step
+
+
 def _observe(averages: dict[int, float], key: int, seconds: float) -> None:
     current = averages.get(key)
     averages[key] = seconds if current is None else current + _WEIGHT * (seconds - current)

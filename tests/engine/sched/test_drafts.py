@@ -1,6 +1,7 @@
 """Drafts from a draft model (engine.sched.drafts), on the fake model: what a sequence's row of the draft model
-holds and feeds, its memory booked in the worker's budget, which source a sequence drafts from, and a real engine
-whose answers are the same with a draft model as without, the draft model drafting for a request alone only."""
+holds and feeds, its memory booked in the worker's budget, which source a sequence drafts from, when its time pays,
+and a real engine whose answers are the same with a draft model as without, the draft model drafting for a request
+alone only."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from phi_api.engine import SamplingParams
 from phi_api.engine.kv.budget import SharedBudget
 from phi_api.engine.sampling.draft import Drafter
 from phi_api.engine.sched.drafts import WINDOW, DraftModel, DraftRow
+from phi_api.engine.sched.stepcost import StepCosts, model_draft_pays
 from tests.support.fakes import VOCAB, FakeModel, Script, fake_engine, text_pieces
 from tests.support.generations import collect
 
@@ -176,3 +178,14 @@ def test_an_engine_answers_the_same_with_a_draft_model_which_drafts_for_a_reques
     assert together == answers([[61, 62, 63], [62, 61, 63]], draft=False)[0]
     # only while the other one prefills or after it ended: beside another row, its per-row steps would not pay
     assert all(model_kept(end) < alone / 2 for end in ends)
+
+
+def test_the_draft_model_drafts_where_its_time_pays_by_the_measured_costs():
+    costs = StepCosts()
+    assert model_draft_pays(costs, 3.0, 4, 0.001)  # no step timed yet: a try times it
+    costs.observe_step(1, 0.010)
+    assert model_draft_pays(costs, 3.0, 4, None)
+    costs.observe_wide(5, 0.011)  # a check of 4 draft tokens, alone
+    assert model_draft_pays(costs, 3.0, 4, 0.001)  # 4 tokens in 15 ms against one in 10
+    assert not model_draft_pays(costs, 3.0, 4, 0.008)  # 4 tokens in 43 ms
+    assert not model_draft_pays(costs, 0.2, 4, 0.001)  # 1.2 tokens in 15 ms
