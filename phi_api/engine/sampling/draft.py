@@ -58,8 +58,8 @@ class Drafter:
     """One sequence's draft sources and how much it drafts (``max_tokens`` 0: never); ``prediction``: the tokens of
     the answer the request expects, drafted from first; ``history``: its key's earlier answers, drafted from where
     an n-gram of the sequence's own tokens is no longer than one of the history's; ``model``: a draft model, drafting
-    where no n-gram matches, or where its drafts have kept more than the n-grams' (the row it gives is held from the
-    first such draft to :meth:`close`)."""
+    where no n-gram matches, or where its drafts are expected to give more tokens for their time than the n-gram's
+    (the row it gives is held from the first such draft to :meth:`close`)."""
 
     def __init__(self, tokens: list[int], max_tokens: int, prediction: Index | None = None,
                  history: Index | None = None, min_tokens: int = 0, model: DraftModelSource | None = None) -> None:
@@ -96,13 +96,14 @@ class Drafter:
             self._score_declined(int(token))
             self._own.add((token,))
 
-    def propose(self, room: int, model: bool = True) -> list[int]:
+    def propose(self, room: int, model_cost: float | None = 0.0) -> list[int]:
         """A draft of at most ``room`` tokens and at least ``min_tokens`` (none when nothing matches, while paused, or
-        when off); ``model``: the draft model may draft (the caller's cost decision)."""
-        draft = self._propose(room, model)
+        when off); ``model_cost``: what the draft model's draft would cost, in checks (None: it may not draft: the
+        caller's cost decision)."""
+        draft = self._propose(room, model_cost)
         return draft if len(draft) >= max(1, self.min_tokens) else []
 
-    def _propose(self, room: int, model: bool) -> list[int]:
+    def _propose(self, room: int, model_cost: float | None) -> list[int]:
         if self.max_tokens <= 0 or room <= 0:
             return []
         if self._pause:
@@ -115,7 +116,8 @@ class Drafter:
                 self._source = "prediction"
                 return draft
         draft = self._matched(limit)
-        if model and self._model is not None and (not draft or self._rate("model") > self._rate(self._source)):
+        if model_cost is not None and self._model is not None and (
+                not draft or self._kept("model", limit) / (1 + model_cost) > self._kept(self._source, len(draft))):
             return self._from_model(limit) or draft
         return draft
 
@@ -140,10 +142,11 @@ class Drafter:
                 return draft
         return []
 
-    def _rate(self, source: str) -> float:
-        """The share of ``source``'s checked draft tokens kept so far (1 before any: worth a try)."""
+    def _kept(self, source: str, length: int) -> float:
+        """Tokens a check of ``source``'s draft of ``length`` tokens is expected to give, its model's token included:
+        by the share of its checked tokens kept so far (all of them before any: worth a try)."""
         counted = self.sources.get(source)
-        return counted.kept / counted.checked if counted and counted.checked else 1.0
+        return 1 + length * (counted.kept / counted.checked if counted and counted.checked else 1.0)
 
     def _from_model(self, limit: int) -> list[int]:
         """The draft model's draft (none when it has no row for this sequence)."""

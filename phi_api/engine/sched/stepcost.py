@@ -119,15 +119,17 @@ class StepCosts:
         return best
 
 
-def model_draft_pays(costs: StepCosts, expected: float, limit: int, seconds_per_token: float | None) -> bool:
-    """Whether a draft model's draft of ``limit`` tokens, ``expected`` of them kept, at ``seconds_per_token`` of the
-    draft model's (None: not timed yet), gives more tokens a second than a row's plain step (alone in it); its check
-    timed as the batched step's of that width, else as a plain step."""
+def model_draft_cost(costs: StepCosts, expected: float, limit: int, seconds_per_token: float | None) -> float | None:
+    """What a draft model's draft of ``limit`` tokens, ``expected`` of them kept, at ``seconds_per_token`` of the
+    draft model's (None: not timed yet), costs in checks of its length (0 untimed: a try times it), if it gives more
+    tokens a second than a row's plain step (alone in it); else None. Its check is timed as the batched step's of
+    that width, else as a plain step."""
     step = costs.steps.get(1)
     if step is None or seconds_per_token is None:
-        return True  # not timed yet: a try times it
+        return 0.0
     check = costs.wide.get(limit + 1) or costs.checks.get(limit) or step
-    return (min(expected, limit) + 1) / (check + limit * seconds_per_token) > 1 / step
+    drafting = limit * seconds_per_token
+    return drafting / check if (min(expected, limit) + 1) / (check + drafting) > 1 / step else None
 
 
 def _observe(averages: dict[int, float], key: int, seconds: float) -> None:

@@ -44,7 +44,7 @@ from phi_api.engine.sched.drafts import DraftModel
 from phi_api.engine.sched.endings import Endings
 from phi_api.engine.sched.outputs import Outputs, trace
 from phi_api.engine.sched.padding import PAD_TOKEN
-from phi_api.engine.sched.stepcost import StepCosts, model_draft_pays
+from phi_api.engine.sched.stepcost import StepCosts, model_draft_cost
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Speculation:
                 continue
             group = self._group(row)
             alone = self._alone(group, row)
-            draft = row.drafter.propose(self._room(row), model=self._model_drafts(row, alone))
+            draft = row.drafter.propose(self._room(row), self._model_cost(row, alone))
             if not draft:
                 continue
             if self.invariant or alone:
@@ -103,8 +103,7 @@ class Speculation:
         odd = self.paired and len(rows) % 2 == 1  # then an even number of tokens a row: one may be padding
         space = min(self._space(row) for row in rows) - odd  # every row holds the step's padded tokens
         alone = self._alone(rows, rows[0])
-        drafts = [row.drafter.propose(min(space, self._room(row)), model=self._model_drafts(row, alone))
-                  for row in rows]
+        drafts = [row.drafter.propose(min(space, self._room(row)), self._model_cost(row, alone)) for row in rows]
         if alone:
             length = max(map(len, drafts))
         else:
@@ -148,14 +147,16 @@ class Speculation:
         self.costs.observe_wide(len(rows) * width, self.costs.clock() - started)
         return True
 
-    def _model_drafts(self, row: Sequence, alone: bool) -> bool:
-        """Whether the draft model may draft for ``row``: for a request alone in its step (beside others, its own
-        draft steps would hold the batch up), where its draft's expected tokens a second beat a plain step's by the
-        times measured (every time where rows check as alone, whatever the timings)."""
+    def _model_cost(self, row: Sequence, alone: bool) -> float | None:
+        """What the draft model's draft would cost ``row``, in checks (None: it may not draft): only for a request
+        alone in its step (beside others, its own draft steps would hold the batch up), where its draft's expected
+        tokens a second beat a plain step's by the times measured (where rows check as alone, whatever the timings:
+        then it costs nothing, and drafts wherever no n-gram matches or it keeps more)."""
         if self.drafts is None or not alone:
-            return False
-        return self.invariant or model_draft_pays(self.costs, row.drafter.expected, row.drafter.limit,
-                                                  self.drafts.seconds_per_token)
+            return None
+        if self.invariant:
+            return 0.0
+        return model_draft_cost(self.costs, row.drafter.expected, row.drafter.limit, self.drafts.seconds_per_token)
 
     def _group(self, row: Sequence) -> list[Sequence]:
         """The rows of the batched step ``row`` takes part in (its LongRoPE group)."""

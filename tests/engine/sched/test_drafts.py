@@ -8,12 +8,13 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 from phi_api.engine import SamplingParams
 from phi_api.engine.kv.budget import SharedBudget
 from phi_api.engine.sampling.draft import Drafter
 from phi_api.engine.sched.drafts import WINDOW, DraftModel, DraftRow
-from phi_api.engine.sched.stepcost import StepCosts, model_draft_pays
+from phi_api.engine.sched.stepcost import StepCosts, model_draft_cost
 from tests.support.fakes import VOCAB, FakeModel, Script, fake_engine, text_pieces
 from tests.support.generations import collect
 
@@ -108,12 +109,20 @@ def test_the_draft_model_drafts_where_no_n_gram_matches_and_where_it_keeps_more(
     assert drafter.propose(8) == [3, 1, 2] and source.opened == 0  # an n-gram matches: it drafts first
     drafter.record(3, 0)
     drafter.extend([5])
-    assert drafter.propose(8, model=False) == []  # the caller's cost decision: not here
+    assert drafter.propose(8, model_cost=None) == []  # the caller's cost decision: not here
     assert source.opened == 0
     assert drafter.propose(8) == [7]  # nothing of its own matches: the model drafts (one more than kept last)
     drafter.record(1, 1)
     drafter.extend([7, 6, 1, 2])  # "1 2" again: an n-gram draft matches ...
     assert drafter.propose(8) == [7, 8] and row.proposed == 2  # ... but the model kept more so far
+    drafter.record(2, 2)
+    drafter.extend([7, 8, 6, 1, 2])
+    # its draft costing 2 checks' time: 1 + 3 tokens for 3 checks' time against the n-gram's 1 for one
+    assert drafter.propose(8, model_cost=2.0) == [7, 8, 9] and row.proposed == 3
+    drafter.record(3, 3)
+    drafter.extend([7, 8, 9, 6, 1, 2])
+    # 4 tokens for 6 checks' time: the n-gram's draft ("1 2" was followed by 7 8 9), the model not asked
+    assert drafter.propose(8, model_cost=5.0) == [7, 8, 9] and row.proposed == 3
     drafter.close()
     drafter.close()
     assert row.closed == 1 and source.opened == 1  # one row, held from the first draft to the end
@@ -182,10 +191,10 @@ def test_an_engine_answers_the_same_with_a_draft_model_which_drafts_for_a_reques
 
 def test_the_draft_model_drafts_where_its_time_pays_by_the_measured_costs():
     costs = StepCosts()
-    assert model_draft_pays(costs, 3.0, 4, 0.001)  # no step timed yet: a try times it
+    assert model_draft_cost(costs, 3.0, 4, 0.001) == 0.0  # no step timed yet: a try times it
     costs.observe_step(1, 0.010)
-    assert model_draft_pays(costs, 3.0, 4, None)
+    assert model_draft_cost(costs, 3.0, 4, None) == 0.0
     costs.observe_wide(5, 0.011)  # a check of 4 draft tokens, alone
-    assert model_draft_pays(costs, 3.0, 4, 0.001)  # 4 tokens in 15 ms against one in 10
-    assert not model_draft_pays(costs, 3.0, 4, 0.008)  # 4 tokens in 43 ms
-    assert not model_draft_pays(costs, 0.2, 4, 0.001)  # 1.2 tokens in 15 ms
+    assert model_draft_cost(costs, 3.0, 4, 0.001) == pytest.approx(4 / 11)  # 4 tokens in 15 ms against one in 10
+    assert model_draft_cost(costs, 3.0, 4, 0.008) is None  # 4 tokens in 43 ms
+    assert model_draft_cost(costs, 0.2, 4, 0.001) is None  # 1.2 tokens in 15 ms
