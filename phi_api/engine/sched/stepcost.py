@@ -123,11 +123,12 @@ def model_draft_cost(costs: StepCosts, expected: float, limit: int, seconds_per_
     """What a draft model's draft of ``limit`` tokens, ``expected`` of them kept, at ``seconds_per_token`` of the
     draft model's (None: not timed yet), costs in checks of its length (0 untimed: a try times it), if it gives more
     tokens a second than a row's plain step (alone in it); else None. Its check is timed as the batched step's of
-    that width, else as a plain step."""
-    step = costs.steps.get(1)
-    if step is None or seconds_per_token is None:
+    that width (or one more: a paired step's), or a check's of its own; a row's plain step, where a row alone always
+    drafted, as the narrowest batched step timed."""
+    check = costs.wide.get(limit + 1) or costs.wide.get(limit + 2) or costs.checks.get(limit)
+    step = costs.steps.get(1) or (costs.wide[min(costs.wide)] if costs.wide else None)
+    if seconds_per_token is None or check is None or step is None:
         return 0.0
-    check = costs.wide.get(limit + 1) or costs.checks.get(limit) or step
     drafting = limit * seconds_per_token
     return drafting / check if (min(expected, limit) + 1) / (check + drafting) > 1 / step else None
 

@@ -191,10 +191,15 @@ def test_an_engine_answers_the_same_with_a_draft_model_which_drafts_for_a_reques
 
 def test_the_draft_model_drafts_where_its_time_pays_by_the_measured_costs():
     costs = StepCosts()
-    assert model_draft_cost(costs, 3.0, 4, 0.001) == 0.0  # no step timed yet: a try times it
     costs.observe_step(1, 0.010)
-    assert model_draft_cost(costs, 3.0, 4, None) == 0.0
+    assert model_draft_cost(costs, 3.0, 4, 0.001) == 0.0  # its check not timed yet: a try times it
     costs.observe_wide(5, 0.011)  # a check of 4 draft tokens, alone
+    assert model_draft_cost(costs, 3.0, 4, None) == 0.0
     assert model_draft_cost(costs, 3.0, 4, 0.001) == pytest.approx(4 / 11)  # 4 tokens in 15 ms against one in 10
     assert model_draft_cost(costs, 3.0, 4, 0.008) is None  # 4 tokens in 43 ms
     assert model_draft_cost(costs, 0.2, 4, 0.001) is None  # 1.2 tokens in 15 ms
+    always = StepCosts()  # a row alone that always drafted: no plain step timed, its narrowest check stands for it
+    always.observe_wide(6, 0.011)  # paired: one row's check of 4 draft tokens is 6 tokens wide
+    always.observe_wide(4, 0.010)
+    assert model_draft_cost(always, 3.0, 4, 0.008) is None
+    assert model_draft_cost(always, 3.0, 4, 0.001) == pytest.approx(4 / 11)
