@@ -209,9 +209,9 @@ def projected_speedup(steps: list[tuple[int, int]], cost: Sequence[float]) -> fl
     return sum(kept + 1 for _, kept in steps) / sum(cost[k] for k, _ in steps)
 
 
-def step_costs(model_path: str, max_k: int, reps: int = 7) -> dict[str, list[float]]:
+def step_costs(model_path: str, max_k: int, reps: int = 7) -> tuple[dict[str, list[float]], float]:
     """Step costs over ``CONTEXT`` tokens of context, for k = 0..max_k (medians of interleaved repetitions; keys
-    and values as the server keeps them):
+    and values as the server keeps them), and the seconds of the one-token step they are relative to:
 
     - ``one row``: a step of one row feeding ``k + 1`` tokens, over the one-token step's;
     - ``8 rows, one step``: what a step checking ``k`` draft tokens of each of 8 rows at once would cost, over a
@@ -251,7 +251,17 @@ def step_costs(model_path: str, max_k: int, reps: int = 7) -> dict[str, list[flo
         f"{STREAMS} rows {cost['rows', 1] * 1000:.1f} ms")
     return {"one row": [cost["one", k + 1] / cost["one", 1] for k in range(max_k + 1)],
             f"{STREAMS} rows, one step": [1.0] + [cost["wide", STREAMS * (k + 1)] / cost["rows", 1]
-                                                  for k in range(1, max_k + 1)]}
+                                                  for k in range(1, max_k + 1)]}, cost["one", 1]
+
+
+def draft_projection(chat: dict[str, Any], one_row: Sequence[float], draft_step: float) -> dict[str, float]:
+    """What the chat's checks with a draft model give per checking step on a model whose one-row check of k draft
+    tokens costs ``one_row[k]`` steps and the draft model's token ``draft_step`` of its step: (kept + 1) tokens
+    per check over its cost, the draft's included (the acceptance measured on the served pair)."""
+    checks = chat["checks"] or 1
+    k = min(len(one_row) - 1, max(1, round(chat["drafted"] / checks)))
+    return {"draft_tokens": chat["drafted"] / checks, "tokens_per_check": chat["tokens_per_check"],
+            "draft_step": draft_step, "speedup": chat["tokens_per_check"] / (one_row[k] + k * draft_step)}
 
 
 def project(traces: list[list[tuple[int, int]]], costs: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
@@ -302,10 +312,16 @@ def run(args: Any) -> dict[str, Any]:
     say(f"servers on {args.model_path}: speculation on (draft max {draft_max}) and off, {args.runs} runs")
     report, traces = measure_servers(args.model_path, args.runs, draft_max, args.draft_model_path or "")
     report["draft_model_path"] = args.draft_model_path
-    costs = {"model": step_costs(args.model_path, draft_max)}
+    measured = {"model": step_costs(args.model_path, draft_max)}
     if args.shape_model_path:
-        costs["shape"] = step_costs(args.shape_model_path, draft_max)
+        measured["shape"] = step_costs(args.shape_model_path, draft_max)
+    costs = {name: cost for name, (cost, _) in measured.items()}
     report["projection"] = project(traces, costs)
+    if args.draft_model_path:  # a draft model's time against each model's step: its chat checks projected
+        _, draft_seconds = step_costs(args.draft_model_path, 1)
+        report["projection"]["with_draft"] = {
+            name: draft_projection(report["single"]["chat"], cost["one row"], draft_seconds / seconds)
+            for name, (cost, seconds) in measured.items()}
     report["model_path"], report["shape_model_path"] = args.model_path, args.shape_model_path
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -333,6 +349,10 @@ def table(report: dict[str, Any]) -> str:
                 f"{many['aggregate_on']:.1f} / {many['aggregate_off']:.1f} tok/s |")
     for name, speedup in projection["speedup"].items():
         rows.append(f"| copying, projected ({name}) | {_x(speedup)} | {projection['arithmetic'][name]} |")
+    for name, case in projection.get("with_draft", {}).items():
+        rows.append(f"| chat with the draft model, projected ({name}, per checking step) | {_x(case['speedup'])} | "
+                    f"{case['tokens_per_check']:.2f} tokens per check of {case['draft_tokens']:.1f} draft tokens; "
+                    f"a draft token {case['draft_step']:.2f} of a step |")
     return "\n".join(rows)
 
 

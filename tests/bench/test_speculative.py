@@ -41,3 +41,11 @@ def test_the_projection_gives_each_model_s_and_case_s_speed_up_with_its_arithmet
                                      pytest.approx(6 / 5)}
     assert projection["arithmetic"]["model, one row"].startswith("6 tokens / (1 plain steps + 3.0 step-equivalents")
     assert projection["checked_tokens"] == {2: 2} and projection["accepted_per_check"] == 1.5
+
+
+def test_a_draft_model_s_projection_is_tokens_per_check_over_the_check_and_the_draft_s_time():
+    from phi_api.bench.speculative import draft_projection
+
+    chat = {"checks": 10, "drafted": 40, "tokens_per_check": 3.5}
+    case = draft_projection(chat, [1.0, 1.1, 1.2, 1.3, 1.4], 0.05)
+    assert case["draft_tokens"] == 4.0 and case["speedup"] == 3.5 / (1.4 + 4 * 0.05)
