@@ -13,8 +13,9 @@ next tokens are decided, fed again from half a window back whenever the sequence
 bounded whatever the context; it is booked in the worker's key/value budget beside the rows, never making anything
 else leave: without room, the sequence drafts as it would without a draft model. Each row steps alone (a batch of
 one): its draft is the same whatever else runs. So it drafts only for a request alone in its batched step
-(:meth:`engine.sched.verify.Speculation.advance`): beside other rows, every row's own draft steps would hold up the
-whole batch (draft steps batched over the rows: not built); n-grams still draft there.
+(:meth:`engine.sched.verify.Speculation.advance`; but beside others too where rows check their drafts as alone):
+beside other rows, every row's own draft steps would hold up the whole batch (draft steps batched over the rows:
+not built); n-grams still draft there.
 """
 
 from __future__ import annotations

@@ -157,10 +157,11 @@ class NextModel(FakeModel):
         return NextDecoder(self.spec)
 
 
-def answers(prompts: list[list[int]], draft: bool) -> tuple[list[tuple[str, int]], list]:
+def answers(prompts: list[list[int]], draft: bool, **options) -> tuple[list[tuple[str, int]], list]:
     """Each request's (text, tokens) and ending, submitted together (no step until all are in)."""
-    engine = fake_engine(SCRIPT, PIECES, draft_max=6, prefill_chunk=64, multi_token_rows=True,
-                         draft=NextModel(Script(list(SCRIPT)), PIECES) if draft else None)
+    options = {"multi_token_rows": True, **options}
+    engine = fake_engine(SCRIPT, PIECES, draft_max=6, prefill_chunk=64,
+                         draft=NextModel(Script(list(SCRIPT)), PIECES) if draft else None, **options)
     script = engine.model.script
     script.gate = threading.Semaphore(0)
     try:
@@ -187,6 +188,15 @@ def test_an_engine_answers_the_same_with_a_draft_model_which_drafts_for_a_reques
     assert together == answers([[61, 62, 63], [62, 61, 63]], draft=False)[0]
     # only while the other one prefills or after it ended: beside another row, its per-row steps would not pay
     assert all(model_kept(end) < alone / 2 for end in ends)
+
+
+def test_where_rows_check_as_alone_the_draft_model_drafts_as_alone_beside_others():
+    """BATCH_INVARIANT on a graph whose checks are not one-token steps' bits: a row's drafts must not depend on what
+    runs beside it (each check's bits would), so the draft model drafts for it beside others too."""
+    _, ends = answers([[61, 62, 63]], draft=True, batch_invariant=True, multi_token_rows=False)
+    alone = model_kept(ends[0])
+    _, ends = answers([[61, 62, 63], [62, 61, 63]], draft=True, batch_invariant=True, multi_token_rows=False)
+    assert alone > 20 and [model_kept(end) for end in ends] == [alone, alone]
 
 
 def test_the_draft_model_drafts_where_its_time_pays_by_the_measured_costs():
