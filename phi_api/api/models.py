@@ -42,11 +42,18 @@ def retrieve_model(model: str) -> Response:
     return jsonify(catalog.openai_model(get_models().served(model)))
 
 
-def load_checked(model: Any, path: Any, options: Any, param: str = "options") -> dict[str, Any]:
-    """Load a model on every worker of the server; its model object (admin keys only)."""
+def load_checked(model: Any, path: Any, options: Any, param: str = "options",
+                 draft: str | None = None) -> dict[str, Any]:
+    """Load a model on every worker of the server (``draft``: the id of a served model to draft for it); its model
+    object (admin keys only)."""
     require_admin("load models")
-    served = get_models().load(ModelSpec.checked(model, path, options, param=param))
-    return catalog.openai_model(served)
+    spec = ModelSpec.checked(model, path, options, param=param)
+    if draft is not None:
+        found = get_models().get(draft)
+        if found is None:
+            raise InvalidParameterError(f"No served model '{draft}' to draft for {spec.id}.", param="draft")
+        spec = ModelSpec(spec.id, spec.path, {**spec.options, "SPECULATIVE_DRAFT_MODEL": found.spec.path}, spec.task)
+    return catalog.openai_model(get_models().load(spec))
 
 
 def check_pull_allowed(name: str, param: str = "model") -> None:
@@ -96,7 +103,8 @@ def load_model() -> Response:
         if "error" in last:
             raise ModelLoadingError(body["model"], last["error"], body["model"])
         return jsonify({**catalog.openai_model(get_models().served(body["model"])), "status": "loaded"})
-    return jsonify({**load_checked(body["model"], body["path"], body.get("options")), "status": "loaded"})
+    return jsonify({**load_checked(body["model"], body["path"], body.get("options"), draft=body.get("draft")),
+                    "status": "loaded"})
 
 
 @bp.post("/v1/models/unload")

@@ -43,6 +43,7 @@ class Loader:
 
     def __init__(self) -> None:
         self.loaded: list[tuple[str, object]] = []
+        self.specs: list[ModelSpec] = []
         self.entered = threading.Event()  # a load has begun
         self.gate: threading.Event | None = None  # when set by a test, loads wait for it
 
@@ -54,6 +55,7 @@ class Loader:
             raise ModelLoadingError(spec.path, "the graph is broken")
         engine = fake_engine([1, 0], text_pieces(b"hi"))
         self.loaded.append((spec.id, engine))
+        self.specs.append(spec)
         return engine
 
 
@@ -209,6 +211,18 @@ def test_load_and_unload_over_http_in_openai_openarc_and_ollama_terms(make_app, 
     assert status["total_loaded_models"] == 2 and status["openai_model_names"] == ["test-model", "arc"]
     assert client.post("/openarc/unload", json={"model_name": "arc"}).get_json()["status"] == "unloading"
     assert client.post("/v1/models/unload", json={"model": "arc"}).status_code == 404
+
+
+def test_a_load_over_http_names_a_served_model_as_its_draft(make_app, tmp_path):
+    loader = Loader()
+    declared_path = str(model_folder(tmp_path, "declared"))
+    app = make_app(engine=None, loader=loader, MODEL_ID="test-model", MODEL_PATH=declared_path)
+    client = app.test_client()
+    path = str(model_folder(tmp_path, "extra"))
+    loaded = client.post("/v1/models/load", json={"model": "big", "path": path, "draft": "test-model"})
+    assert loaded.status_code == 200 and loader.specs[-1].options == {"SPECULATIVE_DRAFT_MODEL": declared_path}
+    assert_error(client.post("/v1/models/load", json={"model": "other", "path": path, "draft": "nobody"}), 400,
+                 "invalid_request_error", "invalid_parameter", "draft")
 
 
 @pytest.mark.parametrize("route,body,status,code,param", [
