@@ -62,7 +62,7 @@ class SharedBudget:
         self.idle_seconds = idle_seconds
         self.lock = new_rlock()  # engine threads are native threads: never gevent's lock
         self.accounts: list[Account] = []
-        self.staged = 0  # bytes of keys and values copied out for the disk tier, not yet written
+        self.staged = 0  # bytes beside the rows: copies on their way to disk, draft models' rows (engine.sched.drafts)
         self._ticks = itertools.count(1)
 
     def open(self, name: str, wake: Callable[[], None], size: Callable[[Kept], int]) -> Account:
@@ -94,7 +94,7 @@ class SharedBudget:
             return sum(account.kept_bytes for account in self.accounts)
 
     def held(self) -> int:
-        """Bytes the books hold: running requests' reservations, kept prefixes and copies staged for disk."""
+        """Bytes the books hold: running requests' reservations, kept prefixes, and what is staged beside them."""
         with self.lock:
             return self.reserved + self.kept_bytes + self.staged
 
@@ -115,8 +115,9 @@ class SharedBudget:
             return max(0, self.held() + extra - self.budget)
 
     def stage(self, nbytes: int) -> bool:
-        """Book ``nbytes`` for a copy on its way to disk (:mod:`engine.kv.disk`), if the budget has room beside
-        the running requests and kept prefixes; such copies never make anything else leave."""
+        """Book ``nbytes`` beside the rows (a copy on its way to disk, :mod:`engine.kv.disk`; a draft model's row,
+        :mod:`engine.sched.drafts`), if the budget has room beside the running requests and kept prefixes; such
+        bytes never make anything else leave."""
         with self.lock:
             if self.held() + nbytes > self.budget:
                 return False
@@ -124,7 +125,7 @@ class SharedBudget:
             return True
 
     def unstage(self, nbytes: int) -> None:
-        """A copy booked with :meth:`stage` is written (or given up): its memory is free again."""
+        """Bytes booked with :meth:`stage` are free again (a copy written or given up, a draft row given back)."""
         with self.lock:
             self.staged -= nbytes
         self.room_freed()

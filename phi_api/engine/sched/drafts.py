@@ -20,6 +20,7 @@ not built); n-grams still draft there.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -29,8 +30,9 @@ from phi_api.engine.kv.budget import SharedBudget
 from phi_api.engine.kv.ledger import row_bytes
 from phi_api.engine.runtime.model import Model
 from phi_api.engine.runtime.pool import KVPool
-from phi_api.engine.runtime.session import Decoder
+from phi_api.engine.runtime.session import ORT_ERRORS, Decoder
 
+log = logging.getLogger(__name__)
 WINDOW = 1024  # the most tokens of a sequence's end the draft model holds for it
 _DRAFT_ROOM = 64  # beyond the window: a draft's own tokens (SPECULATIVE_DRAFT_MAX is at most 64)
 
@@ -94,12 +96,22 @@ class DraftRow:
         self.start = 0  # the sequence's token at the row's position 0
         self.held: list[int] = []  # the tokens whose keys and values the row holds
         self.closed = False
+        self.failed = False  # its session failed once: no more drafts for this sequence
 
     def propose(self, tokens: list[int], limit: int) -> list[int]:
-        """The draft model's greedy next ``limit`` tokens after ``tokens`` (the sequence so far)."""
+        """The draft model's greedy next ``limit`` tokens after ``tokens`` (the sequence so far); none once its
+        session has failed for this sequence (which goes on without it: a draft is only ever a guess)."""
         owner = self.owner
+        if self.failed:
+            return []
         started = owner.clock()
-        draft = self._propose(tokens, limit)
+        try:
+            draft = self._propose(tokens, limit)
+        except ORT_ERRORS as error:
+            log.warning("the draft model failed (%s: %s): the sequence goes on without its drafts",
+                        type(error).__name__, error)
+            self.failed = True
+            return []
         owner.timed(owner.clock() - started, len(draft))
         return draft
 

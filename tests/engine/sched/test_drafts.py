@@ -62,6 +62,16 @@ def test_a_sequence_longer_than_the_window_is_fed_from_half_a_window_back():
     assert script.steps[:WINDOW // 2 // 64] == ["prefill:64"] * (WINDOW // 2 // 64)
 
 
+def test_a_failing_draft_model_leaves_the_sequence_without_drafts(caplog):
+    drafts, script = draft_model()
+    script.fail_at = 1  # its second one-token step raises, as ONNX Runtime would
+    row = drafts.open()
+    assert row is not None and row.propose(list(range(5, 25)), 4) == []
+    steps = len(script.steps)
+    assert row.propose(list(range(5, 26)), 4) == [] and len(script.steps) == steps  # never stepped again
+    assert "the draft model failed (RuntimeError: fake engine failure)" in caplog.text
+
+
 def test_rows_are_booked_in_the_worker_budget_and_given_back():
     probe, _ = draft_model()
     one_row = probe.row_bytes
