@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from phi_api.bench.common import emit, median, say
 from phi_api.bench.server import Server
-from phi_api.bench.speculative import COPYING
+from phi_api.bench.speculative import COPYING, by_source
 
 MODEL_ID = "bench-model"
 SERVERS: dict[str, dict[str, Any]] = {"off": {"SPECULATIVE_DRAFT_MAX": 0}, "prompt": {"SPECULATIVE_HISTORY_TOKENS": 0},
@@ -97,14 +96,6 @@ def run_workload(server: Server, bodies: list[dict[str, Any]], key: str) -> tupl
         seconds += time.perf_counter() - started
         tokens += reply.json()["usage"]["completion_tokens"]
     return seconds, tokens
-
-
-def by_source(server: Server) -> dict[str, float]:
-    """Draft tokens checked and kept by source, as the server counts them."""
-    text = requests.get(server.url + "/metrics", timeout=30).text
-    return {f"{sample.labels['source']}_{sample.labels['outcome']}": sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples
-            if sample.name == "phi_api_draft_source_tokens_total"}
 
 
 def measure(model_path: str, runs: int, invariant: bool = True) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from phi_api.bench.client import LoadResult, StreamResult, concurrent_streams, stream_completion, unique
 from phi_api.bench.server import Server
@@ -91,6 +92,14 @@ def chat_body(prompt: str, max_tokens: int) -> dict[str, Any]:
             "temperature": 0}
 
 
+def by_source(server: Server) -> dict[str, float]:
+    """Draft tokens checked and kept by source, as the server counts them."""
+    text = requests.get(server.url + "/metrics", timeout=30).text
+    return {f"{sample.labels['source']}_{sample.labels['outcome']}": sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples
+            if sample.name == "phi_api_draft_source_tokens_total"}
+
+
 def draft_counts(server: Server) -> dict[str, float]:
     """The draft counters of ``server``'s ``/metrics``, summed over their labels."""
     counts = dict.fromkeys(DRAFT_METRICS, 0.0)
@@ -115,7 +124,7 @@ def single_streams(servers: dict[str, Server], runs: int) -> dict[str, Any]:
     report: dict[str, Any] = {}
     for kind, prompts, max_tokens in (("copying", COPYING, COPY_TOKENS), ("chat", CHAT, CHAT_TOKENS)):
         pairs: list[dict[str, StreamResult]] = []
-        before = draft_counts(servers["on"])
+        before, sources_before = draft_counts(servers["on"]), by_source(servers["on"])
         for run in range(runs):
             for prompt in prompts.values():
                 body = unique(chat_body(prompt, max_tokens))
@@ -123,8 +132,9 @@ def single_streams(servers: dict[str, Server], runs: int) -> dict[str, Any]:
                 pairs.append({side: stream_completion(servers[side].url, body, path=CHAT_PATH) for side in order})
             say(f"{kind}, run {run + 1}/{runs}: on/off decode {pairs[-1]['on'].decode_rate or 0:.1f}/"
                 f"{pairs[-1]['off'].decode_rate or 0:.1f} tok/s")
-        after = draft_counts(servers["on"])
+        after, sources_after = draft_counts(servers["on"]), by_source(servers["on"])
         drafted, accepted, checks = (after[name] - before[name] for name in DRAFT_METRICS)
+        sources = {key: value - sources_before.get(key, 0.0) for key, value in sources_after.items()}
         report[kind] = {
             "decode_ratio": median([ratio(pair["on"].decode_rate, pair["off"].decode_rate) for pair in pairs]),
             "decode_on": median([pair["on"].decode_rate for pair in pairs]),
@@ -137,6 +147,7 @@ def single_streams(servers: dict[str, Server], runs: int) -> dict[str, Any]:
             "drafted": drafted, "accepted": accepted, "checks": checks,
             "accepted_per_check": accepted / checks if checks else 0.0,
             "tokens_per_check": (accepted + checks) / checks if checks else 0.0,
+            "by_source": {key: value for key, value in sources.items() if value},  # "<source>_checked", "_kept"
         }
     return report
 
@@ -330,6 +341,15 @@ def run(args: Any) -> dict[str, Any]:
     return report
 
 
+def kept_by_source(case: dict[str, Any]) -> str:
+    """The draft tokens each source had checked and kept, as "; kept of checked: model 90/100, prompt 3/8"."""
+    counts = case.get("by_source", {})
+    names = sorted({key.rsplit("_", 1)[0] for key in counts})
+    return ("; kept of checked: " + ", ".join(f"{name} {counts.get(name + '_kept', 0):.0f}/"
+                                               f"{counts.get(name + '_checked', 0):.0f}" for name in names)
+            if names else "")
+
+
 def _x(value: float | None) -> str:
     return f"{value:.2f}x" if value is not None else "n/a"
 
@@ -344,7 +364,7 @@ def table(report: dict[str, Any]) -> str:
                     f"{case['decode_on']:.1f} / {case['decode_off']:.1f} tok/s; {case['same_answers']} of "
                     f"{case['answers']} answers identical (median {case['same_start']:.0%} the same from the "
                     f"start); {case['accepted_per_check']:.2f} draft tokens kept "
-                    f"per check, {case['tokens_per_check']:.2f} tokens per checking step |")
+                    f"per check, {case['tokens_per_check']:.2f} tokens per checking step{kept_by_source(case)} |")
     rows.append(f"| copying, {many['streams']} streams, aggregate | {_x(many['aggregate_ratio'])} (goal >= 1.3x) | "
                 f"{many['aggregate_on']:.1f} / {many['aggregate_off']:.1f} tok/s |")
     for name, speedup in projection["speedup"].items():

@@ -49,3 +49,11 @@ def test_a_draft_model_s_projection_is_tokens_per_check_over_the_check_and_the_d
     chat = {"checks": 10, "drafted": 40, "tokens_per_check": 3.5}
     case = draft_projection(chat, [1.0, 1.1, 1.2, 1.3, 1.4], 0.05)
     assert case["draft_tokens"] == 4.0 and case["speedup"] == 3.5 / (1.4 + 4 * 0.05)
+
+
+def test_the_table_gives_the_kept_draft_tokens_of_each_source():
+    from phi_api.bench.speculative import kept_by_source
+
+    case = {"by_source": {"model_checked": 100.0, "model_kept": 90.0, "prompt_checked": 8.0, "prompt_kept": 3.0}}
+    assert kept_by_source(case) == "; kept of checked: model 90/100, prompt 3/8"
+    assert kept_by_source({"by_source": {}}) == ""
