@@ -72,7 +72,8 @@ class DraftModel:
         return DraftRow(self, self._free.pop())
 
     def timed(self, seconds: float, tokens: int) -> None:
-        """A draft of ``tokens`` tokens took ``seconds``."""
+        """A draft of ``tokens`` tokens took ``seconds`` (those it fed first included: what the row's last draft
+        kept, and the sequence's own token)."""
         measured = seconds / tokens
         average = self.seconds_per_token
         self.seconds_per_token = measured if average is None else average + 0.2 * (measured - average)
@@ -106,16 +107,18 @@ class DraftRow:
             return []
         started = owner.clock()
         try:
-            draft = self._propose(tokens, limit)
+            draft, fed = self._propose(tokens, limit)
         except ORT_ERRORS as error:
             log.warning("the draft model failed (%s: %s): the sequence goes on without its drafts",
                         type(error).__name__, error)
             self.failed = True
             return []
-        owner.timed(owner.clock() - started, len(draft))
+        if fed <= limit + 1:  # a draft as the row goes on: a prompt's or a window's first feeding is paid once
+            owner.timed(owner.clock() - started, len(draft))
         return draft
 
-    def _propose(self, tokens: list[int], limit: int) -> list[int]:
+    def _propose(self, tokens: list[int], limit: int) -> tuple[list[int], int]:
+        """The draft, and how many tokens were fed before it."""
         owner = self.owner
         if len(tokens) - self.start + limit > WINDOW + _DRAFT_ROOM - 1:  # outgrown: from half a window back
             self.start, self.held = max(0, len(tokens) - WINDOW // 2), []
@@ -138,7 +141,7 @@ class DraftRow:
                                         prefill=False)[0]
             draft.append(int(np.argmax(logits[:owner.vocab])))
         self.held = view + draft[:-1]
-        return draft
+        return draft, len(view) - same
 
     def close(self) -> None:
         if not self.closed:

@@ -51,6 +51,19 @@ def test_a_row_feeds_what_it_lacks_and_holds_the_sequence_then_its_draft():
     assert script.steps == ["decode:1"] * 2  # fed again for its logits, then one draft token
 
 
+def test_a_draft_s_time_is_its_own_and_the_tokens_it_lacked_not_a_prompt_s_first_feeding():
+    drafts, script = draft_model()
+    row = drafts.open()
+    assert row is not None
+    tokens = list(range(5, 45))
+    row.propose(tokens, 4)  # 40 prompt tokens fed first: not timed
+    assert drafts.seconds_per_token is None
+    script.step_seconds = 0.01  # the fake's clock: each step 10 ms
+    drafts.clock = script.clock
+    draft = row.propose(tokens + [50], 4)  # one token fed, then 3 one-token steps: 4 steps for 4 draft tokens
+    assert len(draft) == 4 and drafts.seconds_per_token == pytest.approx(0.01)
+
+
 def test_a_sequence_longer_than_the_window_is_fed_from_half_a_window_back():
     drafts, script = draft_model(chunk=64)
     row = drafts.open()
