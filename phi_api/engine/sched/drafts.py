@@ -34,6 +34,8 @@ from phi_api.engine.runtime.session import ORT_ERRORS, Decoder
 
 log = logging.getLogger(__name__)
 WINDOW = 1024  # the most tokens of a sequence's end the draft model holds for it
+_DECAY = 0.9  # the weight of the drafts before, at each new one
+_RETRY_EVERY = 64  # drafts passed over as not paying, between two drafts asked for anyway
 _DRAFT_ROOM = 64  # beyond the window: a draft's own tokens (SPECULATIVE_DRAFT_MAX is at most 64)
 
 
@@ -59,7 +61,8 @@ class DraftModel:
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.decoder: Decoder = model.new_decoder(threads)
         self.clock = clock
-        self.seconds_per_token: float | None = None  # a draft token's time, feeding included (a running average)
+        self._seconds = self._tokens = 0.0  # the time its drafts took, feeding included, and their tokens (decaying)
+        self._passed = 0  # drafts it was not asked for since it last drafted, as not paying
         self.pool = KVPool(self.decoder.spec, rows, WINDOW + _DRAFT_ROOM)
         self.memory, self.chunk, self.vocab = memory, chunk, vocab
         self.row_bytes = row_bytes(self.decoder.spec, self.pool.tokens)
@@ -71,12 +74,23 @@ class DraftModel:
             return None
         return DraftRow(self, self._free.pop())
 
+    @property
+    def seconds_per_token(self) -> float | None:
+        """A draft token's time, what the rows fed first included (a sequence's prompt, once): the recent drafts'
+        time over their tokens (None before any)."""
+        return self._seconds / self._tokens if self._tokens else None
+
     def timed(self, seconds: float, tokens: int) -> None:
-        """A draft of ``tokens`` tokens took ``seconds`` (those it fed first included: what the row's last draft
-        kept, and the sequence's own token)."""
-        measured = seconds / tokens
-        average = self.seconds_per_token
-        self.seconds_per_token = measured if average is None else average + 0.2 * (measured - average)
+        """A draft of ``tokens`` tokens took ``seconds``, feeding included."""
+        self._seconds = _DECAY * self._seconds + seconds
+        self._tokens = _DECAY * self._tokens + tokens
+        self._passed = 0
+
+    def passed(self) -> bool:
+        """It was not asked for a draft, as not paying: whether to ask it anyway (one such draft in
+        :data:`_RETRY_EVERY`), so that its time is measured again where things have changed."""
+        self._passed += 1
+        return self._passed % _RETRY_EVERY == 0
 
     def give_back(self, row: int) -> None:
         self.pool.release(row)
@@ -107,18 +121,16 @@ class DraftRow:
             return []
         started = owner.clock()
         try:
-            draft, fed = self._propose(tokens, limit)
+            draft = self._propose(tokens, limit)
         except ORT_ERRORS as error:
             log.warning("the draft model failed (%s: %s): the sequence goes on without its drafts",
                         type(error).__name__, error)
             self.failed = True
             return []
-        if fed <= limit + 1:  # a draft as the row goes on: a prompt's or a window's first feeding is paid once
-            owner.timed(owner.clock() - started, len(draft))
+        owner.timed(owner.clock() - started, len(draft))
         return draft
 
-    def _propose(self, tokens: list[int], limit: int) -> tuple[list[int], int]:
-        """The draft, and how many tokens were fed before it."""
+    def _propose(self, tokens: list[int], limit: int) -> list[int]:
         owner = self.owner
         if len(tokens) - self.start + limit > WINDOW + _DRAFT_ROOM - 1:  # outgrown: from half a window back
             self.start, self.held = max(0, len(tokens) - WINDOW // 2), []
@@ -141,7 +153,7 @@ class DraftRow:
                                         prefill=False)[0]
             draft.append(int(np.argmax(logits[:owner.vocab])))
         self.held = view + draft[:-1]
-        return draft, len(view) - same
+        return draft
 
     def close(self) -> None:
         if not self.closed:

@@ -150,7 +150,8 @@ class Speculation:
     def _model_cost(self, row: Sequence, alone: bool) -> float | None:
         """What the draft model's draft would cost ``row``, in checks (None: it may not draft): only for a request
         alone in its step (beside others, its own draft steps would hold the batch up), where its draft's expected
-        tokens a second beat a plain step's by the times measured. Where rows check as alone, it drafts as alone
+        tokens a second beat a plain step's by the times measured (and now and then where not, to time it again).
+        Where rows check as alone, it drafts as alone
         whatever runs beside and whatever the timings (a draft there changes the answer's last bits): it costs
         nothing, and drafts wherever no n-gram matches or it keeps more."""
         if self.drafts is None:
@@ -159,7 +160,8 @@ class Speculation:
             return 0.0
         if not alone:
             return None
-        return model_draft_cost(self.costs, row.drafter.expected, row.drafter.limit, self.drafts.seconds_per_token)
+        cost = model_draft_cost(self.costs, row.drafter.expected, row.drafter.limit, self.drafts.seconds_per_token)
+        return 0.0 if cost is None and self.drafts.passed() else cost
 
     def _group(self, row: Sequence) -> list[Sequence]:
         """The rows of the batched step ``row`` takes part in (its LongRoPE group)."""

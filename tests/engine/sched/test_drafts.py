@@ -51,17 +51,18 @@ def test_a_row_feeds_what_it_lacks_and_holds_the_sequence_then_its_draft():
     assert script.steps == ["decode:1"] * 2  # fed again for its logits, then one draft token
 
 
-def test_a_draft_s_time_is_its_own_and_the_tokens_it_lacked_not_a_prompt_s_first_feeding():
+def test_a_draft_s_time_counts_what_it_fed_first_and_a_passed_model_is_asked_again_now_and_then():
     drafts, script = draft_model()
+    drafts.clock, script.token_seconds = script.clock, 0.0  # the fake's clock: each step 10 ms
     row = drafts.open()
-    assert row is not None
-    tokens = list(range(5, 45))
-    row.propose(tokens, 4)  # 40 prompt tokens fed first: not timed
-    assert drafts.seconds_per_token is None
-    script.step_seconds = 0.01  # the fake's clock: each step 10 ms
-    drafts.clock = script.clock
-    draft = row.propose(tokens + [50], 4)  # one token fed, then 3 one-token steps: 4 steps for 4 draft tokens
-    assert len(draft) == 4 and drafts.seconds_per_token == pytest.approx(0.01)
+    assert row is not None and drafts.seconds_per_token is None
+    tokens = list(range(5, 25))
+    row.propose(tokens, 4)  # 20 prompt tokens fed in 3 chunks, then 3 one-token steps: 6 steps for 4 tokens
+    assert drafts.seconds_per_token == pytest.approx(6 * 0.01 / 4)
+    row.propose(tokens + [50], 4)  # one token fed, then 3 one-token steps: 4 steps
+    assert drafts.seconds_per_token == pytest.approx((0.9 * 0.06 + 0.04) / (0.9 * 4 + 4))
+    asked = [drafts.passed() for _ in range(128)]
+    assert [index for index, yes in enumerate(asked) if yes] == [63, 127]
 
 
 def test_a_sequence_longer_than_the_window_is_fed_from_half_a_window_back():
