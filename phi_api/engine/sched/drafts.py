@@ -35,7 +35,7 @@ from phi_api.engine.runtime.session import ORT_ERRORS, Decoder
 log = logging.getLogger(__name__)
 WINDOW = 1024  # the most tokens of a sequence's end the draft model holds for it
 _DECAY = 0.9  # the weight of the drafts before, at each new one
-_RETRY_EVERY = 64  # drafts passed over as not paying, between two drafts asked for anyway
+_RETRY_EVERY = 1024  # drafts passed over as not paying, between two asked for anyway (each may feed a prompt)
 _DRAFT_ROOM = 64  # beyond the window: a draft's own tokens (SPECULATIVE_DRAFT_MAX is at most 64)
 
 
@@ -88,7 +88,8 @@ class DraftModel:
 
     def passed(self) -> bool:
         """It was not asked for a draft, as not paying: whether to ask it anyway (one such draft in
-        :data:`_RETRY_EVERY`), so that its time is measured again where things have changed."""
+        :data:`_RETRY_EVERY`: each may feed a sequence's prompt first), so that its time is measured again where things
+        have changed."""
         self._passed += 1
         return self._passed % _RETRY_EVERY == 0
 

@@ -61,8 +61,8 @@ def test_a_draft_s_time_counts_what_it_fed_first_and_a_passed_model_is_asked_aga
     assert drafts.seconds_per_token == pytest.approx(6 * 0.01 / 4)
     row.propose(tokens + [50], 4)  # one token fed, then 3 one-token steps: 4 steps
     assert drafts.seconds_per_token == pytest.approx((0.9 * 0.06 + 0.04) / (0.9 * 4 + 4))
-    asked = [drafts.passed() for _ in range(128)]
-    assert [index for index, yes in enumerate(asked) if yes] == [63, 127]
+    asked = [drafts.passed() for _ in range(2048)]
+    assert [index for index, yes in enumerate(asked) if yes] == [1023, 2047]
 
 
 def test_a_sequence_longer_than_the_window_is_fed_from_half_a_window_back():
