@@ -37,6 +37,8 @@ BENCHES = {
              "step costs and the projected speed-up"),
     "sources": ("phi_api.bench.sources", "where drafts come from (the prompt, a prediction, the key's earlier "
                 "answers) on JSON extraction, a tool loop and a predicted edit, against speculation off"),
+    "draft": ("phi_api.bench.draftmodel", "a draft model's own effect: speculation with it against without it, "
+              "on chat and copying, with each source's kept draft tokens"),
     "disk": ("phi_api.bench.prefixdisk", "prompts read from disk against computed: across a restart, across "
              "workers, and decoding while the disk tier writes"),
     "batch": ("phi_api.bench.batches", "a live request's first token while a batch runs, against idle and "
