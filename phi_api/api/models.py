@@ -52,7 +52,7 @@ def load_checked(model: Any, path: Any, options: Any, param: str = "options",
         found = get_models().get(draft)
         if found is None:
             raise InvalidParameterError(f"No served model '{draft}' to draft for {spec.id}.", param="draft")
-        spec = ModelSpec(spec.id, spec.path, {**spec.options, "SPECULATIVE_DRAFT_MODEL": found.spec.path}, spec.task)
+        spec = spec.with_draft_folder(found.spec.path)
     return catalog.openai_model(get_models().load(spec))
 
 

@@ -42,9 +42,7 @@ def load_engine(settings: Settings, spec: ModelSpec, memory: SharedBudget | None
     settings = dataclasses.replace(settings, **spec.options)
     if not os.path.isdir(path):
         raise ModelLoadingError(path, "no such directory", spec.id)
-    if not os.path.isfile(os.path.join(path, "genai_config.json")):
-        raise ModelLoadingError(path, "genai_config.json not found (not an ONNX Runtime GenAI model folder)",
-                                spec.id)
+    _require_generator(path, spec.id)
     def language_model(folder: str) -> LanguageModel:
         try:
             return LanguageModel(folder, cache_dir=cache_root() / "runtime", kv_dtype=settings.KV_CACHE_DTYPE,
@@ -68,14 +66,19 @@ def _draft_model(folder: str, model: LanguageModel, language_model: Callable[[st
         return None
     from phi_api.engine.sched.drafts import vocabulary_mismatch
 
-    if not os.path.isfile(os.path.join(folder, "genai_config.json")):
-        raise ModelLoadingError(folder, "the draft model (SPECULATIVE_DRAFT_MODEL) is no ONNX Runtime GenAI model "
-                                "folder", model_id)
+    _require_generator(folder, model_id, "the draft model (SPECULATIVE_DRAFT_MODEL): ")
     draft = language_model(folder)
     mismatch = vocabulary_mismatch(model, draft)
     if mismatch is not None:
         raise ModelLoadingError(folder, f"the draft model cannot draft for {model_id}: {mismatch}", model_id)
     return draft
+
+
+def _require_generator(folder: str, model_id: str, role: str = "") -> None:
+    """Refuse ``folder`` unless it holds an ONNX Runtime GenAI model (``role``: which of the model's folders)."""
+    if not os.path.isfile(os.path.join(folder, "genai_config.json")):
+        raise ModelLoadingError(folder, f"{role}genai_config.json not found (not an ONNX Runtime GenAI model folder)",
+                                model_id)
 
 
 def _load_encoder(settings: Settings, spec: ModelSpec) -> EncoderEngine:

@@ -34,6 +34,10 @@ class ModelSpec:
     options: dict[str, Any] = field(default_factory=dict)
     task: str | None = None
 
+    def with_draft_folder(self, folder: str) -> ModelSpec:
+        """This spec with the model in ``folder`` as its draft model (``SPECULATIVE_DRAFT_MODEL``)."""
+        return ModelSpec(self.id, self.path, {**self.options, "SPECULATIVE_DRAFT_MODEL": folder}, self.task)
+
     def to_json(self) -> dict[str, Any]:
         """The spec as the registry file and ``MODELS_FILE`` write it."""
         return {"id": self.id, "path": self.path, "options": self.options,
@@ -159,7 +163,7 @@ def with_draft(spec: ModelSpec, draft: Any, specs: list[ModelSpec], source: str)
     if not isinstance(draft, str) or draft not in folders:
         raise ConfigError(f"MODELS_FILE {source}: the draft of {spec.id} must be the id of another of its models "
                           f"({', '.join(sorted(folders)) or 'none'})")
-    return ModelSpec(spec.id, spec.path, {**spec.options, "SPECULATIVE_DRAFT_MODEL": folders[draft]}, spec.task)
+    return spec.with_draft_folder(folders[draft])
 
 
 def pulled(name: str) -> str:

@@ -94,6 +94,9 @@ class Metrics:
                               "summed", multiprocess_mode="livesum", **own)
         self.kv_kept = Gauge("phi_api_kv_cache_kept_bytes", "Key/value memory kept prefixes hold (they give way)",
                              **live)
+        self.kv_staged = Gauge("phi_api_kv_cache_staged_bytes", "Key/value memory booked beside the rows (draft "
+                               "models' rows, copies on their way to disk), summed", multiprocess_mode="livesum",
+                               **own)
         self.kv_evictions = Counter("phi_api_kv_cache_evictions", "Kept prefixes given up to make room or unused",
                                     ["model_name"], **own)
         self.memory_waiting = Gauge("phi_api_engine_requests_waiting_for_memory",
@@ -177,6 +180,7 @@ class Metrics:
         self.memory_master.set(usage["master_private"])
         self.memory_process.set(usage["worker_private"])
         self.kv_share.set(usage["kv_share"])
+        self.kv_staged.set(books["staged"])
         for model, (_, kept_bytes, evictions) in books["engines"].items():
             self.kv_kept.labels(model).set(kept_bytes)
             self._advance(self.kv_evictions, model, evictions)

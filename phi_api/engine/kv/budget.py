@@ -158,8 +158,9 @@ class SharedBudget:
             account.wake()
 
     def usage(self) -> dict[str, Any]:
-        """The books, for metrics: the budget, and each engine's running and kept bytes and evictions."""
+        """The books, for metrics: the budget, what is staged beside the rows, and each engine's running and kept
+        bytes and evictions."""
         with self.lock:
-            return {"budget": self.budget,
+            return {"budget": self.budget, "staged": self.staged,
                     "engines": {account.name: (account.reserved, account.kept_bytes, account.evictions)
                                 for account in self.accounts}}

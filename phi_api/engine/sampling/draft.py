@@ -96,7 +96,7 @@ class Drafter:
             self._score_declined(int(token))
             self._own.add((token,))
 
-    def propose(self, room: int, model_cost: float | None = 0.0) -> list[int]:
+    def propose(self, room: int, model_cost: float | None = None) -> list[int]:
         """A draft of at most ``room`` tokens and at least ``min_tokens`` (none when nothing matches, while paused, or
         when off); ``model_cost``: what the draft model's draft would cost, in checks (None: it may not draft: the
         caller's cost decision)."""

@@ -142,8 +142,7 @@ class EngineLoop(ThreadOwner[list[Choice]]):
         if drafts is not None:  # every sequence has ended: its rows are given back
             drafts.close()
         self.load = EngineLoad(kv_budget=self.config.kv_budget_bytes)
-        if hasattr(decoder, "unbind"):
-            decoder.unbind()
+        decoder.unbind()
         pool = batch.kv.pool
         if batch.kv.disk is not None:
             batch.kv.disk.close()

@@ -148,12 +148,13 @@ class Speculation:
         return True
 
     def _model_cost(self, row: Sequence, alone: bool) -> float | None:
-        """What the draft model's draft would cost ``row``, in checks (None: it may not draft): only for a request
-        alone in its step (beside others, its own draft steps would hold the batch up), where its draft's expected
-        tokens a second beat a plain step's by the times measured (and now and then where not, to time it again).
-        Where rows check as alone, it drafts as alone
-        whatever runs beside and whatever the timings (a draft there changes the answer's last bits): it costs
-        nothing, and drafts wherever no n-gram matches or it keeps more."""
+        """What the draft model's draft would cost ``row``, in checks (None: it may not draft).
+
+        Only for a request alone in its step (beside others, its own draft steps would hold the batch up), and where
+        its draft's expected tokens a second beat a plain step's by the times measured (now and then where not, to
+        time it again). Where rows check as alone, it drafts as alone whatever runs beside and whatever the timings
+        (a draft there changes the answer's last bits): it costs nothing, and drafts wherever no n-gram matches or
+        it keeps more."""
         if self.drafts is None:
             return None
         if self.invariant:

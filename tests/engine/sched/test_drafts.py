@@ -91,7 +91,7 @@ def test_rows_are_booked_in_the_worker_budget_and_given_back():
     one_row = probe.row_bytes
     drafts, _ = draft_model(rows=2, budget=one_row)
     first = drafts.open()
-    assert first is not None and drafts.memory.staged == one_row
+    assert first is not None and drafts.memory.staged == one_row == drafts.memory.usage()["staged"]  # in /metrics
     assert drafts.open() is None  # no room for a second row's memory: none
     first.close()
     first.close()  # twice: given back once
@@ -130,15 +130,15 @@ def test_the_draft_model_drafts_where_no_n_gram_matches_and_where_it_keeps_more(
     row = Row([7, 8, 9])
     source = Source(row)
     drafter = Drafter([1, 2, 3, 1, 2], 3, model=source)
-    assert drafter.propose(8) == [3, 1, 2] and source.opened == 0  # an n-gram matches: it drafts first
+    assert drafter.propose(8, model_cost=0.0) == [3, 1, 2] and source.opened == 0  # an n-gram matches: it drafts first
     drafter.record(3, 0)
     drafter.extend([5])
     assert drafter.propose(8, model_cost=None) == []  # the caller's cost decision: not here
     assert source.opened == 0
-    assert drafter.propose(8) == [7]  # nothing of its own matches: the model drafts (one more than kept last)
+    assert drafter.propose(8, model_cost=0.0) == [7]  # no n-gram matches: the model drafts (one more than kept)
     drafter.record(1, 1)
     drafter.extend([7, 6, 1, 2])  # "1 2" again: an n-gram draft matches ...
-    assert drafter.propose(8) == [7, 8] and row.proposed == 2  # ... but the model kept more so far
+    assert drafter.propose(8, model_cost=0.0) == [7, 8] and row.proposed == 2  # ... but the model kept more so far
     drafter.record(2, 2)
     drafter.extend([7, 8, 6, 1, 2])
     # its draft costing 2 checks' time: 1 + 3 tokens for 3 checks' time against the n-gram's 1 for one
@@ -155,9 +155,9 @@ def test_the_draft_model_drafts_where_no_n_gram_matches_and_where_it_keeps_more(
 def test_without_a_free_row_the_sequence_drafts_as_without_a_model():
     source = Source(None)
     drafter = Drafter([1, 2, 3, 1, 2], 3, model=source)
-    assert drafter.propose(8) == [3, 1, 2] and source.opened == 0  # the n-gram matched: the model is not asked
+    assert drafter.propose(8, model_cost=0.0) == [3, 1, 2] and source.opened == 0  # an n-gram matched: not asked
     plain = Drafter([4, 5, 6], 3, model=source)
-    assert plain.propose(8) == [] and source.opened == 1
+    assert plain.propose(8, model_cost=0.0) == [] and source.opened == 1
     plain.close()
 
 
