@@ -5,8 +5,9 @@
   for it when a model loads (``INT4_KERNEL``); :mod:`.reference` repacks the weights and computes the same product
   in numpy; ``q4_vnni.cpp`` and :mod:`.native` call the kernel through ctypes for the tests and
   ``phi-api bench kernels``.
-- The attention over int8 keys and values, or float32 ones: ``attention_kernel.h``, the operators
-  ``phi_api.Attention`` and ``phi_api.AttentionFloat`` (``attention_op.h``); :mod:`phi_api.engine.runtime.attention`
+- The attention over int8 or int4 keys and values, or float32 ones: ``attention_kernel.h`` (the int4 codec in
+  ``attention_int4.h``), the operators ``phi_api.Attention``, ``phi_api.Attention4`` and ``phi_api.AttentionFloat``
+  (``attention_op.h``); :mod:`phi_api.engine.runtime.attention`
   swaps GroupQueryAttention nodes for them (``ATTENTION_KERNEL``); :mod:`.attention_reference` computes the same
   in numpy and :mod:`.attention_graph` makes one-node graphs for the tests and ``phi-api bench attention``.
 

@@ -44,12 +44,13 @@ struct Layer {
   int window;                      // > 0: a query sees the last `window` keys, its own included
 };
 
-template <typename T>  // int8_t or float: the cache's type
+template <typename T>  // int8_t (int8 or int4 keys and values) or float: the cache's element type
 struct Step {
   const float* qkv;       // [rows, new, (heads + 2 kv_heads) * D]
-  T* keys;                // [rows, kv_heads, tokens, D] in the layout above
+  T* keys;                // [rows, kv_heads, tokens, width] in the codec's layout
   T* values;
   int64_t tokens;         // tokens a head's run of the cache holds (a multiple of kKeyTile)
+  int width;              // elements a token takes in a head's run (the codec's token_width(D))
   const int32_t* lengths; // [rows]: tokens of each row once this step's are in
   const float* cos;       // [positions, rot_half]
   const float* sin;
@@ -94,14 +95,16 @@ inline int8_t quantized(float x, float inverse) {  // ONNX Runtime's: rint(x * (
   return static_cast<int8_t>(std::clamp(std::nearbyint(x * inverse), -128.0f, 127.0f));
 }
 
-// The new keys and values of kv head h of row b (its `news` tokens) written into the cache, keys rotated first.
-template <typename T>
-inline void write_head(const Step<T>& step, const Layer& layer, int b, int h) {
+// The new keys and values of kv head h of row b (its `news` tokens) written into the cache, keys rotated first, by
+// the codec's `write` (given the inverses of the channels' scales where it has them).
+template <class C>
+inline void write_head(const Step<typename C::Value>& step, const Layer& layer, int b, int h) {
   const int size = layer.head_size, width = (layer.heads + 2 * layer.kv_heads) * size;
   const int64_t length = step.lengths[b];
-  const int64_t base = (static_cast<int64_t>(b) * layer.kv_heads + h) * step.tokens * size;
+  typename C::Value* const keys = step.keys + (static_cast<int64_t>(b) * layer.kv_heads + h) * step.tokens * step.width;
+  typename C::Value* const values = keys - step.keys + step.values;
   float rotated[kMaxHeadSize], kinverse[kMaxHeadSize], vinverse[kMaxHeadSize];
-  if constexpr (std::is_same_v<T, int8_t>) {
+  if (step.key_scale) {
     for (int d = 0; d < size; ++d) {
       kinverse[d] = 1.0f / step.key_scale[h * size + d];
       vinverse[d] = 1.0f / step.value_scale[h * size + d];
@@ -113,15 +116,7 @@ inline void write_head(const Step<T>& step, const Layer& layer, int b, int h) {
     const float* key = token + (layer.heads + h) * size;
     const float* value = token + (layer.heads + layer.kv_heads + h) * size;
     rotate(key, step.cos + position * layer.rot_half, step.sin + position * layer.rot_half, layer, rotated);
-    for (int d = 0; d < size; ++d) {
-      if constexpr (std::is_same_v<T, int8_t>) {
-        step.keys[base + key_offset(position, d, size)] = quantized(rotated[d], kinverse[d]);
-        step.values[base + value_offset(position, d, size)] = quantized(value[d], vinverse[d]);
-      } else {
-        step.keys[base + float_key_offset(position, d, size)] = rotated[d];
-        step.values[base + position * size + d] = value[d];
-      }
-    }
+    C::write(keys, values, position, rotated, value, kinverse, vinverse, size);
   }
 }
 
@@ -216,6 +211,15 @@ struct Int8Cache {
   };
   using Probabilities = int32_t[kSpan * kKeyTile / 2];  // 15-bit pairs: tokens 2j, 2j+1 in pairs[j]
 
+  static int token_width(int size) { return size; }
+  static void write(int8_t* keys, int8_t* values, int64_t position, const float* key, const float* value,
+                    const float* kinverse, const float* vinverse, int size) {
+    for (int d = 0; d < size; ++d) {
+      keys[key_offset(position, d, size)] = quantized(key[d], kinverse[d]);
+      values[value_offset(position, d, size)] = quantized(value[d], vinverse[d]);
+    }
+  }
+
   static void prepare(const float* x, const float* cos, const float* sin, const float* kscale, const Layer& layer,
                       Query& query) {
     float rotated[kMaxHeadSize];
@@ -243,12 +247,21 @@ struct Int8Cache {
   static __m512i keys(const int8_t* k, int t, int c, int size) { return widened_keys(k, t, c, size); }
   // The values' scale of channel d, applied once a query's walk is done (the outputs' finish).
   static float value_unit(const Step<int8_t>& step, int h, int size, int d) { return step.value_scale[h * size + d]; }
+  // Scores as the keys' walk left them: one scale per channel, already in the query.
+  template <int NQ>
+  static void token_scores(__m512 (&)[NQ][kSpan], const int8_t*, int, int) {}
 
   // The step's probabilities as 15-bit pairs, the largest one as their unit; returns the unit (0: none).
-  static float probabilities(const __m512 s[kSpan], Running& run, Probabilities& pairs, float& rescale) {
+  static float probabilities(const __m512 s[kSpan], Running& run, Probabilities& pairs, float& rescale,
+                             const int8_t*, int, int) {
     __m512 p[kSpan];
     const float most = softmax_step(s, run, p, rescale);
     if (most == 0.0f) return 0.0f;  // every key here far below the ones before: nothing to add
+    return units(p, most, pairs);
+  }
+
+  // Probabilities p as 15-bit pairs with `most` (their largest, > 0) as the unit; returns the unit.
+  static float units(const __m512 p[kSpan], float most, Probabilities& pairs) {
     const __m512 to_units = _mm512_set1_ps(32767.0f / most);
     for (int t = 0; t < kSpan; ++t) {
       const __m256i words = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(p[t], to_units)));
@@ -281,6 +294,15 @@ struct FloatCache {
   };
   using Probabilities = float[kSpan * kKeyTile];
 
+  static int token_width(int size) { return size; }
+  static void write(float* keys, float* values, int64_t position, const float* key, const float* value,
+                    const float*, const float*, int size) {
+    for (int d = 0; d < size; ++d) {
+      keys[float_key_offset(position, d, size)] = key[d];
+      values[position * size + d] = value[d];
+    }
+  }
+
   static void prepare(const float* x, const float* cos, const float* sin, const float*, const Layer& layer,
                       Query& query) {
     rotate(x, cos, sin, layer, query.x);
@@ -295,9 +317,12 @@ struct FloatCache {
     return _mm512_loadu_ps(k + t * kKeyTile * size + d * kKeyTile);
   }
   static float value_unit(const Step<float>&, int, int, int) { return 1.0f; }
+  template <int NQ>
+  static void token_scores(__m512 (&)[NQ][kSpan], const float*, int, int) {}
 
   // The step's probabilities as they are; returns 1 (0: none).
-  static float probabilities(const __m512 s[kSpan], Running& run, Probabilities& probs, float& rescale) {
+  static float probabilities(const __m512 s[kSpan], Running& run, Probabilities& probs, float& rescale,
+                             const float*, int, int) {
     __m512 p[kSpan];
     if (softmax_step(s, run, p, rescale) == 0.0f) return 0.0f;
     for (int t = 0; t < kSpan; ++t) _mm512_storeu_ps(probs + t * kKeyTile, p[t]);
@@ -386,7 +411,7 @@ inline void walk(const typename C::Value* keys, const typename C::Value* values,
                  const typename C::Query* const* queries, Running* const* runs, int size, int64_t first_tile,
                  int64_t end_tile) {
   // No software prefetch: measured, it slowed the walk (the hardware's prefetchers follow these two streams)
-  const int64_t tile_values = static_cast<int64_t>(kKeyTile) * size;
+  const int64_t tile_values = static_cast<int64_t>(kKeyTile) * C::token_width(size);
   int64_t seen_first = queries[0]->start, seen_last = queries[0]->position;
   for (int i = 1; i < NQ; ++i) {
     seen_first = std::min(seen_first, queries[i]->start);
@@ -400,12 +425,13 @@ inline void walk(const typename C::Value* keys, const typename C::Value* values,
     const int tiles = static_cast<int>(std::min<int64_t>(kSpan, end_tile - t));
     __m512 s[NQ][kSpan];
     scores<C, NQ>(keys + t * tile_values, tiles, queries, size, s);
+    C::template token_scores<NQ>(s, keys + t * tile_values, tiles, size);
     masked<typename C::Query, NQ>(s, tiles, t * kKeyTile, queries);
     alignas(64) typename C::Probabilities probs[NQ];
     float unit[NQ], rescale[NQ];
     bool any = false;
     for (int i = 0; i < NQ; ++i) {
-      unit[i] = C::probabilities(s[i], *runs[i], probs[i], rescale[i]);
+      unit[i] = C::probabilities(s[i], *runs[i], probs[i], rescale[i], values + t * tile_values, tiles, size);
       if (unit[i] == 0.0f) {
         std::memset(probs[i], 0, sizeof(probs[i]));
       } else {

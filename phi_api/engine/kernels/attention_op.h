@@ -1,9 +1,10 @@
-// ONNX Runtime's custom operators phi_api.Attention (int8 keys and values) and phi_api.AttentionFloat (float32 ones):
-// attention_kernel.h in the decoder graph, in place of GroupQueryAttention (see attention.py for when). Their inputs
-// are GroupQueryAttention's: the packed query, key and value [B, S, (N + 2 Nkv) D] (0), the past keys and values
-// (3, 4: in the kernel's layout, bound as the present ones too), seqlens_k (5: each row's length once the step's
-// tokens are in, minus one), total_sequence_length (6), the rotary tables (7, 8) and, for int8, the keys' and values'
-// scales per kv head and channel (12, 13); inputs 1, 2, 9, 10, 11 are absent. Unlike GroupQueryAttention, S new
+// ONNX Runtime's custom operators phi_api.Attention (int8 keys and values), phi_api.Attention4 (int4 ones with a
+// scale per token: attention_int4.h) and phi_api.AttentionFloat (float32 ones): attention_kernel.h in the decoder
+// graph, in place of GroupQueryAttention (see attention.py for when). Their inputs are GroupQueryAttention's: the
+// packed query, key and value [B, S, (N + 2 Nkv) D] (0), the past keys and values (3, 4: [B, Nkv, L, the codec's
+// token width] in the kernel's layout, bound as the present ones too), seqlens_k (5: each row's length once the
+// step's tokens are in, minus one), total_sequence_length (6), the rotary tables (7, 8) and, for int8 and int4, the
+// keys' and values' scales per kv head and channel (12, 13); inputs 1, 2, 9, 10, 11 are absent. Unlike GroupQueryAttention, S new
 // tokens may come for each of B > 1 rows of different lengths. Outputs: the attention [B, S, N D], and the present
 // keys and values (the past's buffers, written in place; copied first if ONNX Runtime gave other buffers).
 //
@@ -17,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "attention_int4.h"
 #include "attention_kernel.h"
 
 namespace attn_op {
@@ -47,7 +49,7 @@ template <class C>
 inline void write_task(void* data, size_t index) {
   const Work<C>& work = *static_cast<const Work<C>*>(data);
   const int h = static_cast<int>(index % work.layer->kv_heads), b = static_cast<int>(index / work.layer->kv_heads);
-  attn::write_head(*work.step, *work.layer, b, h);
+  attn::write_head<C>(*work.step, *work.layer, b, h);
 }
 
 // The queries of a block: how many, and query i's token s and head.
@@ -100,7 +102,7 @@ inline void attend_task(void* data, size_t index) {
     queries[i].start = layer.window > 0 ? std::max<int64_t>(0, position + 1 - layer.window) : 0;
     attn::reset(running[i], size);
   }
-  const int64_t base = (static_cast<int64_t>(task.b) * layer.kv_heads + task.h) * step.tokens * size;
+  const int64_t base = (static_cast<int64_t>(task.b) * layer.kv_heads + task.h) * step.tokens * step.width;
   if (task.partial < 0) {  // all its keys in this task: part by part, merged in order, as split blocks are
     attn::attend_parts<C>(step.keys + base, step.values + base, queries, count, size, task.first_tile,
                           task.end_tile, running);
@@ -163,7 +165,8 @@ inline void plan(Work<C>& work) {
 template <class C>
 struct Kernel {
   using T = typename C::Value;
-  static constexpr bool kInt8 = std::is_same_v<T, int8_t>;
+  static constexpr bool kScaled = std::is_same_v<T, int8_t>;  // int8 and int4: scales per kv head and channel
+  static constexpr bool kInt4 = std::is_same_v<C, attn::Int4Cache>;
 
   Kernel(const OrtApi&, const OrtKernelInfo* info) {
     Ort::ConstKernelInfo kernel_info(info);
@@ -186,9 +189,10 @@ struct Kernel {
     if (input.size() != 3 || cache.size() != 4 || cache[0] != input[0] || cache[1] != layer_.kv_heads)
       ORT_CXX_API_THROW("phi_api.Attention: unexpected shapes", ORT_INVALID_ARGUMENT);
     attn::Layer layer = layer_;
-    layer.head_size = static_cast<int>(cache[3]);
+    layer.head_size = static_cast<int>(input[2] / (layer.heads + 2 * layer.kv_heads));
     if (layer.head_size % 16 || layer.head_size > attn::kMaxHeadSize || cache[2] % attn::kKeyTile ||
-        input[2] != (layer.heads + 2 * layer.kv_heads) * layer.head_size)
+        input[2] != (layer.heads + 2 * layer.kv_heads) * layer.head_size ||
+        cache[3] != C::token_width(layer.head_size))
       ORT_CXX_API_THROW("phi_api.Attention: unsupported head size or cache length", ORT_INVALID_ARGUMENT);
     const Ort::ConstValue cos = ctx.GetInput(7), sin = ctx.GetInput(8);
     const std::vector<int64_t> table = cos.GetTensorTypeAndShapeInfo().GetShape();
@@ -208,10 +212,11 @@ struct Kernel {
       if (lengths[b] < news || lengths[b] > cache[2] || (rotary_ && lengths[b] > table[0]))
         ORT_CXX_API_THROW("phi_api.Attention: a row's length is out of range", ORT_INVALID_ARGUMENT);
     }
-    attn::Step<T> step{qkv.GetTensorData<float>(), keys, values, cache[2], lengths.data(),
+    attn::Step<T> step{qkv.GetTensorData<float>(), keys, values, cache[2], static_cast<int>(cache[3]),
+                       lengths.data(),
                        rotary_ ? cos.GetTensorData<float>() : nullptr, rotary_ ? sin.GetTensorData<float>() : nullptr,
-                       rotary_ ? table[0] : 0, kInt8 ? ctx.GetInput(12).GetTensorData<float>() : nullptr,
-                       kInt8 ? ctx.GetInput(13).GetTensorData<float>() : nullptr, out.GetTensorMutableData<float>(),
+                       rotary_ ? table[0] : 0, kScaled ? ctx.GetInput(12).GetTensorData<float>() : nullptr,
+                       kScaled ? ctx.GetInput(13).GetTensorData<float>() : nullptr, out.GetTensorMutableData<float>(),
                        rows, news};
     const int group = layer.heads / layer.kv_heads;
     Work<C> work{&step, &layer, (news * group + attn::kQueryBlock - 1) / attn::kQueryBlock, {}, {}, {}};
@@ -229,9 +234,11 @@ struct Kernel {
 template <class C>
 struct Op : Ort::CustomOpBase<Op<C>, Kernel<C>> {
   static constexpr ONNXTensorElementDataType kCache =
-      Kernel<C>::kInt8 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+      Kernel<C>::kScaled ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new Kernel<C>(api, info); }
-  const char* GetName() const { return Kernel<C>::kInt8 ? "Attention" : "AttentionFloat"; }
+  const char* GetName() const {
+    return Kernel<C>::kInt4 ? "Attention4" : Kernel<C>::kScaled ? "Attention" : "AttentionFloat";
+  }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 14; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
@@ -241,7 +248,7 @@ struct Op : Ort::CustomOpBase<Op<C>, Kernel<C>> {
     return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
-    const bool absent = index == 1 || index == 2 || (index >= 9 && index <= 11) || (!Kernel<C>::kInt8 && index >= 12);
+    const bool absent = index == 1 || index == 2 || (index >= 9 && index <= 11) || (!Kernel<C>::kScaled && index >= 12);
     return absent ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
   size_t GetOutputTypeCount() const { return 3; }

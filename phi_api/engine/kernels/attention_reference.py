@@ -1,12 +1,14 @@
 """What phi-api's attention operator computes, in numpy: ONNX Runtime's ``GroupQueryAttention`` on a packed
-query-key-value input, with keys and values kept in a cache bound as both past and present (in float32, or in int8
-with one scale per head and channel), extended to several new tokens for each of several rows of different
-lengths (GroupQueryAttention takes several new tokens on top of a past only for a batch of one).
+query-key-value input, with keys and values kept in a cache bound as both past and present (in float32, in int8
+with one scale per head and channel, or in int4 with a scale per token besides), extended to several new tokens for
+each of several rows of different lengths (GroupQueryAttention takes several new tokens on top of a past only for a
+batch of one).
 
 Row ``b`` holds ``lengths[b]`` tokens once the step's ``S`` new ones are in: they sit at positions
 ``lengths[b] - S .. lengths[b] - 1``. Each new query and key is rotated (rotary embedding, the halves of the first
 ``2 * cos.shape[1]`` channels, or pairs when ``interleaved``) at its position; the new keys and values are written
-into the cache there (quantized: ``clip(rint(x * (1 / scale)), -128, 127)``, as ONNX Runtime rounds); then query
+into the cache there (int8: ``clip(rint(x * (1 / scale)), -128, 127)``, as ONNX Runtime rounds; int4: see
+:func:`quantize4`); then query
 ``s`` of head ``h`` attends, with kv head ``h // (heads // kv_heads)``, to the keys at positions up to its own (the
 last ``window`` of them when ``window`` > 0), its scores scaled by ``scale`` and capped (``softcap``).
 """
@@ -37,12 +39,27 @@ def quantize(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(x.astype(np.float32) * inverse), -128, 127).astype(np.int8)
 
 
+def quantize4(x: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x [..., D]`` in 4 bits: divided by its channels' ``scale`` (as for int8), then each vector rounded with a
+    scale of its own, its largest magnitude over 7. Returns the values in ``[-7, 7]`` (int8) and the scales
+    ``[...]``, in the operator's float32 arithmetic."""
+    inverse = (np.float32(1.0) / scale.astype(np.float32)).astype(np.float32)
+    normal = (x.astype(np.float32) * inverse).astype(np.float32)
+    largest = np.abs(normal).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        to_units = np.where(largest > 0, np.float32(7.0) / largest, np.float32(0.0)).astype(np.float32)
+    units = np.clip(np.rint(normal * to_units[..., None]), -7, 7).astype(np.int8)
+    return units, (largest / np.float32(7.0)).astype(np.float32)
+
+
 def attention(qkv: np.ndarray, keys: np.ndarray, values: np.ndarray, lengths: np.ndarray, cos: np.ndarray,
               sin: np.ndarray, *, heads: int, kv_heads: int, scale: float, window: int = -1, softcap: float = 0.0,
               rotary: bool = True, interleaved: bool = False, key_scale: np.ndarray | None = None,
-              value_scale: np.ndarray | None = None) -> np.ndarray:
+              value_scale: np.ndarray | None = None,
+              token_scales: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """One step: ``qkv [B, S, (heads + 2 kv_heads) * D]`` float32; ``keys``/``values [B, kv_heads, L, D]``, the
-    cache (float32, or int8 with ``key_scale``/``value_scale [kv_heads, D]``), written in place; ``lengths [B]``.
+    cache (float32; int8 with ``key_scale``/``value_scale [kv_heads, D]``; int4, values in [-7, 7], with those and
+    the keys' and values' ``token_scales [B, kv_heads, L]`` besides), written in place; ``lengths [B]``.
     Returns the output ``[B, S, heads * D]``."""
     rows, new, width = qkv.shape
     size = width // (heads + 2 * kv_heads)
@@ -60,6 +77,9 @@ def attention(qkv: np.ndarray, keys: np.ndarray, values: np.ndarray, lengths: np
             if key_scale is None or value_scale is None:
                 keys[b, h, positions] = key[:, h]
                 values[b, h, positions] = value[:, h]
+            elif token_scales is not None:
+                keys[b, h, positions], token_scales[0][b, h, positions] = quantize4(key[:, h], key_scale[h])
+                values[b, h, positions], token_scales[1][b, h, positions] = quantize4(value[:, h], value_scale[h])
             else:
                 keys[b, h, positions] = quantize(key[:, h], key_scale[h])
                 values[b, h, positions] = quantize(value[:, h], value_scale[h])
@@ -67,6 +87,9 @@ def attention(qkv: np.ndarray, keys: np.ndarray, values: np.ndarray, lengths: np
             kv = h // group
             past_k = keys[b, kv, :length].astype(np.float64) * (1.0 if key_scale is None else key_scale[kv])
             past_v = values[b, kv, :length].astype(np.float64) * (1.0 if value_scale is None else value_scale[kv])
+            if token_scales is not None:
+                past_k *= token_scales[0][b, kv, :length, None]
+                past_v *= token_scales[1][b, kv, :length, None]
             for token in range(new):
                 end = int(positions[token]) + 1
                 start = max(0, end - window) if window > 0 else 0
@@ -103,3 +126,38 @@ def untiled(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarra
     k = keys.reshape(*lead, length // KEY_TILE, size // 2, KEY_TILE, 2).swapaxes(-3, -2)
     v = values.reshape(*lead, length // 2, size, 2).swapaxes(-2, -1)
     return (np.ascontiguousarray(k).reshape(*lead, length, size), np.ascontiguousarray(v).reshape(*lead, length, size))
+
+
+def packed4(keys: np.ndarray, values: np.ndarray, key_tokens: np.ndarray, value_tokens: np.ndarray) -> tuple[
+        np.ndarray, np.ndarray]:
+    """An int4 cache (``[..., L, D]`` values in [-7, 7], their token scales ``[..., L]``) in the operator's layout
+    ``[..., L, D / 2 + 4]`` (int8 bytes; see attention_int4.h): per tile of 16 tokens, the int8 layout's groups of 32
+    values as 16 bytes of nibbles (value i low, value 16 + i high, each plus 8), then the 16 tokens' scales."""
+    *lead, length, size = keys.shape
+    tiles = length // KEY_TILE
+    k = keys.reshape(*lead, tiles, KEY_TILE, size // 2, 2).swapaxes(-3, -2)
+    v = np.moveaxis(values.reshape(*lead, tiles, KEY_TILE // 2, 2, size // 16, 16), -3, -1)  # [j][l][16][2]
+    out = []
+    for units, scales in ((k, key_tokens), (v, value_tokens)):
+        groups = (units.reshape(*lead, tiles, size // 2, 32) + 8).astype(np.uint8)
+        nibbles = (groups[..., :16] | (groups[..., 16:] << 4)).reshape(*lead, tiles, 8 * size)
+        tail = np.ascontiguousarray(scales.astype(np.float32)).view(np.uint8).reshape(*lead, tiles, 64)
+        out.append(np.concatenate([nibbles, tail], axis=-1).reshape(*lead, length, size // 2 + 4).view(np.int8))
+    return out[0], out[1]
+
+
+def unpacked4(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The operator's int4 layout back to :func:`packed4`'s inputs: keys, values, and their token scales."""
+    *lead, length, width = keys.shape
+    size, tiles = (width - 4) * 2, length // KEY_TILE
+    out = []
+    for data in (keys, values):
+        tile = data.view(np.uint8).reshape(*lead, tiles, 8 * size + 64)
+        nibbles = tile[..., :8 * size].reshape(*lead, tiles, size // 2, 16)
+        groups = np.concatenate([nibbles & 15, nibbles >> 4], axis=-1).astype(np.int8) - 8
+        scales = np.ascontiguousarray(tile[..., 8 * size:]).view(np.float32).reshape(*lead, length)
+        out.append((groups, scales))
+    (k, key_tokens), (v, value_tokens) = out
+    k = k.reshape(*lead, tiles, size // 2, KEY_TILE, 2).swapaxes(-3, -2).reshape(*lead, length, size)
+    v = np.moveaxis(v.reshape(*lead, tiles, KEY_TILE // 2, size // 16, 16, 2), -1, -3).reshape(*lead, length, size)
+    return k, v, key_tokens, value_tokens

@@ -1,5 +1,5 @@
-// phi-api's custom operators for ONNX Runtime, in one library: phi_api.Attention and phi_api.AttentionFloat
-// (attention_op.h) and phi_api.Q4MatMul.
+// phi-api's custom operators for ONNX Runtime, in one library: phi_api.Attention, phi_api.Attention4 and
+// phi_api.AttentionFloat (attention_op.h) and phi_api.Q4MatMul.
 //
 // phi_api.Q4MatMul: the kernel of q4_kernel.h in the decoder graph, in place of
 // MatMulNBits (4 bits, blocks of 128, no zero points; see rewrite.py). Inputs: A [..., K] float, the repacked
@@ -114,6 +114,7 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
   static Q4Op op;
   static attn_op::Op<attn::Int8Cache> attention;
   static attn_op::Op<attn::FloatCache> float_attention;
+  static attn_op::Op<attn::Int4Cache> int4_attention;
   static std::mutex mutex;
   static std::vector<Ort::CustomOpDomain> domains;
   Ort::InitApi(api_base->GetApi(ORT_API_VERSION));
@@ -123,6 +124,7 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
     domain.Add(&op);
     domain.Add(&attention);
     domain.Add(&float_attention);
+    domain.Add(&int4_attention);
     Ort::UnownedSessionOptions(options).Add(domain);
     domains.push_back(std::move(domain));
   } catch (const Ort::Exception& error) {

@@ -30,6 +30,7 @@ from phi_api.errors import KernelError
 log = logging.getLogger(__name__)
 
 OP_TYPES = {"int8": "Attention", "float32": "AttentionFloat"}  # by the keys' and values' type
+INT4_OP = "Attention4"  # int4 keys and values: made from an int8 graph, its scales per channel kept (see swap)
 VERSION = 1  # bump when the operator's cache layout or this rewrite changes
 LAYOUT = "tiles16"  # the cache layout the operator keeps (DecoderSpec.kv_layout)
 KEPT = ("num_heads", "kv_num_heads", "scale", "do_rotary", "rotary_interleaved", "local_window_size")
@@ -80,9 +81,11 @@ def refusal(node: Any, head_size: int, cache: str) -> str:
     return next((reason for passed, reason in checks if not passed), "")
 
 
-def swap(model: Any, head_size: int | None = None) -> int:
+def swap(model: Any, head_size: int | None = None, int4: bool = False) -> int:
     """Replace every GroupQueryAttention node of ``model`` (an onnx ModelProto, changed in place) with the
-    operator: the count replaced, or KernelError saying why one cannot be (then nothing is changed)."""
+    operator: the count replaced, or KernelError saying why one cannot be (then nothing is changed). ``int4``: an
+    int8 graph's nodes become the int4 operator's, whose caches the graph then declares ``D / 2 + 4`` bytes a token
+    wide (``attention_int4.h``)."""
     from onnx import helper
 
     graph = model.graph
@@ -93,14 +96,26 @@ def swap(model: Any, head_size: int | None = None) -> int:
         reason = refusal(node, head_size, cache)
         if reason:
             raise KernelError(f"{node.name or node.output[0]}: phi-api's attention cannot stand in for it ({reason})")
+    if int4 and cache != "int8":
+        raise KernelError("int4 keys and values are made from a graph of int8 ones")
     for node in nodes:
         attributes = {name: value for name, value in _attributes(node).items() if name in KEPT}
         inputs = list(node.input)[:14]
-        node.CopyFrom(helper.make_node(OP_TYPES[cache], inputs, list(node.output)[:3], name=node.name,
-                                       domain=DOMAIN, **attributes))
+        node.CopyFrom(helper.make_node(INT4_OP if int4 else OP_TYPES[cache], inputs, list(node.output)[:3],
+                                       name=node.name, domain=DOMAIN, **attributes))
+    if int4:
+        _widen(graph, nodes, head_size // 2 + 4)
     if nodes and not any(opset.domain == DOMAIN for opset in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return len(nodes)
+
+
+def _widen(graph: Any, nodes: list[Any], width: int) -> None:
+    """Declare the caches of ``nodes`` (inputs and outputs of the graph) ``width`` elements a token wide."""
+    names = {name for node in nodes for name in (*node.input[3:5], *node.output[1:3])}
+    for value in (*graph.input, *graph.output):
+        if value.name in names and len(value.type.tensor_type.shape.dim) == 4:
+            value.type.tensor_type.shape.dim[3].dim_value = width
 
 
 def _cache(graph: Any, nodes: list[Any]) -> tuple[int, str]:

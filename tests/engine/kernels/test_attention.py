@@ -41,17 +41,24 @@ def session(model: onnx.ModelProto, library: str | None, threads: int = 2):
 
 
 class Case:
-    """One step: ``past[b]`` tokens in each row's cache (random int8, or float32 ones), ``new`` tokens for each row."""
+    """One step: ``past[b]`` tokens in each row's cache (random int8 or int4, or float32 ones), ``new`` tokens for each
+    row. An int4 cache is its values in [-7, 7] (``keys``, ``values``) and their token scales (``token_scales``)."""
 
     def __init__(self, shape: Shape, past: list[int], new: int, seed: int, tokens: int | None = None,
                  cache_type: str = "int8") -> None:
         rng = np.random.default_rng(seed)
-        self.shape, self.new, self.int8 = shape, new, cache_type == "int8"
+        self.shape, self.new, self.int8, self.int4 = shape, new, cache_type != "float32", cache_type == "int4"
         self.lengths = np.array(past) + new
         self.tokens = tokens or -(-int(self.lengths.max()) // 16) * 16 + 16
         rows, size = len(past), shape.head_size
         cache = (rows, shape.kv_heads, self.tokens, size)
-        if self.int8:
+        self.token_scales: tuple[np.ndarray, np.ndarray] | None = None
+        if self.int4:  # a channel-normalized vector's largest magnitude is up to ~127: scales of up to ~18
+            self.keys = rng.integers(-7, 8, cache, dtype=np.int8)
+            self.values = rng.integers(-7, 8, cache, dtype=np.int8)
+            self.token_scales = (rng.uniform(4, 18, cache[:3]).astype(np.float32),
+                                 rng.uniform(4, 18, cache[:3]).astype(np.float32))
+        elif self.int8:
             self.keys = rng.integers(-127, 128, cache, dtype=np.int8)
             self.values = rng.integers(-127, 128, cache, dtype=np.int8)
         else:
@@ -76,23 +83,41 @@ class Case:
         return feeds
 
     def expected(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The reference's output and cache (plain layout)."""
+        """The reference's output and cache (plain layout; int4: its token scales in ``expected_scales``)."""
         keys, values = self.keys.copy(), self.values.copy()
+        self.expected_scales = None if self.token_scales is None else (self.token_scales[0].copy(),
+                                                                       self.token_scales[1].copy())
         out = reference.attention(self.qkv, keys, values, self.lengths, self.cos, self.sin,
                                   heads=self.shape.heads, kv_heads=self.shape.kv_heads,
                                   scale=self.shape.head_size ** -0.5, window=self.shape.window,
                                   interleaved=self.shape.interleaved,
                                   key_scale=self.key_scale if self.int8 else None,
-                                  value_scale=self.value_scale if self.int8 else None)
+                                  value_scale=self.value_scale if self.int8 else None,
+                                  token_scales=self.expected_scales)
         return out, keys, values
 
     def ours(self, library: str | None, threads: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The operator's output and cache (back in the plain layout)."""
+        """The operator's output and cache (back in the plain layout; int4: its token scales in
+        ``present_scales``)."""
         model = gqa_model(self.shape, self.tokens, POSITIONS, int8=self.int8)
-        assert attention.swap(model) == 1
-        keys, values = reference.tiled(self.keys, self.values)
+        assert attention.swap(model, int4=self.int4) == 1
+        if self.token_scales is not None:
+            keys, values = reference.packed4(self.keys, self.values, *self.token_scales)
+        else:
+            keys, values = reference.tiled(self.keys, self.values)
         out, present_key, present_value = session(model, library, threads).run(None, self.feeds(keys, values))
-        return out, *reference.untiled(present_key, present_value)
+        if self.token_scales is None:
+            return out, *reference.untiled(present_key, present_value)
+        present_key, present_value, *scales = reference.unpacked4(present_key, present_value)
+        self.present_scales = (scales[0], scales[1])
+        return out, present_key, present_value
+
+    def only(self, rows: slice) -> None:
+        """Keep ``rows`` of the step alone."""
+        self.keys, self.values, self.qkv, self.lengths = (self.keys[rows], self.values[rows], self.qkv[rows],
+                                                          self.lengths[rows])
+        if self.token_scales is not None:
+            self.token_scales = (self.token_scales[0][rows], self.token_scales[1][rows])
 
 
 def group_query_attention(case: Case, float_keys: np.ndarray, float_values: np.ndarray) -> tuple[np.ndarray,
@@ -123,7 +148,7 @@ CASES = {
 }
 
 
-CACHE_TYPES = ["int8", "float32"]
+CACHE_TYPES = ["int8", "float32", "int4"]
 
 
 @pytest.mark.parametrize("cache_type", CACHE_TYPES)
@@ -141,7 +166,11 @@ def test_the_operator_computes_what_the_reference_does(library, name, cache_type
         # with fused multiply-adds, the reference without: the last bit may differ)
         assert np.allclose(keys[b, :, :length], want_keys[b, :, :length], rtol=0, atol=0 if case.int8 else 1e-6)
         assert np.array_equal(values[b, :, :length], want_values[b, :, :length])
-    # int8: queries in 16 bits and probabilities in 15, a few 1e-5 of the largest output; float32: rounding alone
+        if case.int4:  # and their token scales (of the rotated keys: the last bit may differ, as for float32)
+            (got_key, got_value), (want_key, want_value) = case.present_scales, case.expected_scales
+            assert np.allclose(got_key[b, :, :length], want_key[b, :, :length], rtol=1e-6, atol=0)
+            assert np.array_equal(got_value[b, :, :length], want_value[b, :, :length])
+    # int8 and int4: queries in 16 bits and probabilities in 15, a few 1e-5 of the largest output; float32: rounding
     assert close(got, want) < (1e-3 if case.int8 else 1e-5)
 
 
@@ -198,8 +227,7 @@ def test_a_row_s_bits_do_not_depend_on_the_other_rows_nor_on_the_threads(library
     out, _, _ = together.ours(library)
     for row in (0, 2):
         alone = Case(shape, [900, 5, 2000, 64], 1, seed=3, tokens=2064, cache_type=cache_type)
-        alone.keys, alone.values = alone.keys[row:row + 1], alone.values[row:row + 1]
-        alone.qkv, alone.lengths = alone.qkv[row:row + 1], alone.lengths[row:row + 1]
+        alone.only(slice(row, row + 1))
         for threads in (1, 2):
             assert np.array_equal(alone.ours(library, threads)[0][0], out[row])
 
@@ -211,8 +239,7 @@ def test_drafts_checked_in_one_step_give_each_row_what_it_gets_alone(library, ca
     together = Case(SMOLLM2, [40, 300], 4, seed=11, cache_type=cache_type)
     out = together.ours(library)[0]
     first = Case(SMOLLM2, [40, 300], 4, seed=11, cache_type=cache_type)
-    first.keys, first.values, first.qkv, first.lengths = (first.keys[:1], first.values[:1], first.qkv[:1],
-                                                          first.lengths[:1])
+    first.only(slice(0, 1))
     assert np.array_equal(first.ours(library)[0][0], out[0])
 
 
@@ -237,11 +264,16 @@ def test_a_check_s_tokens_get_the_bits_of_one_token_steps(library, name, cache_t
     one = Case(shape, [past], 1, seed=5, tokens=check.tokens, cache_type=cache_type)
     one.keys, one.values = check.keys.copy(), check.values.copy()
     one.key_scale, one.value_scale = check.key_scale, check.value_scale
+    one.token_scales = check.token_scales
     for s in range(new):
         one.qkv, one.lengths = check.qkv[:, s:s + 1], np.array([past + s + 1])
         out, one.keys, one.values = one.ours(library)
+        if one.int4:  # the cache the next step starts from: its token scales too
+            one.token_scales = one.present_scales
         assert np.array_equal(out[0, 0], together[0, s]), f"token {s}"
     assert np.array_equal(one.keys, keys) and np.array_equal(one.values, values)
+    if check.int4:
+        assert all(np.array_equal(a, b) for a, b in zip(one.present_scales, check.present_scales, strict=True))
 
 
 def test_only_graphs_whose_every_attention_it_computes_exactly_are_rewritten():
