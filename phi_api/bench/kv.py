@@ -1,15 +1,16 @@
-"""``python -m phi_api bench kv``: what int8 keys and values cost in accuracy and give in memory, against float32.
+"""``python -m phi_api bench kv``: what int8 and int4 keys and values cost in accuracy and give in memory, against
+float32.
 
 The same held-out text (not the calibration text) is fed to each build of the
 model (float32 keys and values; int8 ones with ONNX Runtime's attention; int8
-ones with phi-api's attention operator, where it runs), token by token and
+and int4 ones with phi-api's attention operator, where it runs), token by token and
 then in prompt chunks, and at every position the next token's
 log-probability under each is compared with float32's: the model's own text,
 teacher-forced, so every build sees the same inputs throughout.
 Reported: the mean, 95th percentile and largest absolute difference of the
 log-probability of the actual next token, the mean KL divergence of the
 other distribution from the float32 one, how often both pick the same most
-likely token, and the tokens each holds per GB.
+likely token, the perplexity of each, and the tokens each holds per GB.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ HELD_OUT = (
 
 
 def builds(model_path: str) -> dict[str, Any]:
-    """The builds compared: float32 keys and values, int8 ones with ONNX Runtime's attention, and int8 ones with
-    phi-api's attention operator where it runs here."""
+    """The builds compared: float32 keys and values, int8 ones with ONNX Runtime's attention, and int8 and int4 ones
+    with phi-api's attention operator where it runs here."""
     from phi_api.engine.kernels.op import find_library
     from phi_api.engine.runtime.model import LanguageModel
     from phi_api.settings import cache_root
@@ -54,8 +55,9 @@ def builds(model_path: str) -> dict[str, Any]:
     found = {"float32": LanguageModel(model_path, cache_dir=cache, kv_dtype="float32"),
              "int8": LanguageModel(model_path, cache_dir=cache, kv_dtype="int8", attention_kernel="onnxruntime")}
     if find_library(cache)[0] is not None:
-        found["int8, phi-api attention"] = LanguageModel(model_path, cache_dir=cache, kv_dtype="int8",
-                                                         attention_kernel="phi-api")
+        for kind in ("int8", "int4"):
+            found[f"{kind}, phi-api attention"] = LanguageModel(model_path, cache_dir=cache, kv_dtype=kind,
+                                                                attention_kernel="phi-api")
     return found
 
 
@@ -114,6 +116,8 @@ def compare(reference: np.ndarray, other: np.ndarray, targets: np.ndarray) -> di
         "top1_agreement": round(float((reference.argmax(axis=1) == other.argmax(axis=1)).mean()), 4),
         "mean_logprob": round(float(other[picked, targets].mean()), 4),
         "float32_mean_logprob": round(float(reference[picked, targets].mean()), 4),
+        "perplexity": round(float(np.exp(-other[picked, targets].mean())), 3),
+        "float32_perplexity": round(float(np.exp(-reference[picked, targets].mean())), 3),
     }
 
 

@@ -54,8 +54,9 @@ class Costs:
         return self.weight_bytes + rows * context * self.kv_bytes_per_context
 
 
-def model_costs(model_path: str) -> Costs:
-    """Read from the decoder graph (the 4-bit matrices: MatMulNBits) and its configuration."""
+def model_costs(model_path: str, kv_dtype: str = "auto") -> Costs:
+    """Read from the decoder graph (the 4-bit matrices: MatMulNBits) and its configuration; the keys' and values'
+    bytes as the server keeps them (``KV_CACHE_DTYPE``)."""
     import onnx
     from onnx import helper
 
@@ -75,7 +76,7 @@ def model_costs(model_path: str) -> Costs:
     decoder = folder.decoder
     heads, layers = int(decoder["num_attention_heads"]), int(decoder["num_hidden_layers"])
     attention = 2.0 * heads * int(decoder["head_size"]) * layers
-    served = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype="auto")
+    served = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype=kv_dtype)
     return Costs(macs, weight_bytes, attention, served.spec.kv_bytes_per_token)
 
 
@@ -172,7 +173,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     say("the machine's limits")
     limits = measure()
-    costs = model_costs(args.model_path)
+    settings = dict(item.split("=", 1) for item in args.setting)
+    costs = model_costs(args.model_path, settings.get("KV_CACHE_DTYPE", "auto"))
     raw = RawEngine(args.model_path) if args.raw else None
     context_length = int(json.loads((Path(args.model_path) / "genai_config.json").read_text())["model"]
                          ["context_length"])
@@ -191,10 +193,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return streams * (context + MAX_TOKENS) * float32_kv <= RAW_MEMORY_SHARE * memory
 
     report: dict[str, Any] = {"model": args.model_path, "limits": limits.__dict__, "costs": costs.__dict__,
-                              "settings": dict(item.split("=", 1) for item in args.setting), "runs": args.runs}
+                              "settings": settings, "runs": args.runs}
     logs = Path(tempfile.mkdtemp(prefix="phi-api-bench-long-"))
     env = {"MODEL_PATH": args.model_path, "MODEL_ID": "bench-model", "MAX_CONCURRENT_REQUESTS": 16,
-           **dict(item.split("=", 1) for item in args.setting)}
+           **settings}
     with Server(logs, **env) as server:
         report["prompts"] = measure_prompts(server.url, "bench-model", raw, prompts, lengths, args.runs, costs,
                                             limits.int8_gmacs)

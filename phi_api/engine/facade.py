@@ -215,10 +215,8 @@ class Engine:
 
     @property
     def kv_dtype(self) -> str:
-        """The type keys and values are kept in (``float32`` or ``int8``)."""
-        import numpy as np
-
-        return np.dtype(self.model.spec.kv_dtype).name
+        """The type keys and values are kept in (``float32``, ``int8`` or ``int4``)."""
+        return self.model.spec.kv_kind
 
     @property
     def attention_kernel(self) -> str:

@@ -133,9 +133,10 @@ class Declared:
                                               "BATCH_INVARIANT false, or on a graph of phi-api's own "
                                               "operators: docs/identical-answers.md); 0: none",
                                               engine="history_tokens", per_model=True)
-    KV_CACHE_DTYPE: str = setting("auto", _text(choices=("auto", "float32", "int8")),
-                                  "Keys and values in memory: float32, int8 (a quarter of the memory), or auto (int8 "
-                                  "where float32 would take 256 KB a token or more)", per_model=True)
+    KV_CACHE_DTYPE: str = setting("auto", _text(choices=("auto", "float32", "int8", "int4")),
+                                  "Keys and values in memory: float32, int8 (a quarter of the memory), int4 (an eighth "
+                                  "and a scale per token; needs phi-api's attention operator), or auto (int8 where "
+                                  "float32 would take 256 KB a token or more)", per_model=True)
     INT4_KERNEL: str = setting("auto", _text(choices=("auto", "phi-api", "mlas")),
                                "The kernel of 4-bit weights: phi-api's own (AVX-512 VNNI, one pass over the weights "
                                "for all rows of a step), mlas (ONNX Runtime's), or auto (phi-api's where the CPU "

@@ -202,11 +202,12 @@ inline void masked(__m512 raw[NQ][kSpan], int tiles, int64_t token0, const Q* co
 // quantized to 16 bits with its own scale (vpdpwssd's operand).
 struct Int8Cache {
   using Value = int8_t;
+  static constexpr bool kOwnExact = false;  // a query reads its own token's key and value from the cache too
   static constexpr float kQueryUnits = 32767.0f;
   struct Query {
     alignas(64) int16_t units[kMaxHeadSize];
     float scale;
-    int64_t position;  // of its token
+    int64_t position;  // the last key it reads from the cache: its token's (int4: the one before)
     int64_t start;     // the first key it sees
   };
   using Probabilities = int32_t[kSpan * kKeyTile / 2];  // 15-bit pairs: tokens 2j, 2j+1 in pairs[j]
@@ -286,6 +287,7 @@ struct Int8Cache {
 // The float32 cache: queries rotated and times the softmax scale, in float32; products fused multiply-adds.
 struct FloatCache {
   using Value = float;
+  static constexpr bool kOwnExact = false;
   struct Query {
     alignas(64) float x[kMaxHeadSize];
     float scale;  // 1: the softmax scale is in x

@@ -66,6 +66,30 @@ inline void query_place(const Work<C>& work, int h, int block, int i, int& s, in
   head = h * group + n % group;
 }
 
+// Where the codec takes a query's own token exactly (int4), that token into the running states of a block's queries,
+// once every part of their keys is in (so the same arithmetic whether the keys were walked in one task or several).
+template <class C>
+inline void own_tokens(const Work<C>& work, int b, int h, int block, attn::Running* running) {
+  if constexpr (C::kOwnExact) {
+    const attn::Step<typename C::Value>& step = *work.step;
+    const attn::Layer& layer = *work.layer;
+    const int size = layer.head_size, width = (layer.heads + 2 * layer.kv_heads) * size;
+    alignas(64) float query[attn::kMaxHeadSize], key[attn::kMaxHeadSize];
+    for (int i = 0; i < block_queries(work, block); ++i) {
+      int s, head;
+      query_place(work, h, block, i, s, head);
+      const int64_t position = step.lengths[b] - step.news + s;
+      const float* token = step.qkv + (static_cast<int64_t>(b) * step.news + s) * width;
+      const float *cos = step.cos + position * layer.rot_half, *sin = step.sin + position * layer.rot_half;
+      attn::rotate(token + head * size, cos, sin, layer, query);
+      for (int d = 0; d < size; ++d) query[d] *= layer.scale;
+      attn::rotate(token + (layer.heads + h) * size, cos, sin, layer, key);
+      C::own(query, key, token + (layer.heads + layer.kv_heads + h) * size, step.value_scale + h * size, size,
+             running[i]);
+    }
+  }
+}
+
 template <class C>
 inline void finish(const Work<C>& work, int b, int h, int block, const attn::Running* running) {
   const attn::Step<typename C::Value>& step = *work.step;
@@ -98,7 +122,7 @@ inline void attend_task(void* data, size_t index) {
     const float* x = step.qkv + (static_cast<int64_t>(task.b) * step.news + s) * width + head * size;
     C::prepare(x, step.cos + position * layer.rot_half, step.sin + position * layer.rot_half,
                step.key_scale ? step.key_scale + task.h * size : nullptr, layer, queries[i]);
-    queries[i].position = position;
+    queries[i].position = position - (C::kOwnExact ? 1 : 0);  // its own token apart (own_tokens)
     queries[i].start = layer.window > 0 ? std::max<int64_t>(0, position + 1 - layer.window) : 0;
     attn::reset(running[i], size);
   }
@@ -106,6 +130,7 @@ inline void attend_task(void* data, size_t index) {
   if (task.partial < 0) {  // all its keys in this task: part by part, merged in order, as split blocks are
     attn::attend_parts<C>(step.keys + base, step.values + base, queries, count, size, task.first_tile,
                           task.end_tile, running);
+    own_tokens(work, task.b, task.h, task.block, running);
     finish(work, task.b, task.h, task.block, running);
   } else {  // one part of a split block's keys
     attn::attend<C>(step.keys + base, step.values + base, queries, count, size, task.first_tile, task.end_tile,
@@ -122,6 +147,7 @@ inline void merge_task(void* data, size_t index) {
   attn::Running* into = &work.partial[task.partial];
   for (int part = 1; part < task.parts; ++part)
     for (int i = 0; i < count; ++i) attn::merge(into[i], work.partial[work.tasks[first + part].partial + i], size);
+  own_tokens(work, task.b, task.h, task.block, into);
   finish(work, task.b, task.h, task.block, into);
 }
 

@@ -59,7 +59,8 @@ def attention(qkv: np.ndarray, keys: np.ndarray, values: np.ndarray, lengths: np
               token_scales: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """One step: ``qkv [B, S, (heads + 2 kv_heads) * D]`` float32; ``keys``/``values [B, kv_heads, L, D]``, the
     cache (float32; int8 with ``key_scale``/``value_scale [kv_heads, D]``; int4, values in [-7, 7], with those and
-    the keys' and values' ``token_scales [B, kv_heads, L]`` besides), written in place; ``lengths [B]``.
+    the keys' and values' ``token_scales [B, kv_heads, L]`` besides), written in place; ``lengths [B]``. With int4,
+    a query takes its own token's key and value exact (float32), the others from the cache.
     Returns the output ``[B, S, heads * D]``."""
     rows, new, width = qkv.shape
     size = width // (heads + 2 * kv_heads)
@@ -93,11 +94,14 @@ def attention(qkv: np.ndarray, keys: np.ndarray, values: np.ndarray, lengths: np
             for token in range(new):
                 end = int(positions[token]) + 1
                 start = max(0, end - window) if window > 0 else 0
-                scores = past_k[start:end] @ query[token, h].astype(np.float64) * scale
+                seen_k, seen_v = past_k[start:end].copy(), past_v[start:end].copy()
+                if token_scales is not None:  # its own token exact
+                    seen_k[-1], seen_v[-1] = key[token, kv], value[token, kv]
+                scores = seen_k @ query[token, h].astype(np.float64) * scale
                 if softcap > 0:
                     scores = softcap * np.tanh(scores / softcap)
                 weights = np.exp(scores - scores.max())
-                out[b, token, h] = (weights / weights.sum()) @ past_v[start:end]
+                out[b, token, h] = (weights / weights.sum()) @ seen_v
     return out.reshape(rows, new, heads * size)
 
 

@@ -71,7 +71,7 @@ STALE_TEMP_SECONDS = 600.0  # a temporary file this old was left by a process th
 def store_key(identity: str, spec: DecoderSpec, block: int, threads: int, cpu: str, mode: str = "on") -> str:
     """The folder of one model's files: everything that changes the numbers a chunk's keys and values hold, and the
     reuse mode (``exact`` stores only exact chunks)."""
-    layout = f"{spec.layers}x{spec.kv_heads}x{spec.head_size}:{np.dtype(spec.kv_dtype).name}{spec.kv_layout}"
+    layout = f"{spec.layers}x{spec.kv_heads}x{spec.kv_token_width}:{np.dtype(spec.kv_dtype).name}{spec.kv_layout}"
     text = f"format {FORMAT};{identity};{layout};block {block};threads {threads};{cpu};mode {mode}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -95,7 +95,7 @@ class BlockLayout:
 
     def __init__(self, spec: DecoderSpec, block: int) -> None:
         self.block = block
-        self.shape = (2, spec.layers, spec.kv_heads, block, spec.head_size)
+        self.shape = (2, spec.layers, spec.kv_heads, block, spec.kv_token_width)
         self.dtype = np.dtype(spec.kv_dtype)
         self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
 

@@ -23,7 +23,7 @@ from phi_api.errors import CapacityError
 
 def row_bytes(spec: DecoderSpec, length: int) -> int:
     """Memory a row of ``length`` tokens takes in a pool of ``spec``'s layout (whole pages of every head)."""
-    token_bytes = spec.head_size * _itemsize(spec)
+    token_bytes = spec.kv_head_token_bytes
     pages = -(-length * token_bytes // PAGE) if length > 0 else 0
     return 2 * spec.layers * spec.kv_heads * pages * PAGE
 
@@ -31,13 +31,7 @@ def row_bytes(spec: DecoderSpec, length: int) -> int:
 def tokens_within(spec: DecoderSpec, budget: int) -> int:
     """The most tokens one row may hold within ``budget`` bytes."""
     pages = budget // (2 * spec.layers * spec.kv_heads * PAGE)
-    return pages * PAGE // (spec.head_size * _itemsize(spec))
-
-
-def _itemsize(spec: DecoderSpec) -> int:
-    import numpy as np
-
-    return np.dtype(spec.kv_dtype).itemsize
+    return pages * PAGE // spec.kv_head_token_bytes
 
 
 class Ledger:

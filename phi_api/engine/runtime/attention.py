@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from phi_api.engine.runtime.quant import int4_key_scales
 from phi_api.engine.runtime.rewrite import DOMAIN
 from phi_api.errors import KernelError
 
@@ -49,9 +50,10 @@ def _neutral(name: str, value: Any) -> bool:
     return value in wanted if isinstance(wanted, tuple) else value == wanted
 
 
-def attention_file(cache: str) -> str:
-    """The swapped graph's file name, beside the graph it is made from, for keys and values of type ``cache``."""
-    return f"model.kv-{cache}-attention.v{VERSION}.onnx"
+def attention_file(graph_file: Path, cache: str) -> str:
+    """The swapped graph's file name, beside ``graph_file`` it is made from (and named after it: a graph made anew,
+    with new scales, is swapped anew), for keys and values of type ``cache``."""
+    return f"{graph_file.stem}.{cache}-attention.v{VERSION}.onnx"
 
 
 def cache_kind(node: Any) -> str:
@@ -134,16 +136,22 @@ def _cache(graph: Any, nodes: list[Any]) -> tuple[int, str]:
 
 
 def attention_model(graph_file: Path, cache: str, choice: str, library: str, head_size: int) -> Path | None:
-    """The graph with the operator beside ``graph_file`` (keys and values of type ``cache``; made now if missing),
-    or None where GroupQueryAttention serves: ``choice`` is onnxruntime, or auto and the operator cannot serve this
-    graph or this machine. KernelError when phi-api's is demanded and cannot serve."""
+    """The graph with the operator beside ``graph_file`` (keys and values of type ``cache``, ``int4`` from an int8
+    graph; made now if missing), or None where GroupQueryAttention serves: ``choice`` is onnxruntime, or auto and
+    the operator cannot serve this graph or this machine. KernelError when phi-api's is demanded and cannot serve
+    (int4 keys and values always demand it)."""
+    if cache == "int4" and choice == "onnxruntime":
+        raise KernelError("KV_CACHE_DTYPE is int4, which only phi-api's attention computes, but ATTENTION_KERNEL is "
+                          "onnxruntime")
     if choice == "onnxruntime":
         return None
     reason = "" if library else "phi-api's kernel library cannot run here"
-    target = graph_file.parent / attention_file(cache)
+    target = graph_file.parent / attention_file(graph_file, cache)
     if not reason and not target.is_file():
-        reason = _write(graph_file, target, head_size)
+        reason = _write(graph_file, target, head_size, int4=cache == "int4")
     if reason:
+        if cache == "int4":
+            raise KernelError(f"KV_CACHE_DTYPE is int4, but {reason}")
         if choice == "phi-api":
             raise KernelError(f"ATTENTION_KERNEL is phi-api, but {reason}")
         log.info("attention stays on ONNX Runtime's GroupQueryAttention: %s", reason)
@@ -151,16 +159,18 @@ def attention_model(graph_file: Path, cache: str, choice: str, library: str, hea
     return target
 
 
-def _write(graph_file: Path, target: Path, head_size: int) -> str:
+def _write(graph_file: Path, target: Path, head_size: int, int4: bool = False) -> str:
     """Write the swapped graph to ``target``: empty, or why it could not be."""
     import onnx
 
     model = onnx.load(str(graph_file), load_external_data=False)
     try:
-        if swap(model, head_size) == 0:
+        if swap(model, head_size, int4) == 0:
             return "the graph has no GroupQueryAttention node"
     except KernelError as exc:
         return str(exc)
+    if int4:
+        int4_key_scales(model, graph_file, INT4_OP)
     handle, staging = tempfile.mkstemp(prefix=".attention-", suffix=".onnx", dir=target.parent)
     os.close(handle)
     try:

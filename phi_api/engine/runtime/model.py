@@ -207,7 +207,7 @@ class LanguageModel:
 
             self.decoder_file = int8_model(self.decoder_file, self.spec, self._calibration_ids(),
                                            threads=os.cpu_count() or 1)
-            cache = "int8"
+            cache = "int4" if kv_dtype == "int4" else "int8"
         if self.decoder_file.parent != root:  # a folder of ours to write the operator's graph in
             self._own_attention(cache, attention_kernel, cache_dir)
         if self.decoder_file != loaded:  # another graph (int8 caches, the attention operator): its tensor types
@@ -232,6 +232,8 @@ class LanguageModel:
         if not wants_int8(kv_dtype, self.spec.kv_bytes_per_token):
             return False
         if self.decoder_file.parent == root:  # the host's prepacked copy proved unusable: no folder of ours
+            if kv_dtype == "int4":
+                raise KernelError(f"int4 keys and values need the host's prepacked copy of {root}, which is unusable")
             import logging
 
             logging.getLogger(__name__).warning("int8 keys and values need the host's prepacked copy of %s, "
@@ -241,13 +243,15 @@ class LanguageModel:
 
     def _own_attention(self, cache: str, choice: str, cache_dir: Path) -> None:
         """The graph (keys and values of type ``cache``) with phi-api's attention operator, where ``choice``
-        (ATTENTION_KERNEL) and the machine allow: its keys and values then sit in the operator's layout."""
+        (ATTENTION_KERNEL) and the machine allow: its keys and values then sit in the operator's layout. int4 keys
+        and values are the operator's alone: KernelError where it cannot serve."""
         from phi_api.engine.kernels.op import find_library
         from phi_api.engine.runtime.attention import LAYOUT, attention_model
 
         library, reason = find_library(cache_dir)
-        if library is None and choice == "phi-api":
-            raise KernelError(f"ATTENTION_KERNEL is phi-api, but phi-api's kernel library cannot run here: {reason}")
+        if library is None and (choice == "phi-api" or cache == "int4"):
+            setting = "KV_CACHE_DTYPE is int4" if cache == "int4" else "ATTENTION_KERNEL is phi-api"
+            raise KernelError(f"{setting}, but phi-api's kernel library cannot run here: {reason}")
         found = attention_model(self.decoder_file, cache, choice, str(library or ""), self.spec.head_size)
         if found is not None:
             self.decoder_file = found

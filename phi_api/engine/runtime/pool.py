@@ -1,9 +1,10 @@
 """The key/value memory of one decoder session: reserved once, paid for by the page as rows fill it.
 
 Per layer there is one key and one value buffer, ``[rows, kv_heads, tokens,
-head_size]``, each a reservation of anonymous memory made once, when the
-engine starts: no swap is reserved for it (``MAP_NORESERVE``) and none of it
-exists until written. A row holding ``n`` tokens therefore costs, in every
+width]`` (``DecoderSpec.kv_token_width``: the head size, or int4's bytes),
+each a reservation of anonymous memory made once, when the engine starts: no
+swap is reserved for it (``MAP_NORESERVE``) and none of it exists until
+written. A row holding ``n`` tokens therefore costs, in every
 layer and head, only the pages its ``n`` tokens touch, whatever the longest
 row: no row pays for another's length, and nothing is ever copied to grow.
 Huge pages are refused for the reservation (``MADV_NOHUGEPAGE``): with
@@ -40,7 +41,7 @@ class KVPool:
         self.spec = spec
         self.rows = rows
         self.itemsize = np.dtype(spec.kv_dtype).itemsize
-        self._token_bytes = spec.head_size * self.itemsize  # one token of one head
+        self._token_bytes = spec.kv_head_token_bytes  # one token of one head
         # Each head's run of tokens starts on a page, so that a head's tail can be given back on its own.
         granule = math.lcm(TOKEN_GRANULE, PAGE // math.gcd(PAGE, self._token_bytes))
         self.tokens = -(-max(1, tokens, spec.window) // granule) * granule
@@ -105,5 +106,5 @@ class KVPool:
         self._maps.append(area)
         if hasattr(mmap, "MADV_NOHUGEPAGE"):
             area.madvise(mmap.MADV_NOHUGEPAGE)
-        shape = (self.rows, self.spec.kv_heads, self.tokens, self.spec.head_size)
+        shape = (self.rows, self.spec.kv_heads, self.tokens, self.spec.kv_token_width)
         return np.frombuffer(area, dtype=self.spec.kv_dtype, count=size // self.itemsize).reshape(shape)

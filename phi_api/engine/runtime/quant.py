@@ -18,6 +18,15 @@ rotary embedding, which turns each pair of channels ``(i, i + half)``; their
 scale is the largest length of that pair, which no rotation exceeds. The
 graph is written beside the host's prepacked copy (whose weights it shares),
 under a file lock, and renamed into place.
+
+int4 keys and values (``KV_CACHE_DTYPE=int4``, phi-api's attention operator
+alone) are made from the int8 graph, and divide each channel by a scale
+before rounding each token to 4 bits with a scale of its own: the values by
+the int8 scales, the keys by their channel's own largest magnitude (not the
+rotation-proof one: with no fixed range to fit, the pair's bound only
+shrinks the smaller channel of a pair, which cost the default model a third
+more KL divergence from float32 in a simulation). Those scales are saved
+beside the int8 graph (``INT4_KEYS_FILE``) when it is calibrated.
 """
 
 from __future__ import annotations
@@ -26,23 +35,26 @@ import fcntl
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from phi_api.engine.runtime.spec import DecoderSpec
 
-VERSION = 1  # bump when calibration or the rewrite changes
+VERSION = 2  # bump when calibration or the rewrite changes
 HEADROOM = 1.2  # over the largest magnitude seen: text unlike the calibration's reaches a bit further
 QUANT_FILE = f"model.kv-int8.v{VERSION}.onnx"
+INT4_KEYS_FILE = f"kv-int4-key-scales.v{VERSION}.npy"  # [layers, kv_heads, head_size], beside QUANT_FILE
 CALIBRATION_TEXT = Path(__file__).resolve().parent / "data" / "calibration.txt"
 AUTO_THRESHOLD_BYTES = 256 * 1024  # "auto": int8 where float32 keys and values take this much a token or more
 
 
 def wants_int8(kv_dtype: str, float32_bytes_per_token: int) -> bool:
-    """Whether the ``KV_CACHE_DTYPE`` setting asks for int8 keys and values for this model."""
+    """Whether the ``KV_CACHE_DTYPE`` setting asks for int8 keys and values for this model (int4 ones are made from
+    the int8 graph: its scales per channel are theirs too)."""
     if kv_dtype == "auto":
         return float32_bytes_per_token >= AUTO_THRESHOLD_BYTES
-    return kv_dtype == "int8"
+    return kv_dtype in ("int8", "int4")
 
 
 def int8_model(model_file: Path, spec: DecoderSpec, calibration_ids: np.ndarray, threads: int) -> Path:
@@ -54,14 +66,40 @@ def int8_model(model_file: Path, spec: DecoderSpec, calibration_ids: np.ndarray,
     with open(model_file.parent / ".kv-int8.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # workers starting at once: one makes it, the others wait
         if not target.is_file():
-            keys, values = calibrate(model_file, spec, calibration_ids, threads)
+            keys, values, plain_keys = calibrate(model_file, spec, calibration_ids, threads)
+            np.save(model_file.parent / INT4_KEYS_FILE, _scales(plain_keys))  # before the graph: it says both exist
             _write(model_file, target, keys, values, spec)
     return target
 
 
-def calibrate(model_file: Path, spec: DecoderSpec, ids: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per layer, head and channel, the largest magnitude of the keys and values the float32 graph computes for
-    ``ids``: two arrays of ``[layers, kv_heads, head_size]``."""
+def int4_key_scales(model: Any, graph_file: Path, op_type: str) -> None:
+    """Give the ``op_type`` nodes of ``model`` (int4 operators made from the int8 graph ``graph_file``) the keys'
+    scales of their own (``INT4_KEYS_FILE``), as initializers."""
+    from onnx import numpy_helper
+
+    scales = np.load(graph_file.parent / INT4_KEYS_FILE)
+    for node in model.graph.node:
+        if node.op_type == op_type:
+            layer = _layer(node)
+            name = f"kv_int4.key_scale.{layer}"
+            model.graph.initializer.append(numpy_helper.from_array(scales[layer][None, :, None, :], name))
+            node.input[12] = name
+
+
+def _layer(node: Any) -> int:
+    """The layer of an attention node, from its past keys' name (``past_key_values.<layer>.key``)."""
+    return int(node.input[3].split(".")[1])
+
+
+def _scales(largest: np.ndarray) -> np.ndarray:
+    """Scales of magnitudes up to ``largest`` (with headroom) in int8 units."""
+    return (np.maximum(largest, 1e-6) * HEADROOM / 127).astype(np.float32)
+
+
+def calibrate(model_file: Path, spec: DecoderSpec, ids: np.ndarray,
+              threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per layer, head and channel, the largest magnitude of the keys (rotation-proof) and values the float32 graph
+    computes for ``ids``, and of the keys channel by channel: three arrays of ``[layers, kv_heads, head_size]``."""
     from phi_api.engine.runtime.pool import KVPool
     from phi_api.engine.runtime.session import Decoder
 
@@ -72,11 +110,12 @@ def calibrate(model_file: Path, spec: DecoderSpec, ids: np.ndarray, threads: int
             chunk = ids[start:start + 256]
             decoder.step(pool, 0, chunk[None, :], np.array([start]), True)
         count, half = len(ids), spec.head_size // 2
-        keys, values = [], []
+        keys, values, plain = [], [], []
         for layer in range(spec.layers):
             key = pool.keys[layer][0, :, :count].astype(np.float64)
             pair = np.sqrt(key[..., :half] ** 2 + key[..., half:2 * half] ** 2).max(axis=1)  # rotation-proof
             largest = np.abs(key).max(axis=1)
+            plain.append(largest.copy())
             largest[:, :half] = pair
             largest[:, half:2 * half] = pair
             keys.append(largest)
@@ -84,7 +123,7 @@ def calibrate(model_file: Path, spec: DecoderSpec, ids: np.ndarray, threads: int
     finally:
         decoder.unbind()
         pool.close()
-    return np.array(keys), np.array(values)
+    return np.array(keys), np.array(values), np.array(plain)
 
 
 def _write(model_file: Path, target: Path, keys: np.ndarray, values: np.ndarray, spec: DecoderSpec) -> None:
@@ -99,7 +138,7 @@ def _write(model_file: Path, target: Path, keys: np.ndarray, values: np.ndarray,
     for node in graph.node:
         if node.op_type != "GroupQueryAttention":
             continue
-        layer = int(node.input[3].split(".")[1])  # past_key_values.<layer>.key
+        layer = _layer(node)
         inputs = list(node.input) + [""] * (14 - len(node.input))
         inputs[12], inputs[13] = f"kv_int8.key_scale.{layer}", f"kv_int8.value_scale.{layer}"
         del node.input[:]
@@ -110,8 +149,7 @@ def _write(model_file: Path, target: Path, keys: np.ndarray, values: np.ndarray,
                                       helper.make_attribute("v_quant_type", "PER_CHANNEL"),
                                       helper.make_attribute("kv_cache_bit_width", 8)])
         for name, largest in ((inputs[12], keys[layer]), (inputs[13], values[layer])):
-            scale = np.maximum(largest, 1e-6) * HEADROOM / 127
-            graph.initializer.append(numpy_helper.from_array(scale.astype(np.float32).reshape(shape), name))
+            graph.initializer.append(numpy_helper.from_array(_scales(largest).reshape(shape), name))
     for value in [*graph.input, *graph.output]:
         if value.name.startswith(("past_key_values.", "present.")):
             value.type.tensor_type.elem_type = TensorProto.INT8

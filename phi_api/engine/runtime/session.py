@@ -63,9 +63,11 @@ class Decoder:
             options.register_custom_ops_library(spec.custom_ops)
         self.session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
         types = {value.name: value.type for value in self.session.get_inputs()}
+        width = next(value.shape[3] for value in self.session.get_inputs() if value.name == spec.past_key % 0)
         self.spec = DecoderSpec(**{
             **spec.__dict__,
             "kv_dtype": _NUMPY_TYPES[types[spec.past_key % 0]],
+            "kv_width": width if isinstance(width, int) and width != spec.head_size else 0,
             "ids_dtype": _NUMPY_TYPES[types[spec.input_ids]],
             "mask_dtype": _NUMPY_TYPES[types[spec.attention_mask]],
         })

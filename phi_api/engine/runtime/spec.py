@@ -36,6 +36,9 @@ class DecoderSpec:
     # How a head's run of tokens is laid out: "" as [tokens, head_size]; "tiles16" as phi-api's attention operator
     # keeps it (tiles of 16 tokens: whole tiles are what can be copied, kept or stored apart).
     kv_layout: str = ""
+    # Elements a token of one head takes in the cache (0: head_size; int4 keys and values take head_size / 2 + 4
+    # bytes, their nibbles and their scale, read from the graph's declared cache).
+    kv_width: int = 0
     # Every operator computes a row on its own, in the same order at any row count (engine.runtime.rowwise): a step
     # needs no padding row to give a row the same bits alone and beside others.
     row_wise: bool = False
@@ -53,9 +56,26 @@ class DecoderSpec:
         return 16 if self.kv_layout == "tiles16" else 1
 
     @property
+    def kv_token_width(self) -> int:
+        """Elements of the cache one token of one head takes."""
+        return self.kv_width or self.head_size
+
+    @property
+    def kv_kind(self) -> str:
+        """What keys and values are kept as: ``float32``, ``float16``, ``int8``, or ``int4`` (int8 bytes, a token
+        of a head ``head_size / 2 + 4`` of them: its nibbles and its scale)."""
+        name = np.dtype(self.kv_dtype).name
+        return "int4" if name == "int8" and self.kv_width else name
+
+    @property
+    def kv_head_token_bytes(self) -> int:
+        """Bytes of the cache one token of one head takes (keys or values)."""
+        return self.kv_token_width * np.dtype(self.kv_dtype).itemsize
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of keys and values one token takes in every layer."""
-        return 2 * self.layers * self.kv_heads * self.head_size * np.dtype(self.kv_dtype).itemsize
+        return 2 * self.layers * self.kv_heads * self.kv_head_token_bytes
 
     @classmethod
     def read(cls, folder: Path, rope_switch: int | None = None) -> DecoderSpec:

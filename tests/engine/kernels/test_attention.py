@@ -17,6 +17,7 @@ from phi_api.engine.kernels import attention_reference as reference
 from phi_api.engine.kernels import native, op
 from phi_api.engine.kernels.attention_graph import PHI35, SMOLLM2, Shape, gqa_model
 from phi_api.engine.runtime import attention
+from phi_api.engine.runtime.quant import QUANT_FILE
 from phi_api.errors import KernelError
 from phi_api.settings import cache_root
 
@@ -306,9 +307,30 @@ def test_without_avx512_vnni_int8_keys_and_values_stay_on_group_query_attention(
     monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})
     with caplog.at_level("INFO"):
         model = LanguageModel(model_path, cache_dir=tmp_path, kv_dtype="int8", attention_kernel="auto")
-    assert model.spec.kv_layout == "" and model.decoder_file.name != attention.attention_file("int8")
+    assert model.spec.kv_layout == "" and "attention" not in model.decoder_file.name
     with pytest.raises(KernelError, match=r"ATTENTION_KERNEL is phi-api.*lacks avx512bw"):
         LanguageModel(model_path, cache_dir=tmp_path, kv_dtype="int8", attention_kernel="phi-api")
+
+
+def test_int4_keys_and_values_are_the_operator_s_and_refused_where_it_cannot_serve(model_path, tmp_path, monkeypatch):
+    from phi_api.engine.runtime.model import LanguageModel
+
+    if SUPPORTED:
+        model = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype="int4")
+        spec = model.spec
+        assert (spec.kv_kind, spec.kv_token_width) == ("int4", spec.head_size // 2 + 4)
+        assert spec.kv_layout == attention.LAYOUT
+        int8 = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype="int8").spec
+        assert spec.kv_bytes_per_token * (2 * spec.head_size) == int8.kv_bytes_per_token * (spec.head_size + 8)
+        graph = onnx.load(str(model.decoder_file), load_external_data=False).graph
+        nodes = [node for node in graph.node if node.op_type == attention.INT4_OP]
+        assert len(nodes) == spec.layers and all(node.input[12].startswith("kv_int4.key_scale.") for node in nodes)
+        with pytest.raises(KernelError, match=r"KV_CACHE_DTYPE is int4.*ATTENTION_KERNEL is onnxruntime"):
+            LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype="int4",
+                          attention_kernel="onnxruntime")
+    monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})
+    with pytest.raises(KernelError, match=r"KV_CACHE_DTYPE is int4.*lacks avx512bw"):
+        LanguageModel(model_path, cache_dir=tmp_path, kv_dtype="int4")
 
 
 def test_int8_keys_and_values_use_the_operator_where_it_runs(model_path, library):
@@ -318,7 +340,8 @@ def test_int8_keys_and_values_use_the_operator_where_it_runs(model_path, library
     if not SUPPORTED:
         assert model.spec.kv_layout == ""
         return
-    assert model.spec.kv_layout == attention.LAYOUT and model.decoder_file.name == attention.attention_file("int8")
+    assert model.spec.kv_layout == attention.LAYOUT
+    assert model.decoder_file.name == attention.attention_file(model.decoder_file.parent / QUANT_FILE, "int8")
     graph = onnx.load(str(model.decoder_file), load_external_data=False).graph
     kinds = {node.op_type for node in graph.node}
     assert attention.OP_TYPES["int8"] in kinds and "GroupQueryAttention" not in kinds

@@ -36,11 +36,13 @@ def graph(model_path, tmp_path_factory):
 def test_key_scales_hold_each_rotary_pair_s_length_and_value_scales_the_largest_value(graph):
     model_file, spec = graph
     ids = np.arange(1, 97, dtype=np.int64) * 37 % spec.vocab_size
-    keys, values = kvquant.calibrate(model_file, spec, ids, threads=2)
-    assert keys.shape == values.shape == (spec.layers, spec.kv_heads, spec.head_size)
+    keys, values, plain = kvquant.calibrate(model_file, spec, ids, threads=2)
+    assert keys.shape == values.shape == plain.shape == (spec.layers, spec.kv_heads, spec.head_size)
     half = spec.head_size // 2
     assert np.array_equal(keys[..., :half], keys[..., half:2 * half])  # a pair shares its scale: rotation-proof
     assert (keys > 0).all() and (values > 0).all()
+    # int4's key scales: each channel's own largest magnitude, within its pair's length
+    assert (plain <= keys * (1 + 1e-9)).all() and not np.array_equal(plain[..., :half], plain[..., half:2 * half])
 
 
 def test_the_int8_graph_keeps_its_cache_in_int8_and_is_made_once(graph, tmp_path):
