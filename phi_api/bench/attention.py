@@ -1,10 +1,10 @@
 """``phi-api bench attention``: one attention layer of Phi-3.5-mini's shape on its own, phi-api's operator beside ONNX
 Runtime's GroupQueryAttention (int8 keys and values, and float32 ones: ``ours_float32`` is phi-api's over float32
-ones, against ``float32``) in the same run: decode steps of 1 and 8
-rows at contexts of 1k to 8k tokens, and prompt chunks on pasts of 0 to 8k tokens. Each figure is the median of
-several calls; ours is also given as a share of the machine's limits measured in the same run (``bench roofline``):
-a decode step's bytes of keys and values over the read bandwidth, a prompt chunk's multiply-adds over the int8
-peak.
+ones, against ``float32``; ``ours_int4`` phi-api's over int4 ones, which only it computes) in the same run:
+decode steps of 1 and 8 rows at contexts of 1k to 8k tokens, and prompt chunks on pasts of 0 to 8k tokens. Each
+figure is the median of several calls; ours is also given as a share of the machine's limits measured in the same
+run (``bench roofline``): a decode step's bytes of keys and values over the read bandwidth, a prompt chunk's
+multiply-adds over the int8 peak.
 
 With ``--baseline LIBRARY`` (another build of phi-api's operator library, such as one built from an earlier commit),
 each figure also times that build against this tree's, their calls alternating in one process over the same caches:
@@ -26,7 +26,7 @@ from phi_api.bench.common import emit, say
 from phi_api.engine.kernels.attention_graph import PHI35, SMOLLM2, Shape, gqa_model
 
 SHAPES = {"phi-3.5-mini": PHI35, "smollm2": SMOLLM2}
-KINDS = ("ours", "int8", "float32", "ours_float32")
+KINDS = ("ours", "int8", "float32", "ours_float32", "ours_int4")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -57,8 +57,10 @@ class Layer:
         graphs = {"int8": gqa_model(shape, tokens, tokens), "float32": gqa_model(shape, tokens, tokens, int8=False)}
         graphs["ours"], graphs["ours_float32"] = gqa_model(shape, tokens, tokens), gqa_model(shape, tokens, tokens,
                                                                                              int8=False)
+        graphs["ours_int4"] = gqa_model(shape, tokens, tokens)
         swap(graphs["ours"])
         swap(graphs["ours_float32"])
+        swap(graphs["ours_int4"], int4=True)
         libraries = dict.fromkeys(graphs, str(library))
         if baseline:  # a pair of its own: their pools' threads must not spin while the other one's run
             graphs["versus"] = graphs["baseline"] = graphs["ours"]
@@ -83,6 +85,16 @@ class Layer:
         size = (rows, self.shape.kv_heads, self.tokens, self.shape.head_size)
         if kind in ("float32", "ours_float32"):
             return (self.rng.standard_normal(size, dtype=np.float32), self.rng.standard_normal(size, dtype=np.float32))
+        if kind == "ours_int4":  # nibbles at random, each tile's 16 token scales (its last 64 bytes) sane floats
+            width = self.shape.head_size // 2 + 4
+            caches = []
+            for _ in range(2):
+                cache = self.rng.integers(-128, 128, (*size[:3], width), dtype=np.int8)
+                tiles = cache.reshape(*size[:2], -1, 16 * width)
+                tiles[..., 16 * width - 64:] = self.rng.uniform(0.5, 2, (*tiles.shape[:3], 16)).astype(
+                    np.float32).view(np.int8)
+                caches.append(cache)
+            return caches[0], caches[1]
         return (self.rng.integers(-127, 128, size, dtype=np.int8), self.rng.integers(-127, 128, size, dtype=np.int8))
 
     def timed(self, kind: str, rows: int, new: int, past: int, reps: int) -> float:
@@ -161,9 +173,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             times = {kind: layer.timed(kind, rows, 1, context - 1, args.reps) for kind in KINDS}
             read = 2 * rows * context * head_bytes
             versus = layer.against_baseline(rows, 1, context - 1, args.reps) if args.baseline else {}
+            read4 = read * (shape.head_size // 2 + 4) // shape.head_size
             report["decode"].append({"context": context, "rows": rows, **_ms(times), **versus,
                                      "ours_gbs": read / times["ours"] / 1e9,
-                                     "share_of_bandwidth": read / times["ours"] / 1e9 / limits.read_gbs})
+                                     "share_of_bandwidth": read / times["ours"] / 1e9 / limits.read_gbs,
+                                     "int4_share_of_bandwidth": read4 / times["ours_int4"] / 1e9 / limits.read_gbs})
     for past in [0, *contexts]:
         say(f"prompt: a chunk of {args.chunk} tokens on {past}")
         times = {kind: layer.timed(kind, 1, args.chunk, past, args.reps) for kind in KINDS}
@@ -178,7 +192,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _ms(times: dict[str, float]) -> dict[str, float]:
     return {f"{kind}_ms": seconds * 1e3 for kind, seconds in times.items()} | {
         "int8_over_ours": times["int8"] / times["ours"], "float32_over_ours": times["float32"] / times["ours"],
-        "float32_over_ours_float32": times["float32"] / times["ours_float32"]}
+        "float32_over_ours_float32": times["float32"] / times["ours_float32"],
+        "ours_int4_over_ours": times["ours_int4"] / times["ours"]}
 
 
 def main(args: argparse.Namespace) -> int:

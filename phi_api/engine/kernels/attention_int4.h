@@ -13,12 +13,13 @@
 // still get the bits of one-token steps: each sees the tokens before it from the cache, and itself exactly.
 //
 // The layout, per run of 16 tokens (a tile, 16 * (D / 2 + 4) bytes: a range of whole tiles is a range of bytes, as
-// for the other caches):
-// - keys: for each pair of channels c, 16 bytes holding the 32 values the int8 tile holds for it ([16 tokens][2
-//   channels]): value i in the low nibble of byte i, value 16 + i in its high one; then the 16 tokens' scales
-//   (float32). Unpacked in registers to the int8 tile's 32 words: the same vpdpwssd as int8 keys.
-// - values: for each pair of tokens j and 16 channels l, 16 bytes holding the int8 layout's 32 values ([16
-//   channels][2 tokens]) the same way; then the 16 tokens' scales.
+// for the other caches), in groups of the 32 values the int8 layout puts in one vpdpwssd operand:
+// - keys: group c is the pair of channels 2c, 2c+1 of the tile's 16 tokens ([16 tokens][2 channels]);
+// - values: group j * D / 16 + l is the pair of tokens 2j, 2j+1 at the 16 channels 16l.. ([16 channels][2 tokens]);
+// groups 2g and 2g+1 share 32 bytes, value i of the first in the low nibble of byte i, of the second in the high
+// one (so D is a multiple of 32); then the 16 tokens' scales (float32). A group is unpacked in registers by a mask
+// (and a shift, for the high one) and a widening: the int8 codec's operand, the nibbles plus 8. The 8 is taken back
+// once per score and weighed sum (from the query's units' sum, and from the probabilities' sum), not per value.
 #pragma once
 
 #include "attention_kernel.h"
@@ -27,6 +28,18 @@ namespace attn {
 
 struct Int4Cache : Int8Cache {
   static constexpr bool kOwnExact = true;
+  static constexpr bool kPairs = true;
+  struct Query : Int8Cache::Query {
+    int32_t offset;  // 8 times the sum of its units: what the nibbles' +8 adds to a score's chain
+  };
+
+  static void prepare(const float* x, const float* cos, const float* sin, const float* kscale, const Layer& layer,
+                      Query& query) {
+    Int8Cache::prepare(x, cos, sin, kscale, layer, query);
+    int32_t sum = 0;
+    for (int d = 0; d < layer.head_size; ++d) sum += query.units[d];
+    query.offset = 8 * sum;
+  }
 
   // Elements (bytes) a token takes in a head's run: D / 2 of nibbles and 4 of its scale.
   static int token_width(int size) { return size / 2 + 4; }
@@ -47,7 +60,7 @@ struct Int4Cache : Int8Cache {
     const float to_units = largest > 0.0f ? 7.0f / largest : 0.0f;
     for (int d = 0; d < size; ++d) {
       const int q = static_cast<int>(std::clamp(std::nearbyint(normal[d] * to_units), -7.0f, 7.0f)) + 8;
-      const int index = nibble(d), byte = index % 16 + (index / 32) * 16, high = (index / 16) % 2;
+      const int index = nibble(d), byte = index % 32 + (index / 64) * 32, high = (index / 32) % 2;
       uint8_t& place = reinterpret_cast<uint8_t*>(tile)[byte];
       place = static_cast<uint8_t>(high ? (place & 0x0F) | (q << 4) : (place & 0xF0) | q);
     }
@@ -83,16 +96,43 @@ struct Int4Cache : Int8Cache {
     std::memcpy(values + tile + 8 * size + 4 * t, &vscale, sizeof(float));
   }
 
-  // 16 bytes of nibbles as the 32 int16 words they hold (the int8 layout's 32 values).
-  static __m512i unpacked(const int8_t* p) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), low = _mm_set1_epi8(0x0F);
-    const __m256i bytes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), low), _mm_and_si128(x, low));
-    return _mm512_sub_epi16(_mm512_cvtepu8_epi16(bytes), _mm512_set1_epi16(8));
+  // The two groups of the 32 bytes at p (low nibbles, high nibbles) as 32 int16 words each, each its value + 8:
+  // one read and one widening for both.
+  static void unpacked(const int8_t* p, __m512i& low, __m512i& high) {
+    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    low = _mm512_and_si512(bytes, _mm512_set1_epi16(0x0F));
+    high = _mm512_srli_epi16(bytes, 4);
   }
 
-  static __m512i keys(const int8_t* k, int t, int c, int size) { return unpacked(k + t * tile_bytes(size) + c * 16); }
+  // Key groups 2 cc and 2 cc + 1 (channels 4 cc .. 4 cc + 3) of tile t.
+  static void key_pair(const int8_t* k, int t, int cc, int size, __m512i& low, __m512i& high) {
+    unpacked(k + t * tile_bytes(size) + cc * 32, low, high);
+  }
+  // Value lane l of the pair of tokens j alone (for many queries: the accumulators take the registers).
   static Acc values(const int8_t* v, int j, int l, int size) {
-    return unpacked(v + (j / kWeightsPerTile) * tile_bytes(size) + ((j % kWeightsPerTile) * (size / 16) + l) * 16);
+    const int group = (j % kWeightsPerTile) * (size / 16) + l;
+    const int8_t* p = v + (j / kWeightsPerTile) * tile_bytes(size) + (group / 2) * 32;
+    __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    if (group % 2) x = _mm256_srli_epi16(x, 4);
+    return _mm512_cvtepu8_epi16(_mm256_and_si256(x, _mm256_set1_epi8(0x0F)));
+  }
+  // Value lanes l, l + 1 (l even) of the pair of tokens j.
+  static void value_pair(const int8_t* v, int j, int l, int size, __m512i& low, __m512i& high) {
+    unpacked(v + (j / kWeightsPerTile) * tile_bytes(size) + ((j % kWeightsPerTile) * (size / 16) + l) * 16, low,
+             high);
+  }
+  static __m512 scored(__m512i acc, const Query& query) {
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(query.offset)));
+  }
+  // 8 times the sum of a step's probabilities (`count` pairs of 15-bit units): what the nibbles' +8 adds to each
+  // weighed sum.
+  static int32_t weighed_offset(const Probabilities& pairs, int count) {
+    int32_t sum = 0;
+    for (int j = 0; j < count; ++j) sum += (pairs[j] & 0xFFFF) + (pairs[j] >> 16);
+    return 8 * sum;
+  }
+  static __m512 weighed(Acc acc, int32_t offset) {
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(offset)));
   }
 
   // The scores of the step's tiles times each token's key scale (a tile's unseen tokens are masked after).

@@ -203,6 +203,7 @@ inline void masked(__m512 raw[NQ][kSpan], int tiles, int64_t token0, const Q* co
 struct Int8Cache {
   using Value = int8_t;
   static constexpr bool kOwnExact = false;  // a query reads its own token's key and value from the cache too
+  static constexpr bool kPairs = false;     // operands come one at a time (int4: two from one read, paired_*)
   static constexpr float kQueryUnits = 32767.0f;
   struct Query {
     alignas(64) int16_t units[kMaxHeadSize];
@@ -246,6 +247,8 @@ struct Int8Cache {
   static int key_steps(int size) { return size / 2; }
   static int32_t query_word(const Query& query, int c) { return reinterpret_cast<const int32_t*>(query.units)[c]; }
   static __m512i keys(const int8_t* k, int t, int c, int size) { return widened_keys(k, t, c, size); }
+  // A score's chain as a float (int4 takes its keys' offset back here).
+  static __m512 scored(__m512i acc, const Query&) { return _mm512_cvtepi32_ps(acc); }
   // The values' scale of channel d, applied once a query's walk is done (the outputs' finish).
   static float value_unit(const Step<int8_t>& step, int h, int size, int d) { return step.value_scale[h * size + d]; }
   // Scores as the keys' walk left them: one scale per channel, already in the query.
@@ -282,12 +285,17 @@ struct Int8Cache {
   }
   static Acc madd(Acc acc, Acc p, Acc value) { return _mm512_dpwssd_epi32(acc, p, value); }
   static __m512 to_float(Acc acc) { return _mm512_cvtepi32_ps(acc); }
+  static Acc add(Acc a, Acc b) { return _mm512_add_epi32(a, b); }
+  // A weighed sum of values as a float, less `offset` (int4's values' offset, weighed_offset; 0 here).
+  static int32_t weighed_offset(const Probabilities&, int) { return 0; }
+  static __m512 weighed(Acc acc, int32_t) { return _mm512_cvtepi32_ps(acc); }
 };
 
 // The float32 cache: queries rotated and times the softmax scale, in float32; products fused multiply-adds.
 struct FloatCache {
   using Value = float;
   static constexpr bool kOwnExact = false;
+  static constexpr bool kPairs = false;
   struct Query {
     alignas(64) float x[kMaxHeadSize];
     float scale;  // 1: the softmax scale is in x
@@ -318,6 +326,7 @@ struct FloatCache {
   static __m512 keys(const float* k, int t, int d, int size) {
     return _mm512_loadu_ps(k + t * kKeyTile * size + d * kKeyTile);
   }
+  static __m512 scored(__m512 acc, const Query&) { return acc; }
   static float value_unit(const Step<float>&, int, int, int) { return 1.0f; }
   template <int NQ>
   static void token_scores(__m512 (&)[NQ][kSpan], const float*, int, int) {}
@@ -338,6 +347,8 @@ struct FloatCache {
   static Acc values(const float* v, int j, int l, int size) { return _mm512_loadu_ps(v + j * size + l * 16); }
   static Acc madd(Acc acc, Acc p, Acc value) { return _mm512_fmadd_ps(p, value, acc); }
   static __m512 to_float(Acc acc) { return acc; }
+  static int32_t weighed_offset(const Probabilities&, int) { return 0; }
+  static __m512 weighed(Acc acc, int32_t) { return acc; }
 };
 
 // The raw scores of NQ queries against the `tiles` tiles of a step: NQ x 4 independent chains in registers, each
@@ -348,8 +359,16 @@ struct FloatCache {
 // prompt chunk's blocks read their keys from cache, where the order below is no slower); a full group: each
 // channel's broadcasts serve the step's tiles. Every chain sums the same products in the same order either way.
 template <class C, int NQ>
+inline void paired_scores(const typename C::Value* k, int tiles, const typename C::Query* const* queries, int size,
+                          __m512 out[NQ][kSpan]);
+
+template <class C, int NQ>
 inline void scores(const typename C::Value* k, int tiles, const typename C::Query* const* queries, int size,
                    __m512 out[NQ][kSpan]) {
+  if constexpr (C::kPairs) {
+    paired_scores<C, NQ>(k, tiles, queries, size, out);
+    return;
+  }
   typename C::Acc acc[NQ][kSpan];
   for (int i = 0; i < NQ; ++i)
     for (int t = 0; t < kSpan; ++t) acc[i][t] = C::zero();
@@ -374,7 +393,58 @@ inline void scores(const typename C::Value* k, int tiles, const typename C::Quer
     }
   }
   for (int i = 0; i < NQ; ++i)
-    for (int t = 0; t < kSpan; ++t) out[i][t] = C::to_float(acc[i][t]);
+    for (int t = 0; t < kSpan; ++t) out[i][t] = C::scored(acc[i][t], *queries[i]);
+}
+
+// scores for a codec whose one read gives two operands (int4: channel pairs 2cc and 2cc+1). For one or two queries
+// each (query, tile) sums them in two chains, even and odd pairs, added at the end (half the chain's length: a
+// lone query's tile is otherwise one long chain of dependent multiply-adds); for more, in one chain (twice the
+// accumulators would no longer fit the registers).
+template <class C, int NQ>
+inline void paired_scores(const typename C::Value* k, int tiles, const typename C::Query* const* queries, int size,
+                          __m512 out[NQ][kSpan]) {
+  constexpr bool kSplit = NQ <= 2;
+  typename C::Acc even[NQ][kSpan], odd[NQ][kSpan];
+  for (int i = 0; i < NQ; ++i)
+    for (int t = 0; t < kSpan; ++t) even[i][t] = odd[i][t] = C::zero();
+  const int pairs = C::key_steps(size) / 2;
+  auto add = [&](int i, int t, typename C::Acc q0, typename C::Acc q1, typename C::Acc low, typename C::Acc high) {
+    even[i][t] = C::madd(even[i][t], q0, low);
+    if constexpr (kSplit) {
+      odd[i][t] = C::madd(odd[i][t], q1, high);
+    } else {
+      even[i][t] = C::madd(even[i][t], q1, high);
+    }
+  };
+  if constexpr (NQ < kTogether) {  // tile by tile, as scores walks them
+    for (int t = 0; t < kSpan; ++t) {
+      if (t >= tiles) break;
+      for (int cc = 0; cc < pairs; ++cc) {
+        typename C::Acc low, high;
+        C::key_pair(k, t, cc, size, low, high);
+        for (int i = 0; i < NQ; ++i)
+          add(i, t, C::broadcast(C::query_word(*queries[i], 2 * cc)),
+              C::broadcast(C::query_word(*queries[i], 2 * cc + 1)), low, high);
+      }
+    }
+  } else {  // a full group: each pair's broadcasts serve the step's tiles
+    for (int cc = 0; cc < pairs; ++cc) {
+      typename C::Acc q0[NQ], q1[NQ];
+      for (int i = 0; i < NQ; ++i) {
+        q0[i] = C::broadcast(C::query_word(*queries[i], 2 * cc));
+        q1[i] = C::broadcast(C::query_word(*queries[i], 2 * cc + 1));
+      }
+      for (int t = 0; t < kSpan; ++t) {
+        if (t >= tiles) break;
+        typename C::Acc low, high;
+        C::key_pair(k, t, cc, size, low, high);
+        for (int i = 0; i < NQ; ++i) add(i, t, q0[i], q1[i], low, high);
+      }
+    }
+  }
+  for (int i = 0; i < NQ; ++i)
+    for (int t = 0; t < kSpan; ++t)
+      out[i][t] = C::scored(kSplit ? C::add(even[i][t], odd[i][t]) : even[i][t], *queries[i]);
 }
 
 // The values of a step (the `tiles` tiles at v) weighted by NQ queries' probabilities (in the codec's units), into
@@ -383,6 +453,8 @@ template <class C, int NQ>
 inline void weigh(const typename C::Value* v, int tiles, const typename C::Probabilities probs[NQ], const float* unit,
                   const float* rescale, Running* const* runs, int size) {
   const int lanes = size / 16, count = tiles * C::kWeightsPerTile;
+  int32_t offset[NQ];
+  for (int i = 0; i < NQ; ++i) offset[i] = C::weighed_offset(probs[i], count);
   for (int l0 = 0; l0 < lanes; l0 += kLaneChunk) {
     typename C::Acc acc[NQ][kLaneChunk];
     for (int i = 0; i < NQ; ++i)
@@ -390,6 +462,19 @@ inline void weigh(const typename C::Value* v, int tiles, const typename C::Proba
     for (int j = 0; j < count; ++j) {
       typename C::Acc p[NQ];
       for (int i = 0; i < NQ; ++i) p[i] = C::broadcast(probs[i][j]);
+      if constexpr (C::kPairs && NQ <= 2) {  // lanes l, l+1 from one read (D a multiple of 32): for few queries
+        // (more, and the accumulators with both operands no longer fit the registers: measured slower)
+        for (int l = 0; l < kLaneChunk; l += 2) {
+          if (l0 + l >= lanes) break;
+          typename C::Acc low, high;
+          C::value_pair(v, j, l0 + l, size, low, high);
+          for (int i = 0; i < NQ; ++i) {
+            acc[i][l] = C::madd(acc[i][l], p[i], low);
+            acc[i][l + 1] = C::madd(acc[i][l + 1], p[i], high);
+          }
+        }
+        continue;
+      }
       for (int l = 0; l < kLaneChunk; ++l) {
         if (l0 + l >= lanes) break;
         const typename C::Acc value = C::values(v, j, l0 + l, size);
@@ -401,7 +486,8 @@ inline void weigh(const typename C::Value* v, int tiles, const typename C::Proba
       for (int l = 0; l < kLaneChunk; ++l) {
         if (l0 + l >= lanes) break;
         float* out = runs[i]->out + (l0 + l) * 16;
-        _mm512_store_ps(out, _mm512_fmadd_ps(C::to_float(acc[i][l]), u, _mm512_mul_ps(_mm512_load_ps(out), keep)));
+        _mm512_store_ps(out, _mm512_fmadd_ps(C::weighed(acc[i][l], offset[i]), u,
+                                             _mm512_mul_ps(_mm512_load_ps(out), keep)));
       }
     }
   }

@@ -4,9 +4,10 @@
 // packed query, key and value [B, S, (N + 2 Nkv) D] (0), the past keys and values (3, 4: [B, Nkv, L, the codec's
 // token width] in the kernel's layout, bound as the present ones too), seqlens_k (5: each row's length once the
 // step's tokens are in, minus one), total_sequence_length (6), the rotary tables (7, 8) and, for int8 and int4, the
-// keys' and values' scales per kv head and channel (12, 13); inputs 1, 2, 9, 10, 11 are absent. Unlike GroupQueryAttention, S new
-// tokens may come for each of B > 1 rows of different lengths. Outputs: the attention [B, S, N D], and the present
-// keys and values (the past's buffers, written in place; copied first if ONNX Runtime gave other buffers).
+// keys' and values' scales per kv head and channel (12, 13); inputs 1, 2, 9, 10, 11 are absent. Unlike
+// GroupQueryAttention, S new tokens may come for each of B > 1 rows of different lengths. Outputs: the attention
+// [B, S, N D], and the present keys and values (the past's buffers, written in place; copied first if ONNX Runtime
+// gave other buffers).
 //
 // A step first writes every row's new keys and values (a task per row and kv head), then attends: a task per (row,
 // kv head, block of the group's queries, and for a lone block part of the keys), shared among ONNX Runtime's
@@ -218,7 +219,7 @@ struct Kernel {
     layer.head_size = static_cast<int>(input[2] / (layer.heads + 2 * layer.kv_heads));
     if (layer.head_size % 16 || layer.head_size > attn::kMaxHeadSize || cache[2] % attn::kKeyTile ||
         input[2] != (layer.heads + 2 * layer.kv_heads) * layer.head_size ||
-        cache[3] != C::token_width(layer.head_size))
+        cache[3] != C::token_width(layer.head_size) || (kInt4 && layer.head_size % 32))
       ORT_CXX_API_THROW("phi_api.Attention: unsupported head size or cache length", ORT_INVALID_ARGUMENT);
     const Ort::ConstValue cos = ctx.GetInput(7), sin = ctx.GetInput(8);
     const std::vector<int64_t> table = cos.GetTensorTypeAndShapeInfo().GetShape();

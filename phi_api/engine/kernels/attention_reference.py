@@ -136,15 +136,16 @@ def packed4(keys: np.ndarray, values: np.ndarray, key_tokens: np.ndarray, value_
         np.ndarray, np.ndarray]:
     """An int4 cache (``[..., L, D]`` values in [-7, 7], their token scales ``[..., L]``) in the operator's layout
     ``[..., L, D / 2 + 4]`` (int8 bytes; see attention_int4.h): per tile of 16 tokens, the int8 layout's groups of 32
-    values as 16 bytes of nibbles (value i low, value 16 + i high, each plus 8), then the 16 tokens' scales."""
+    values, two groups to 32 bytes of nibbles (each value plus 8; the first group's value i in byte i's low nibble, the
+    second's in its high one), then the 16 tokens' scales."""
     *lead, length, size = keys.shape
     tiles = length // KEY_TILE
     k = keys.reshape(*lead, tiles, KEY_TILE, size // 2, 2).swapaxes(-3, -2)
     v = np.moveaxis(values.reshape(*lead, tiles, KEY_TILE // 2, 2, size // 16, 16), -3, -1)  # [j][l][16][2]
     out = []
     for units, scales in ((k, key_tokens), (v, value_tokens)):
-        groups = (units.reshape(*lead, tiles, size // 2, 32) + 8).astype(np.uint8)
-        nibbles = (groups[..., :16] | (groups[..., 16:] << 4)).reshape(*lead, tiles, 8 * size)
+        groups = (units.reshape(*lead, tiles, size // 4, 2, 32) + 8).astype(np.uint8)
+        nibbles = (groups[..., 0, :] | (groups[..., 1, :] << 4)).reshape(*lead, tiles, 8 * size)
         tail = np.ascontiguousarray(scales.astype(np.float32)).view(np.uint8).reshape(*lead, tiles, 64)
         out.append(np.concatenate([nibbles, tail], axis=-1).reshape(*lead, length, size // 2 + 4).view(np.int8))
     return out[0], out[1]
@@ -157,8 +158,8 @@ def unpacked4(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndar
     out = []
     for data in (keys, values):
         tile = data.view(np.uint8).reshape(*lead, tiles, 8 * size + 64)
-        nibbles = tile[..., :8 * size].reshape(*lead, tiles, size // 2, 16)
-        groups = np.concatenate([nibbles & 15, nibbles >> 4], axis=-1).astype(np.int8) - 8
+        nibbles = tile[..., :8 * size].reshape(*lead, tiles, size // 4, 1, 32)
+        groups = np.concatenate([nibbles & 15, nibbles >> 4], axis=-2).astype(np.int8) - 8
         scales = np.ascontiguousarray(tile[..., 8 * size:]).view(np.float32).reshape(*lead, length)
         out.append((groups, scales))
     (k, key_tokens), (v, value_tokens) = out

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 OP_TYPES = {"int8": "Attention", "float32": "AttentionFloat"}  # by the keys' and values' type
 INT4_OP = "Attention4"  # int4 keys and values: made from an int8 graph, its scales per channel kept (see swap)
-VERSION = 1  # bump when the operator's cache layout or this rewrite changes
+VERSION = 2  # bump when the operator's cache layout or this rewrite changes
 LAYOUT = "tiles16"  # the cache layout the operator keeps (DecoderSpec.kv_layout)
 KEPT = ("num_heads", "kv_num_heads", "scale", "do_rotary", "rotary_interleaved", "local_window_size")
 NEUTRAL = {"softcap": 0.0, "smooth_softmax": (-1, 0), "qk_output": 0, "causal": 1, "sliding_window_cache": 0}
@@ -100,6 +100,8 @@ def swap(model: Any, head_size: int | None = None, int4: bool = False) -> int:
             raise KernelError(f"{node.name or node.output[0]}: phi-api's attention cannot stand in for it ({reason})")
     if int4 and cache != "int8":
         raise KernelError("int4 keys and values are made from a graph of int8 ones")
+    if int4 and head_size % 32:
+        raise KernelError(f"int4 keys and values take heads of a multiple of 32 channels, not {head_size}")
     for node in nodes:
         attributes = {name: value for name, value in _attributes(node).items() if name in KEPT}
         inputs = list(node.input)[:14]

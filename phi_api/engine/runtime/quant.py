@@ -78,12 +78,17 @@ def int4_key_scales(model: Any, graph_file: Path, op_type: str) -> None:
     from onnx import numpy_helper
 
     scales = np.load(graph_file.parent / INT4_KEYS_FILE)
+    replaced = set()
     for node in model.graph.node:
         if node.op_type == op_type:
             layer = _layer(node)
             name = f"kv_int4.key_scale.{layer}"
             model.graph.initializer.append(numpy_helper.from_array(scales[layer][None, :, None, :], name))
+            replaced.add(node.input[12])
             node.input[12] = name
+    kept = [tensor for tensor in model.graph.initializer if tensor.name not in replaced]  # unused: ONNX Runtime
+    del model.graph.initializer[:]  # would warn of each at every session
+    model.graph.initializer.extend(kept)
 
 
 def _layer(node: Any) -> int:

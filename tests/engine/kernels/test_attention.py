@@ -325,6 +325,7 @@ def test_int4_keys_and_values_are_the_operator_s_and_refused_where_it_cannot_ser
         graph = onnx.load(str(model.decoder_file), load_external_data=False).graph
         nodes = [node for node in graph.node if node.op_type == attention.INT4_OP]
         assert len(nodes) == spec.layers and all(node.input[12].startswith("kv_int4.key_scale.") for node in nodes)
+        assert not [tensor.name for tensor in graph.initializer if tensor.name.startswith("kv_int8.key_scale.")]
         with pytest.raises(KernelError, match=r"KV_CACHE_DTYPE is int4.*ATTENTION_KERNEL is onnxruntime"):
             LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype="int4",
                           attention_kernel="onnxruntime")
