@@ -8,10 +8,12 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from phi_api.engine.runtime.pool import KVPool
 from phi_api.engine.runtime.session import Decoder
 from phi_api.engine.runtime.spec import DecoderSpec
+from phi_api.errors import KernelError
 
 ROWS = 8
 TARGET = [5, 8, 17, 29, 101, 7, 64, 12, 300, 41, 9, 77]  # the row under test: its prompt, then its next token
@@ -52,9 +54,11 @@ def test_a_row_s_logits_do_not_depend_on_its_neighbours_in_even_steps(model_path
     assert all(np.array_equal(seen[0], logits) for logits in seen[1:])
 
 
-def test_a_graph_of_row_wise_operators_gives_a_row_the_same_bits_at_any_row_count(model_path, tiny_phi3, tmp_path):
-    """Phi-3.5's recipe (4-bit weights, int8 keys and values) on phi-api's two operators: a row's logits are the same
-    bits alone, in odd steps and in even ones, so BATCH_INVARIANT needs no padding row there; the default model
+@pytest.mark.parametrize("kv_dtype", ["int8", "int4"])
+def test_a_graph_of_row_wise_operators_gives_a_row_the_same_bits_at_any_row_count(model_path, tiny_phi3, tmp_path,
+                                                                                 kv_dtype):
+    """Phi-3.5's recipe (4-bit weights, int8 or int4 keys and values) on phi-api's operators: a row's logits are the
+    same bits alone, in odd steps and in even ones, so BATCH_INVARIANT needs no padding row there; the default model
     (ONNX Runtime's 8-bit matrices and float32 ones) keeps it."""
     from phi_api.engine.kernels import op
     from phi_api.engine.kernels.native import unsupported
@@ -66,8 +70,12 @@ def test_a_graph_of_row_wise_operators_gives_a_row_the_same_bits_at_any_row_coun
     if unsupported() is None:  # the library `make install` built, where this model's cache looks for it
         op.library_path(tmp_path).parent.mkdir(parents=True)
         shutil.copy(op.build_library(cache_root() / "runtime"), op.library_path(tmp_path))
-    model = LanguageModel(str(tiny_phi3), cache_dir=tmp_path, kv_dtype="int8")
-    assert model.spec.row_wise == (unsupported() is None)
+    if kv_dtype == "int4" and unsupported() is not None:
+        with pytest.raises(KernelError, match="KV_CACHE_DTYPE is int4"):  # only phi-api's attention computes it
+            LanguageModel(str(tiny_phi3), cache_dir=tmp_path, kv_dtype=kv_dtype)
+        return
+    model = LanguageModel(str(tiny_phi3), cache_dir=tmp_path, kv_dtype=kv_dtype)
+    assert model.spec.row_wise == (unsupported() is None) and model.spec.kv_kind == kv_dtype
     if not model.spec.row_wise:
         return  # no AVX-512 VNNI: ONNX Runtime's operators serve, and the padding row with them
     steps = [(0, 1, 0), (3, 1, 0), (0, 3, 0), (2, 3, 1), (0, 5, 3), (0, 2, 0), (3, 5, 0)]
