@@ -21,7 +21,7 @@ def test_a_baseline_build_is_timed_against_ours_in_one_process():
         return
     library = str(op.build_library(cache_root() / "runtime"))
     layer = Layer(SMOLLM2, 256, threads=1, baseline=library)
-    assert set(layer.sessions) == {"ours", "int8", "float32", "ours_float32", "versus", "baseline"}
+    assert set(layer.sessions) == {"ours", "int8", "float32", "ours_float32", "ours_int4", "versus", "baseline"}
     for rows, new, past in ((2, 1, 100), (1, 16, 64)):
         figures = layer.against_baseline(rows, new, past, reps=3)
         assert figures["baseline_ms"] > 0 and figures["versus_ours_ms"] > 0
@@ -45,4 +45,4 @@ def test_without_a_baseline_there_is_no_baseline_session():
         with pytest.raises(KernelError):
             Layer(SMOLLM2, 64, threads=1)
         return
-    assert set(Layer(SMOLLM2, 64, threads=1).sessions) == {"ours", "int8", "float32", "ours_float32"}
+    assert set(Layer(SMOLLM2, 64, threads=1).sessions) == {"ours", "int8", "float32", "ours_float32", "ours_int4"}
