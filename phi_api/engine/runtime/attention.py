@@ -137,25 +137,32 @@ def _cache(graph: Any, nodes: list[Any]) -> tuple[int, str]:
     return 0, ""
 
 
+def demanded_by(cache: str, choice: str) -> str:
+    """The setting that demands phi-api's operator (empty: none does, GroupQueryAttention may serve): int4 keys and
+    values, which only it computes, or ``ATTENTION_KERNEL=phi-api``."""
+    if cache == "int4":
+        return "KV_CACHE_DTYPE is int4"
+    return "ATTENTION_KERNEL is phi-api" if choice == "phi-api" else ""
+
+
 def attention_model(graph_file: Path, cache: str, choice: str, library: str, head_size: int) -> Path | None:
     """The graph with the operator beside ``graph_file`` (keys and values of type ``cache``, ``int4`` from an int8
     graph; made now if missing), or None where GroupQueryAttention serves: ``choice`` is onnxruntime, or auto and
     the operator cannot serve this graph or this machine. KernelError when phi-api's is demanded and cannot serve
     (int4 keys and values always demand it)."""
-    if cache == "int4" and choice == "onnxruntime":
-        raise KernelError("KV_CACHE_DTYPE is int4, which only phi-api's attention computes, but ATTENTION_KERNEL is "
-                          "onnxruntime")
+    demand = demanded_by(cache, choice)
     if choice == "onnxruntime":
+        if demand:
+            raise KernelError(f"{demand}, which only phi-api's attention computes, but ATTENTION_KERNEL is "
+                              "onnxruntime")
         return None
     reason = "" if library else "phi-api's kernel library cannot run here"
     target = graph_file.parent / attention_file(graph_file, cache)
     if not reason and not target.is_file():
         reason = _write(graph_file, target, head_size, int4=cache == "int4")
     if reason:
-        if cache == "int4":
-            raise KernelError(f"KV_CACHE_DTYPE is int4, but {reason}")
-        if choice == "phi-api":
-            raise KernelError(f"ATTENTION_KERNEL is phi-api, but {reason}")
+        if demand:
+            raise KernelError(f"{demand}, but {reason}")
         log.info("attention stays on ONNX Runtime's GroupQueryAttention: %s", reason)
         return None
     return target

@@ -246,12 +246,12 @@ class LanguageModel:
         (ATTENTION_KERNEL) and the machine allow: its keys and values then sit in the operator's layout. int4 keys
         and values are the operator's alone: KernelError where it cannot serve."""
         from phi_api.engine.kernels.op import find_library
-        from phi_api.engine.runtime.attention import LAYOUT, attention_model
+        from phi_api.engine.runtime.attention import LAYOUT, attention_model, demanded_by
 
         library, reason = find_library(cache_dir)
-        if library is None and (choice == "phi-api" or cache == "int4"):
-            setting = "KV_CACHE_DTYPE is int4" if cache == "int4" else "ATTENTION_KERNEL is phi-api"
-            raise KernelError(f"{setting}, but phi-api's kernel library cannot run here: {reason}")
+        demand = demanded_by(cache, choice)
+        if library is None and demand:
+            raise KernelError(f"{demand}, but phi-api's kernel library cannot run here: {reason}")
         found = attention_model(self.decoder_file, cache, choice, str(library or ""), self.spec.head_size)
         if found is not None:
             self.decoder_file = found

@@ -62,8 +62,9 @@ class Decoder:
         if spec.custom_ops:
             options.register_custom_ops_library(spec.custom_ops)
         self.session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
-        types = {value.name: value.type for value in self.session.get_inputs()}
-        width = next(value.shape[3] for value in self.session.get_inputs() if value.name == spec.past_key % 0)
+        inputs = {value.name: value for value in self.session.get_inputs()}
+        types = {name: value.type for name, value in inputs.items()}
+        width = inputs[spec.past_key % 0].shape[3]
         self.spec = DecoderSpec(**{
             **spec.__dict__,
             "kv_dtype": _NUMPY_TYPES[types[spec.past_key % 0]],
