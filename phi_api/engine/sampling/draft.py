@@ -11,7 +11,8 @@ draft of what comes next. One model step then checks the whole draft
 :class:`Drafter` decides, per sequence, whether to draft and how far: only when
 an n-gram matches; up to ``max_tokens`` tokens: one more than the last draft
 kept when it was cut short, twice as many after a draft kept whole (a copy
-resumes after the one word an edit changed); and not at all for a while after
+resumes after the one word an edit changed: from the copied text's own place, found by an n-gram or, where none
+matches, by the last token alone within a few tokens past it); and not at all for a while after
 drafts keep failing, longer each time, so that text that copies nothing (free
 chat) is not slowed down. Beside the sequence's own tokens it drafts from the answer the request expects (OpenAI's
 predicted outputs), first, and from its key's earlier answers (:mod:`engine.sampling.lookup`); what each source
@@ -22,6 +23,7 @@ were not (:meth:`Drafter.decline`), scored against the tokens that came.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Protocol
 
@@ -30,6 +32,12 @@ from phi_api.engine.sampling.lookup import NGRAM_SIZES, Index, Lookup
 _FAIL_LIMIT = 2  # drafts in a row that each accepted nothing before drafting pauses
 _PAUSE_STEPS = 4  # first pause, in steps; doubles with every further pause, up to _PAUSE_MAX
 _PAUSE_MAX = 256
+# A copy resumed: where a draft from the sequence's own tokens was cut short, the copied text goes on a little past
+# the token the model replaced (an edit changes a word, a tool call a value): an n-gram that occurs within this many
+# tokens past that place is drafted from there rather than from its latest occurrence, and where no n-gram matches,
+# the sequence's last token alone found there resumes the copy.
+_COPY_WINDOW = 32
+_COPY_STALE = 16  # tokens written since the copy's last check past which it is not resumed
 
 
 class ModelRow(Protocol):
@@ -70,6 +78,9 @@ class Drafter:
         self._model = model
         self._model_row: ModelRow | None = None  # this sequence's row of the draft model, once taken
         self._source = "prompt"  # where the last draft came from
+        self._start = 0  # where the last draft from the sequence's own tokens starts in them
+        self._copy: int | None = None  # where a copy from its own tokens goes on (see _COPY_WINDOW), and
+        self._copy_at = 0  # the sequence's length when the copy was last checked
         self.sources: dict[str, Counted] = {}  # what each source drafted and had kept
         self._own = Index()  # the sequence's tokens so far
         self._tokens = self._own.tokens
@@ -127,19 +138,39 @@ class Drafter:
         return self._limit
 
     def _matched(self, limit: int) -> list[int]:
-        """A draft from the longest n-gram of the sequence's end found in its own tokens or its key's history."""
+        """A draft from the longest n-gram of the sequence's end found in its own tokens or its key's history; else
+        from its last token where a copy from its own tokens stood a moment ago (:data:`_COPY_WINDOW`)."""
+        copying = self._copy is not None and len(self._tokens) - self._copy_at <= _COPY_STALE
         for size in NGRAM_SIZES:
             if len(self._tokens) < size:
                 continue
             ngram = tuple(self._tokens[-size:])
             places = self._own.places(ngram)
-            if places:  # its latest occurrence: what the sequence wrote last is likeliest again
+            if places:
                 self._source = "prompt"
-                return self._repeated(places[-1], limit)
+                return self._repeated(self._nearest(places) if copying else places[-1], limit)
             draft = self._history.match(ngram, limit) if self._history is not None else []
             if draft:
                 self._source = "history"
                 return draft
+        return self._resumed(limit) if copying else []
+
+    def _nearest(self, places: list[int]) -> int:
+        """Of an n-gram's followers, the first within the copy's window; else its latest occurrence (what the
+        sequence wrote last is likeliest again)."""
+        assert self._copy is not None
+        at = bisect.bisect_left(places, self._copy)
+        return places[at] if at < len(places) and places[at] < self._copy + _COPY_WINDOW else places[-1]
+
+    def _resumed(self, limit: int) -> list[int]:
+        """The copy resumed after the first occurrence of the sequence's last token within its window (none there:
+        no draft)."""
+        assert self._copy is not None
+        last, tokens = self._tokens[-1], self._tokens
+        for place in range(self._copy, min(self._copy + _COPY_WINDOW, len(tokens) - 1)):
+            if tokens[place] == last:
+                self._source = "prompt"
+                return self._repeated(place + 1, limit)
         return []
 
     def _kept(self, source: str, length: int) -> float:
@@ -167,6 +198,7 @@ class Drafter:
     def _repeated(self, start: int, limit: int) -> list[int]:
         """The sequence's tokens from ``start`` on, at most ``limit``; where they reach its end, their repeat: an
         occurrence just behind the end is a loop (a repeated word, a rule of dashes), which goes on as it went."""
+        self._start = start
         draft = self._tokens[start:start + limit]
         period = len(self._tokens) - start
         while len(draft) < limit:
@@ -184,6 +216,9 @@ class Drafter:
         lookup = {"prediction": self._prediction, "history": self._history}.get(self._source)
         if lookup is not None:
             lookup.kept(accepted)
+        if self._source == "prompt" and accepted:  # a copy: the model's own token after the kept ones stands for
+            # the copied text's next one (a draft that kept nothing leaves the copy where it stood)
+            self._copy, self._copy_at = self._start + accepted + 1, len(self._tokens) + accepted + 1
         self._learn(drafted, accepted)
         if accepted:
             self._failures = 0

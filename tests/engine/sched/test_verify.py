@@ -278,6 +278,32 @@ def test_a_draft_cut_short_limits_the_next_and_one_kept_whole_doubles_it():
     assert len(drafter.propose(64)) == 8  # never past max_tokens
 
 
+def test_a_copy_resumes_past_a_token_the_model_changed():
+    text = list(range(100, 130))
+    drafter = Drafter(text + [100, 101, 102], max_tokens=8)
+    assert drafter.propose(64) == list(range(103, 111))
+    drafter.record(8, 2)  # 103 and 104 kept; the model wrote 999 where the text has 105
+    drafter.extend([103, 104, 999])
+    assert drafter.propose(64) == []  # "104 999" never came before, nor 999 near the copy
+    drafter.extend([106])  # the copy goes on after the changed token
+    assert drafter.propose(64) == [107, 108, 109]  # one more than the last draft kept
+    drafter = Drafter(text + [100, 101, 102], max_tokens=8)
+    drafter.extend([103, 104, 999, 106])  # the same tokens with no copy checked: nothing to resume
+    assert drafter.propose(64) == []
+
+
+def test_a_copy_resumed_is_drafted_from_its_own_place_and_goes_stale():
+    prompt = [40, 41, 42, 43, 1, 2, 44, 45, 46, 90, 91, 1, 2, 77, 78, 80]
+    drafter = Drafter(prompt + [40, 41, 42], max_tokens=8)
+    assert drafter.propose(64)[:3] == [43, 1, 2]
+    drafter.record(8, 1)  # 43 kept; the model wrote 99 where the text has 1
+    drafter.extend([43, 99, 1, 2])
+    assert drafter.propose(64) == [44, 45]  # "1 2" of the copy, not its latest (two: one more than kept)
+    drafter.extend(range(500, 517))  # 17 tokens with no check: the copy is over
+    drafter.extend([1, 2])
+    assert drafter.propose(64) == [500, 501]  # the latest "1 2" again (the copy's would be 44)
+
+
 def test_a_declined_draft_is_scored_against_the_tokens_that_come():
     drafter = Drafter([5, 6, 7, 8, 9, 10, 5, 6], max_tokens=4)
     assert drafter.propose(8) == [7, 8, 9, 10]
