@@ -3,7 +3,7 @@
 //
 // phi_api.Q4MatMul: the kernel of q4_kernel.h in the decoder graph, in place of
 // MatMulNBits (4 bits, blocks of 128, no zero points; see rewrite.py). Inputs: A [..., K] float, the repacked
-// weights (uint8, reference.repack's layout) and their scales [K / 128, N] float; attributes K and N; output
+// weights (uint8, reference.repack's layout) and their scales [N / 16, K / 128, 16] float; attributes K and N; output
 // [..., N] float.
 //
 // The rows of A go through the kernel 8 at a time (q4::kMaxRows); the columns are shared among ONNX Runtime's

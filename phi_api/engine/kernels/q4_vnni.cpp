@@ -9,7 +9,7 @@
 
 extern "C" {
 
-// w: packed weights; w_scales: [blocks, N] (block-major, for one vector load per 16 columns); x: [M, K]; y: [M, N].
+// w: packed weights; w_scales: [N / 16, blocks, 16] (a group of 16 columns' scales in one run); x: [M, K]; y: [M, N].
 // K a multiple of 128, N of 16, M >= 1 (kMaxRows at a time, as the operator goes). Returns 0, or -1 for shapes it
 // does not take.
 int q4_matmul(const uint8_t* w, const float* w_scales, const float* x, float* y, int m, int k, int n, int threads) {

@@ -34,8 +34,9 @@ def repack(packed: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarr
     first = pieces[:, :, :, 0, :].transpose(0, 2, 1, 3)
     second = pieces[:, :, :, 1, :].transpose(0, 2, 1, 3)
     tiles = (first | (second << 4)).astype(np.uint8)  # [groups, K / 8, 16, 4]: 64 bytes a piece
+    # scales [groups, K / 128, 16]: a group's scales in one run of bytes (read block after block as its tiles are)
     return np.ascontiguousarray(tiles.reshape(-1)), np.ascontiguousarray(
-        scales.reshape(n, k // BLOCK).T.astype(np.float32))
+        scales.reshape(n // 16, 16, k // BLOCK).transpose(0, 2, 1).astype(np.float32))
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

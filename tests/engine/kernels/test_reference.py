@@ -18,13 +18,14 @@ def test_each_tile_holds_16_columns_and_8_values_of_k_in_the_kernel_s_order():
     packed, scales = random_weights(32, 256)
     values = unpack(packed)
     tiles, block_scales = repack(packed, scales)
-    assert tiles.size == packed.size and block_scales.shape == (2, 32)
+    assert tiles.size == packed.size and block_scales.shape == (2, 2, 16)  # [groups, blocks, 16 columns]
     tile = tiles.reshape(2, 256 // 8, 16, 4)  # [groups, pieces of 8 values, columns, 4]
     for group, piece, column, j in [(0, 0, 0, 0), (1, 17, 5, 3), (0, 31, 15, 2), (1, 16, 0, 1)]:
         byte = int(tile[group, piece, column, j])
         n = group * 16 + column
         assert byte & 0x0F == values[n, 8 * piece + j] and byte >> 4 == values[n, 8 * piece + 4 + j]
-    assert np.array_equal(block_scales, scales.T)
+    for group, block, column in [(0, 0, 0), (1, 1, 5), (0, 1, 15), (1, 0, 9)]:
+        assert block_scales[group, block, column] == scales[group * 16 + column, block]
 
 
 def test_unpacking_reads_low_nibbles_as_even_positions():
