@@ -29,6 +29,7 @@ namespace attn {
 struct Int4Cache : Int8Cache {
   static constexpr bool kOwnExact = true;
   static constexpr bool kPairs = true;
+  static constexpr bool kExact = true;  // integer sums
   struct Query : Int8Cache::Query {
     int32_t offset;  // 8 times the sum of its units: what the nibbles' +8 adds to a score's chain
   };

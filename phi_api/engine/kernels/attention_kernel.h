@@ -204,6 +204,7 @@ struct Int8Cache {
   using Value = int8_t;
   static constexpr bool kOwnExact = false;  // a query reads its own token's key and value from the cache too
   static constexpr bool kPairs = false;     // operands come one at a time (int4: two from one read, paired_*)
+  static constexpr bool kExact = true;      // integer sums: their order does not change their bits
   static constexpr float kQueryUnits = 32767.0f;
   struct Query {
     alignas(64) int16_t units[kMaxHeadSize];
@@ -296,6 +297,7 @@ struct FloatCache {
   using Value = float;
   static constexpr bool kOwnExact = false;
   static constexpr bool kPairs = false;
+  static constexpr bool kExact = false;  // float sums: summed in order, in one chain
   struct Query {
     alignas(64) float x[kMaxHeadSize];
     float scale;  // 1: the softmax scale is in x
@@ -373,7 +375,23 @@ inline void scores(const typename C::Value* k, int tiles, const typename C::Quer
   for (int i = 0; i < NQ; ++i)
     for (int t = 0; t < kSpan; ++t) acc[i][t] = C::zero();
   const int steps = C::key_steps(size);
-  if constexpr (NQ < kTogether) {
+  if constexpr (NQ < kTogether && C::kExact) {
+    // integer sums in two chains, even and odd steps (the same bits in any order): a lone query's tile is
+    // otherwise one chain of dependent multiply-adds as long as the head
+    for (int t = 0; t < kSpan; ++t) {
+      if (t >= tiles) break;
+      typename C::Acc odd[NQ];
+      for (int i = 0; i < NQ; ++i) odd[i] = C::zero();
+      for (int c = 0; c < steps; c += 2) {
+        const typename C::Acc even_key = C::keys(k, t, c, size), odd_key = C::keys(k, t, c + 1, size);
+        for (int i = 0; i < NQ; ++i) {
+          acc[i][t] = C::madd(acc[i][t], C::broadcast(C::query_word(*queries[i], c)), even_key);
+          odd[i] = C::madd(odd[i], C::broadcast(C::query_word(*queries[i], c + 1)), odd_key);
+        }
+      }
+      for (int i = 0; i < NQ; ++i) acc[i][t] = C::add(acc[i][t], odd[i]);
+    }
+  } else if constexpr (NQ < kTogether) {
     for (int t = 0; t < kSpan; ++t) {  // kSpan, not tiles: unrolled, the accumulators stay in registers
       if (t >= tiles) break;
       for (int c = 0; c < steps; ++c) {

@@ -99,11 +99,20 @@ inline void columns(const uint8_t* w, const float* w_scales, const int8_t* q, co
 using Part = void (*)(const uint8_t*, const float*, const int8_t*, const float*, const int32_t*, float*, int, int,
                       int, int);
 
-// The compiled loop for m rows (1 <= m <= kMaxRows).
+// The compiled loop for m rows (1 <= m <= kMaxRows). A switch, not a static table: a function-local static of an
+// inline function is one object for the whole process (a GNU unique symbol), so two builds of this kernel loaded in
+// one process (a benchmark's baseline beside the build it measures) would both call the first one's loops.
 inline Part part_for(int m) {
-  static const Part kParts[kMaxRows] = {columns<1>, columns<2>, columns<3>, columns<4>, columns<5>, columns<6>,
-                                        columns<7>, columns<8>};
-  return kParts[m - 1];
+  switch (m) {
+    case 1: return columns<1>;
+    case 2: return columns<2>;
+    case 3: return columns<3>;
+    case 4: return columns<4>;
+    case 5: return columns<5>;
+    case 6: return columns<6>;
+    case 7: return columns<7>;
+    default: return columns<8>;
+  }
 }
 
 // Columns [g0 * 16, g1 * 16) of Y for any number of rows, kMaxRows at a time (q, a_scales, a_sums as
