@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import threading
@@ -22,7 +21,7 @@ from typing import Any
 
 import requests
 
-from phi_api.bench.common import needs_server
+from phi_api.bench.common import emit, needs_server
 
 OK_OUTCOMES = frozenset({"200", "429"})
 
@@ -217,11 +216,11 @@ def run(args: Any) -> int:
             if pid is None:
                 print("load --mixed with --url needs --pid (the gunicorn master's)", flush=True)
                 return 2
-            return 0 if report(run_mixed(url, args.model, args.minutes or 5, args.concurrency, pid)) else 1
+            return 0 if report(run_mixed(url, args.model, args.minutes or 5, args.concurrency, pid), args.out) else 1
         if args.minutes:
             samples = soak(url, args.model, args.minutes, args.concurrency, pid)
             summary = soak_summary(samples)
-            print(json.dumps(summary, indent=2))
+            emit(summary, args.out)
             ok = summary["failures"] == 0 and (summary["rss_growth"] is None or summary["rss_growth"] < 0.05) \
                 and (summary["tokens_per_second_ratio"] or 0) > 0.9
             return 0 if ok else 1
@@ -261,6 +260,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                              "for --minutes (default 5): peak PSS against MEMORY_LIMIT_MB, the longest first-token "
                              "wait by kind, generations ended by timeout")
     parser.add_argument("--memory-limit-mb", type=float, default=0, help="MEMORY_LIMIT_MB of the server it starts")
+    parser.add_argument("--out", default="", help="with --minutes or --mixed: also write the report (JSON) here")
 
 
 def main(args: argparse.Namespace) -> int:

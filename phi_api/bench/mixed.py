@@ -24,6 +24,7 @@ from typing import Any
 
 import requests
 
+from phi_api.bench.common import emit
 from phi_api.bench.server import children, pss_bytes
 
 KINDS = ("long", "conversation", "short", "n3", "abandoned", "schema", "hostile", "burst")
@@ -163,9 +164,10 @@ def run_mixed(url: str, model: str, minutes: float, concurrency: int, pid: int) 
             else None}
 
 
-def report(result: dict[str, Any]) -> bool:
-    """Print the report; whether the server held: no 5xx, no timeout, PSS within the budget."""
-    print(json.dumps(result, indent=2))
+def report(result: dict[str, Any], out: str = "") -> bool:
+    """Print the report (and write it to ``out`` when given); whether the server held: no 5xx, no timeout, PSS within
+    the budget."""
+    emit(result, out)
     failed = [status for status in result["requests"] if status.startswith(("5", "error"))]  # 429 is no failure
     within = result["memory_limit_mb"] is None or result["peak_pss_mb"] <= result["memory_limit_mb"]
     return not failed and not result["generations_ended_by_timeout"] and within

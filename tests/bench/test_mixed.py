@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 from phi_api.bench.mixed import KINDS, body, report, tree_pss
@@ -27,3 +28,11 @@ def test_the_verdict_fails_on_a_5xx_a_timeout_or_memory_past_the_limit(capsys):
     assert not report({**good, "generations_ended_by_timeout": 1})
     assert not report({**good, "peak_pss_mb": 1001})
     assert '"peak_pss_mb": 900' in capsys.readouterr().out
+
+
+def test_the_report_is_written_where_asked(tmp_path):
+    good = {"requests": {"200": 3}, "generations_ended_by_timeout": 0, "peak_pss_mb": 10, "memory_limit_mb": None,
+            "longest_first_token_seconds": {}}
+    out = tmp_path / "mixed.json"
+    assert report(good, str(out))
+    assert json.loads(out.read_text(encoding="utf-8")) == good
