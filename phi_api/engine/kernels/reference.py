@@ -4,7 +4,7 @@ MatMulNBits (4 bits, blocks of 128, no zero points: the implicit zero point is 8
 ``[N, K / 128, 64]`` bytes, byte ``i`` of a block holding ``K = 2i`` in its low nibble and ``2i + 1`` in its high
 one, and one float scale per (column, block). The kernel wants, for each group of 16 columns, each block and each 8
 values of ``K``, 64 bytes: byte ``4c + j`` holds column ``c``'s value ``8p + j`` (low nibble) and ``8p + 4 + j``
-(high nibble); and the scales block-major, ``[K / 128, N]``.
+(high nibble); and the scales group by group, ``[N / 16, K / 128, 16]`` (a group's in the order its tiles are read).
 """
 
 from __future__ import annotations
