@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from phi_api.engine.runtime.logits import slice_positions
 from phi_api.engine.runtime.quant import int4_key_scales
 from phi_api.engine.runtime.rewrite import DOMAIN
 from phi_api.errors import KernelError
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 OP_TYPES = {"int8": "Attention", "float32": "AttentionFloat"}  # by the keys' and values' type
 INT4_OP = "Attention4"  # int4 keys and values: made from an int8 graph, its scales per channel kept (see swap)
-VERSION = 2  # bump when the operator's cache layout or this rewrite changes
+VERSION = 3  # bump when the operator's cache layout or this rewrite changes (3: logits where read)
 LAYOUT = "tiles16"  # the cache layout the operator keeps (DecoderSpec.kv_layout)
 KEPT = ("num_heads", "kv_num_heads", "scale", "do_rotary", "rotary_interleaved", "local_window_size")
 NEUTRAL = {"softcap": 0.0, "smooth_softmax": (-1, 0), "qk_output": 0, "causal": 1, "sliding_window_cache": 0}
@@ -145,7 +146,8 @@ def demanded_by(cache: str, choice: str) -> str:
     return "ATTENTION_KERNEL is phi-api" if choice == "phi-api" else ""
 
 
-def attention_model(graph_file: Path, cache: str, choice: str, library: str, head_size: int) -> Path | None:
+def attention_model(graph_file: Path, cache: str, choice: str, library: str, head_size: int,
+                    logits: str = "logits") -> Path | None:
     """The graph with the operator beside ``graph_file`` (keys and values of type ``cache``, ``int4`` from an int8
     graph; made now if missing), or None where GroupQueryAttention serves: ``choice`` is onnxruntime, or auto and
     the operator cannot serve this graph or this machine. KernelError when phi-api's is demanded and cannot serve
@@ -159,7 +161,7 @@ def attention_model(graph_file: Path, cache: str, choice: str, library: str, hea
     reason = "" if library else "phi-api's kernel library cannot run here"
     target = graph_file.parent / attention_file(graph_file, cache)
     if not reason and not target.is_file():
-        reason = _write(graph_file, target, head_size, int4=cache == "int4")
+        reason = _write(graph_file, target, head_size, int4=cache == "int4", logits=logits)
     if reason:
         if demand:
             raise KernelError(f"{demand}, but {reason}")
@@ -168,8 +170,9 @@ def attention_model(graph_file: Path, cache: str, choice: str, library: str, hea
     return target
 
 
-def _write(graph_file: Path, target: Path, head_size: int, int4: bool = False) -> str:
-    """Write the swapped graph to ``target``: empty, or why it could not be."""
+def _write(graph_file: Path, target: Path, head_size: int, int4: bool = False, logits: str = "logits") -> str:
+    """Write the swapped graph to ``target``, its logits computed only where a step reads them
+    (:mod:`engine.runtime.logits`): empty, or why it could not be."""
     import onnx
 
     model = onnx.load(str(graph_file), load_external_data=False)
@@ -180,6 +183,7 @@ def _write(graph_file: Path, target: Path, head_size: int, int4: bool = False) -
         return str(exc)
     if int4:
         int4_key_scales(model, graph_file, INT4_OP)
+    slice_positions(model, logits)
     handle, staging = tempfile.mkstemp(prefix=".attention-", suffix=".onnx", dir=target.parent)
     os.close(handle)
     try:

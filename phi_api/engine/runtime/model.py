@@ -252,7 +252,8 @@ class LanguageModel:
         demand = demanded_by(cache, choice)
         if library is None and demand:
             raise KernelError(f"{demand}, but phi-api's kernel library cannot run here: {reason}")
-        found = attention_model(self.decoder_file, cache, choice, str(library or ""), self.spec.head_size)
+        found = attention_model(self.decoder_file, cache, choice, str(library or ""), self.spec.head_size,
+                                self.spec.logits)
         if found is not None:
             self.decoder_file = found
             self.spec = dataclasses.replace(self.spec, custom_ops=str(library), kv_layout=LAYOUT)

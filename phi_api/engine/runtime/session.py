@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from phi_api.engine.runtime.logits import LOGITS_FROM
 from phi_api.engine.runtime.pool import KVPool
 from phi_api.engine.runtime.spec import DecoderSpec
 
@@ -75,6 +76,10 @@ class Decoder:
         self._bindings: dict[tuple[int, int, int], Any] = {}
         self._logits = np.zeros((0, 1, spec.vocab_size), dtype=np.float32)
         self._bound: KVPool | None = None  # the pool the bindings use
+        # The graph's first position whose logits a step computes (engine.runtime.logits), where it takes one:
+        # the last one alone or every one.
+        self._logits_from = {every: np.array([0 if every else -1], dtype=np.int64)
+                             for every in (False, True)} if LOGITS_FROM in inputs else None
 
     def step(self, pool: KVPool, first: int, ids: np.ndarray, past: np.ndarray, prefill: bool,
              every_position: bool = False) -> np.ndarray:
@@ -89,6 +94,8 @@ class Decoder:
         binding = self._binding(pool, first, count, new)
         binding.bind_cpu_input(spec.input_ids, np.ascontiguousarray(ids, dtype=spec.ids_dtype))
         binding.bind_cpu_input(spec.attention_mask, mask)
+        if self._logits_from is not None:
+            binding.bind_cpu_input(LOGITS_FROM, self._logits_from[every_position or new == 1])
         if new > 1:
             binding.bind_output(spec.logits)
         self.session.run_with_iobinding(binding)
