@@ -59,6 +59,8 @@ BENCHES = {
                    "comes out whole and valid (greedy)"),
     "kernels": ("phi_api.bench.kernels", "ONNX Runtime's 4-bit matrix kernel at 1 to 16 rows: alone at "
                 "Phi-3.5-mini's weight shapes, and in a model's decode steps"),
+    "profile": ("phi_api.bench.profile", "where a step's time goes, operator by operator (ONNX Runtime's "
+                "profiler): decode steps of 1 to 8 rows and a prompt chunk, on the graph the server computes with"),
     "attention": ("phi_api.bench.attention", "one attention layer alone: phi-api's operator against ONNX Runtime's "
                   "(int8 and float32 keys and values), decode steps and prompt chunks at long contexts"),
     "long": ("phi_api.bench.longctx", "long prompts (1k to 16k tokens) and decode at long contexts (1 and 8 "

@@ -52,11 +52,16 @@ class Decoder:
     before a fork computes on one thread in the child.
     """
 
-    def __init__(self, model_file: Path, spec: DecoderSpec, threads: int) -> None:
+    def __init__(self, model_file: Path, spec: DecoderSpec, threads: int, profile: Path | None = None) -> None:
+        """``profile``: where ONNX Runtime's profiler writes each operator's time (a file name's prefix), for
+        ``phi-api bench profile``; the file is complete once :meth:`end_profiling` returns its path."""
         import onnxruntime as ort
 
         self._ort = ort
         options = ort.SessionOptions()
+        if profile is not None:
+            options.enable_profiling = True
+            options.profile_file_prefix = str(profile)
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -103,6 +108,10 @@ class Decoder:
             logits = binding.get_outputs()[-1].numpy()
             return logits if every_position else logits[:, -1, :]
         return self._logits[first:first + count] if every_position else self._logits[first:first + count, 0, :]
+
+    def end_profiling(self) -> Path:
+        """Stop the profiler (made with ``profile``): the file it wrote."""
+        return Path(self.session.end_profiling())
 
     def unbind(self) -> None:
         """Forget the bindings (before the pool they use is closed)."""
