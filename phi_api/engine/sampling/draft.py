@@ -23,11 +23,10 @@ were not (:meth:`Drafter.decline`), scored against the tokens that came.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from typing import Protocol
 
-from phi_api.engine.sampling.lookup import NGRAM_SIZES, Index, Lookup
+from phi_api.engine.sampling.lookup import NGRAM_SIZES, Index, Lookup, nearest
 
 _FAIL_LIMIT = 2  # drafts in a row that each accepted nothing before drafting pauses
 _PAUSE_STEPS = 4  # first pause, in steps; doubles with every further pause, up to _PAUSE_MAX
@@ -159,8 +158,7 @@ class Drafter:
         """Of an n-gram's followers, the first within the copy's window; else its latest occurrence (what the
         sequence wrote last is likeliest again)."""
         assert self._copy is not None
-        at = bisect.bisect_left(places, self._copy)
-        return places[at] if at < len(places) and places[at] < self._copy + _COPY_WINDOW else places[-1]
+        return nearest(places, self._copy, _COPY_WINDOW, places[-1])
 
     def _resumed(self, limit: int) -> list[int]:
         """The copy resumed after the first occurrence of the sequence's last token within its window (none there:

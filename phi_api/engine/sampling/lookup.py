@@ -41,6 +41,12 @@ class Index:
         return self._at.get(ngram, [])
 
 
+def nearest(places: list[int], cursor: int, window: int, otherwise: int) -> int:
+    """The first of ``places`` (ascending) in ``[cursor, cursor + window)``; ``otherwise`` where none is."""
+    at = bisect.bisect_left(places, cursor)
+    return places[at] if at < len(places) and places[at] < cursor + window else otherwise
+
+
 class Lookup:
     """One sequence's reading of an :class:`Index`: ``in_order`` (a prediction) takes the first occurrence at or
     after its place and drafts the text's start while the answer begins as it does; otherwise (a history) the
@@ -79,11 +85,10 @@ class Lookup:
         places = self.index.places(ngram)
         if not places:
             return []
-        at = bisect.bisect_left(places, self.cursor)
-        if at < len(places) and (self.in_order or places[at] == self.cursor):
-            self.start = places[at]
-        else:
-            self.start = places[0] if self.in_order else places[-1]
+        if self.in_order:  # the first occurrence at or after its place
+            self.start = nearest(places, self.cursor, len(self.index.tokens) + 1, places[0])
+        else:  # where the last kept draft ended, else the latest
+            self.start = nearest(places, self.cursor, 1, places[-1])
         return self.index.tokens[self.start:self.start + limit]
 
     def kept(self, accepted: int) -> None:

@@ -3,7 +3,7 @@ history), and each key's history bounded and kept apart."""
 
 from __future__ import annotations
 
-from phi_api.engine.sampling.lookup import HISTORY_OWNERS, Histories, Index, Lookup
+from phi_api.engine.sampling.lookup import HISTORY_OWNERS, Histories, Index, Lookup, nearest
 
 
 def test_an_in_order_text_drafts_its_start_while_the_answer_follows_it_then_from_its_place():
@@ -39,3 +39,12 @@ def test_each_owner_has_its_own_bounded_history_and_the_least_recent_owner_goes_
     off = Histories(tokens=0)
     off.add("a", [1, 2, 3])
     assert off.of("a") is None
+
+
+def test_nearest_takes_the_first_place_within_the_window_past_the_cursor():
+    places = [3, 10, 17, 40]
+    assert nearest(places, 10, 1, -1) == 10  # a history's rule: exactly where the last kept draft ended
+    assert nearest(places, 11, 1, -1) == -1
+    assert nearest(places, 11, 7, -1) == 17  # within [11, 18)
+    assert nearest(places, 11, 6, -1) == -1  # 17 is past [11, 17)
+    assert nearest(places, 41, 100, 3) == 3  # nothing at or after the cursor
