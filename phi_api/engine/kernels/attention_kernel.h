@@ -375,29 +375,25 @@ inline void scores(const typename C::Value* k, int tiles, const typename C::Quer
   for (int i = 0; i < NQ; ++i)
     for (int t = 0; t < kSpan; ++t) acc[i][t] = C::zero();
   const int steps = C::key_steps(size);
-  if constexpr (NQ < kTogether && C::kExact) {
-    // integer sums in two chains, even and odd steps (the same bits in any order): a lone query's tile is
-    // otherwise one chain of dependent multiply-adds as long as the head
-    for (int t = 0; t < kSpan; ++t) {
+  if constexpr (NQ < kTogether) {
+    // Tile by tile. Integer sums (kExact) go in two chains, even and odd steps, added at the end (the same bits in
+    // any order): a lone query's tile is otherwise one chain of dependent multiply-adds as long as the head. Float
+    // sums go in one chain, in order.
+    constexpr int kChains = C::kExact ? 2 : 1;
+    for (int t = 0; t < kSpan; ++t) {  // kSpan, not tiles: unrolled, the accumulators stay in registers
       if (t >= tiles) break;
       typename C::Acc odd[NQ];
       for (int i = 0; i < NQ; ++i) odd[i] = C::zero();
-      for (int c = 0; c < steps; c += 2) {
-        const typename C::Acc even_key = C::keys(k, t, c, size), odd_key = C::keys(k, t, c + 1, size);
-        for (int i = 0; i < NQ; ++i) {
-          acc[i][t] = C::madd(acc[i][t], C::broadcast(C::query_word(*queries[i], c)), even_key);
-          odd[i] = C::madd(odd[i], C::broadcast(C::query_word(*queries[i], c + 1)), odd_key);
-        }
-      }
-      for (int i = 0; i < NQ; ++i) acc[i][t] = C::add(acc[i][t], odd[i]);
-    }
-  } else if constexpr (NQ < kTogether) {
-    for (int t = 0; t < kSpan; ++t) {  // kSpan, not tiles: unrolled, the accumulators stay in registers
-      if (t >= tiles) break;
-      for (int c = 0; c < steps; ++c) {
+      for (int c = 0; c < steps; c += kChains) {
         const typename C::Acc key = C::keys(k, t, c, size);
         for (int i = 0; i < NQ; ++i) acc[i][t] = C::madd(acc[i][t], C::broadcast(C::query_word(*queries[i], c)), key);
+        if constexpr (kChains == 2) {
+          const typename C::Acc next = C::keys(k, t, c + 1, size);
+          for (int i = 0; i < NQ; ++i) odd[i] = C::madd(odd[i], C::broadcast(C::query_word(*queries[i], c + 1)), next);
+        }
       }
+      if constexpr (kChains == 2)
+        for (int i = 0; i < NQ; ++i) acc[i][t] = C::add(acc[i][t], odd[i]);
     }
   } else {
     for (int c = 0; c < steps; ++c) {
