@@ -3,13 +3,14 @@ through the OpenAI SDK: a long prompt scored close to float32's, a streamed answ
 same bits, and what /v1/status says of its cache.
 
 int4 keys and values are phi-api's attention operator's alone: where the CPU lacks AVX-512 VNNI, the load is refused
-with a 400 naming why, and the test checks that instead."""
+with a 400 naming why, and the tests check that instead: the load refused, and no answer for the model."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
+import openai
 import pytest
 import requests
 from openai import OpenAI
@@ -53,6 +54,13 @@ def answer(server: Server):
                                              temperature=0)
 
 
+def assert_not_served(server: Server) -> None:
+    """Without phi-api's operator (no AVX-512 VNNI) the int4 model was refused at load: nothing answers for it."""
+    with pytest.raises(openai.NotFoundError) as missing:
+        answer(server)
+    assert missing.value.code == "model_not_found"
+
+
 def test_int4_keys_and_values_load_where_the_operator_runs_and_are_refused_elsewhere(server):
     if unsupported() is not None:
         assert server.loaded.status_code == 400
@@ -69,6 +77,7 @@ def test_int4_keys_and_values_load_where_the_operator_runs_and_are_refused_elsew
 
 def test_a_long_prompt_scores_close_to_float32_and_its_kept_prefix_gives_the_same_bits(server):
     if unsupported() is not None:
+        assert_not_served(server)
         return
     cold = answer(server)
     warm = answer(server)  # the prompt's keys and values kept from the first: read back in int4
@@ -86,6 +95,7 @@ def test_a_long_prompt_scores_close_to_float32_and_its_kept_prefix_gives_the_sam
 
 def test_int4_streams_an_answer_to_a_long_prompt(server):
     if unsupported() is not None:
+        assert_not_served(server)
         return
     stream = client(server).chat.completions.create(
         model="int4", messages=[{"role": "user", "content": DOCUMENT + QUESTION}], max_tokens=24, temperature=0,
