@@ -12,6 +12,12 @@ every core) in one run, and each figure as a share of the machine's limits measu
 Prompts are token ids (the same for both), each led by tokens no earlier prompt shares, so that no prompt cache
 answers them; the streams of a decode measurement share a document and end with tokens of their own. Medians of
 ``--runs``.
+
+The server runs without speculative decoding (``SPECULATIVE_DRAFT_MAX=0``, unless ``--setting`` says otherwise):
+a decode figure is a share of what one token a step can read, and the raw engine drafts nothing. With drafts, the
+answers here (greedy continuations of repeated text, and a random-weight model's loops) copy themselves, and a
+step gives several tokens: until 2026-11-29 the bench ran at the server's defaults, and its one-stream decode
+figures above 100% of the bandwidth were drafts kept (``bench spec`` measures those).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from phi_api.bench.common import PROMPT, emit, median, say
 MAX_TOKENS = 64  # decoded per stream in the decode measurements
 TAIL = 8  # each decoding stream's own last prompt tokens
 RAW_MEMORY_SHARE = 0.5  # the raw engine's float32 keys and values may take this share of the machine's memory
+UNDRAFTED = {"SPECULATIVE_DRAFT_MAX": "0"}  # the server's settings before --setting's: one token a step
 
 
 @dataclass(frozen=True)
@@ -166,6 +173,11 @@ def measure_decode(url: str, model: str, raw: Any, prompts: Prompts, contexts: l
     return rows
 
 
+def server_settings(given: list[str]) -> dict[str, str]:
+    """The server's settings: :data:`UNDRAFTED`, then each ``NAME=VALUE`` given (``--setting``)."""
+    return {**UNDRAFTED, **dict(item.split("=", 1) for item in given)}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from phi_api.bench.raw import RawEngine
     from phi_api.bench.roofline import measure
@@ -173,7 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     say("the machine's limits")
     limits = measure()
-    settings = dict(item.split("=", 1) for item in args.setting)
+    settings = server_settings(args.setting)
     costs = model_costs(args.model_path, settings.get("KV_CACHE_DTYPE", "auto"))
     raw = RawEngine(args.model_path) if args.raw else None
     context_length = int(json.loads((Path(args.model_path) / "genai_config.json").read_text())["model"]
