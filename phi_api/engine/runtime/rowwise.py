@@ -21,7 +21,7 @@ from pathlib import Path
 # (domain, operator): each computes a row from that row alone, in the same order at any row count.
 # The If of a LongRoPE graph picks the rotary caches for the whole step by its longest row, as before.
 ROW_WISE = frozenset({
-    ("phi_api", "Q4MatMul"), ("phi_api", "Attention"), ("phi_api", "Attention4"),
+    ("phi_api", "Q4MatMul"), ("phi_api", "Attention"), ("phi_api", "Attention4"), ("phi_api", "AttentionFloat"),
     ("com.microsoft", "SkipSimplifiedLayerNormalization"), ("", "SimplifiedLayerNormalization"),
     ("com.microsoft", "QuickGelu"), ("", "Mul"), ("", "Sub"), ("", "Gather"), ("", "Cast"), ("", "Shape"),
     ("", "ReduceSum"), ("", "Greater"), ("", "If"), ("", "Slice"),

@@ -54,12 +54,12 @@ def test_a_row_s_logits_do_not_depend_on_its_neighbours_in_even_steps(model_path
     assert all(np.array_equal(seen[0], logits) for logits in seen[1:])
 
 
-@pytest.mark.parametrize("kv_dtype", ["int8", "int4"])
+@pytest.mark.parametrize("kv_dtype", ["int8", "int4", "float32"])
 def test_a_graph_of_row_wise_operators_gives_a_row_the_same_bits_at_any_row_count(model_path, tiny_phi3, tmp_path,
                                                                                  kv_dtype):
-    """Phi-3.5's recipe (4-bit weights, int8 or int4 keys and values) on phi-api's operators: a row's logits are the
-    same bits alone, in odd steps and in even ones, so BATCH_INVARIANT needs no padding row there; the default model
-    (ONNX Runtime's 8-bit matrices and float32 ones) keeps it."""
+    """Phi-3.5's recipe (4-bit weights; int8, int4 or float32 keys and values) on phi-api's operators: a row's logits
+    are the same bits alone, in odd steps and in even ones, so BATCH_INVARIANT needs no padding row there; the default
+    model (ONNX Runtime's 8-bit matrices and float32 ones) keeps it."""
     from phi_api.engine.kernels import op
     from phi_api.engine.kernels.native import unsupported
     from phi_api.engine.runtime.model import LanguageModel
