@@ -46,6 +46,6 @@ def test_both_kernels_answer_with_the_same_probabilities_and_the_log_says_which_
     log = kernels_server.log()
     reason = unsupported()
     if reason is None:
-        assert "matrices of 4-bit weights on phi-api's kernel" in log
+        assert "matrices of 4-bit or 8-bit weights on phi-api's kernel" in log
     else:
         assert f"phi-api's cannot run here ({reason})" in log

@@ -1,7 +1,7 @@
 """phi-api's own kernels, as ONNX Runtime custom operators in one library (AVX-512 VNNI).
 
-- The 4-bit matrix kernel for batched decode, one pass over each tile of weights for all rows of a step:
-  ``q4_kernel.h``, the operator ``phi_api.Q4MatMul``; :mod:`phi_api.engine.runtime.rewrite` swaps MatMulNBits nodes
+- The 4-bit and 8-bit matrix kernel for batched decode and prompts, one pass over each tile of weights for all rows
+  of a step: ``q4_kernel.h``, the operators ``phi_api.Q4MatMul`` and ``phi_api.Q8MatMul``; :mod:`phi_api.engine.runtime.rewrite` swaps MatMulNBits nodes
   for it when a model loads (``INT4_KERNEL``); :mod:`.reference` repacks the weights and computes the same product
   in numpy; ``q4_vnni.cpp`` and :mod:`.native` call the kernel through ctypes for the tests and
   ``phi-api bench kernels``.

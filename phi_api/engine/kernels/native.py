@@ -84,15 +84,16 @@ class Q4Kernel:
         self._lib = ctypes.CDLL(str(library))
         self._lib.q4_matmul.restype = ctypes.c_int
 
-    def matmul(self, tiles: np.ndarray, scales: np.ndarray, x: np.ndarray, n: int, threads: int = 1) -> np.ndarray:
-        """``x [M, K]`` (float32) times repacked weights (:func:`.reference.repack`): ``[M, N]``."""
+    def matmul(self, tiles: np.ndarray, scales: np.ndarray, x: np.ndarray, n: int, threads: int = 1,
+               bits: int = 4) -> np.ndarray:
+        """``x [M, K]`` (float32) times repacked weights of ``bits`` (:func:`.reference.repack`): ``[M, N]``."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         m, k = x.shape
         y = np.empty((m, n), dtype=np.float32)
         pointer = ctypes.c_void_p
         status = self._lib.q4_matmul(pointer(tiles.ctypes.data), pointer(scales.ctypes.data), pointer(x.ctypes.data),
-                                     pointer(y.ctypes.data), m, k, n, threads)
+                                     pointer(y.ctypes.data), m, k, n, bits, threads)
         if status != 0:
-            raise KernelError(f"the 4-bit kernel takes one row or more, K a multiple of 128 and N of 16 "
-                              f"(not {m} x {k} x {n})")
+            raise KernelError(f"the kernel takes 4 or 8 bits, one row or more, K and N multiples of 16 "
+                              f"(not {bits} bits, {m} x {k} x {n})")
         return y

@@ -38,40 +38,42 @@ struct Work {
 
 void quantize_task(void* data, size_t index) {
   const Work& work = *static_cast<const Work*>(data);
-  const int blocks = work.k / q4::kBlock;
+  const int blocks = q4::block_count(work.k);
   const int64_t r0 = static_cast<int64_t>(index) * q4::kMaxRows;
   const int rows = static_cast<int>(std::min<int64_t>(q4::kMaxRows, work.m - r0));
   q4::quantize_rows(work.x + r0 * work.k, rows, work.k, work.q + r0 * work.k, work.a_scales + r0 * blocks,
                     work.a_sums + r0 * blocks);
 }
 
+template <int Bits>
 void columns_task(void* data, size_t index) {
   const Work& work = *static_cast<const Work*>(data);
   const int g0 = static_cast<int>(index) * kGroupsPerTask;
   const int g1 = std::min(work.groups, g0 + kGroupsPerTask);
-  q4::all_rows(work.w, work.w_scales, work.q, work.a_scales, work.a_sums, work.y, work.m, work.k, work.n, g0, g1);
+  q4::all_rows<Bits>(work.w, work.w_scales, work.q, work.a_scales, work.a_sums, work.y, work.m, work.k, work.n, g0, g1);
 }
 
-struct Q4Kernel {
-  Q4Kernel(const OrtApi&, const OrtKernelInfo* info) {
+template <int Bits>
+struct MatMulKernel {
+  MatMulKernel(const OrtApi&, const OrtKernelInfo* info) {
     Ort::ConstKernelInfo kernel_info(info);
     k_ = static_cast<int>(kernel_info.GetAttribute<int64_t>("K"));
     n_ = static_cast<int>(kernel_info.GetAttribute<int64_t>("N"));
-    if (k_ <= 0 || n_ <= 0 || k_ % q4::kBlock || n_ % 16)
-      ORT_CXX_API_THROW("Q4MatMul takes K a multiple of 128 and N of 16", ORT_INVALID_ARGUMENT);
+    if (k_ <= 0 || n_ <= 0 || k_ % 16 || n_ % 16)
+      ORT_CXX_API_THROW("Q4MatMul and Q8MatMul take K and N multiples of 16", ORT_INVALID_ARGUMENT);
   }
 
   void Compute(OrtKernelContext* context) {
     Ort::KernelContext ctx(context);
     const Ort::ConstValue a = ctx.GetInput(0);
     std::vector<int64_t> shape = a.GetTensorTypeAndShapeInfo().GetShape();
-    if (shape.empty() || shape.back() != k_) ORT_CXX_API_THROW("Q4MatMul: A's last dimension is not K", ORT_INVALID_ARGUMENT);
+    if (shape.empty() || shape.back() != k_) ORT_CXX_API_THROW("Q4MatMul and Q8MatMul: A's last dimension is not K", ORT_INVALID_ARGUMENT);
     int64_t m = 1;
     for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
     shape.back() = n_;
     Ort::UnownedValue y = ctx.GetOutput(0, shape);
     if (m == 0) return;
-    const int blocks = k_ / q4::kBlock;
+    const int blocks = q4::block_count(k_);
     // per call, not per kernel: ONNX Runtime may run one session from several threads at once
     std::vector<int8_t> q(static_cast<size_t>(m) * k_);
     std::vector<float> a_scales(static_cast<size_t>(m) * blocks);
@@ -85,16 +87,17 @@ struct Q4Kernel {
     } else {
       ctx.ParallelFor(quantize_task, chunks, 0, &work);
     }
-    ctx.ParallelFor(columns_task, static_cast<size_t>((work.groups + kGroupsPerTask - 1) / kGroupsPerTask), 0, &work);
+    ctx.ParallelFor(columns_task<Bits>, static_cast<size_t>((work.groups + kGroupsPerTask - 1) / kGroupsPerTask), 0, &work);
   }
 
  private:
   int k_ = 0, n_ = 0;
 };
 
-struct Q4Op : Ort::CustomOpBase<Q4Op, Q4Kernel> {
-  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new Q4Kernel(api, info); }
-  const char* GetName() const { return "Q4MatMul"; }
+template <int Bits>
+struct MatMulOp : Ort::CustomOpBase<MatMulOp<Bits>, MatMulKernel<Bits>> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new MatMulKernel<Bits>(api, info); }
+  const char* GetName() const { return Bits == 4 ? "Q4MatMul" : "Q8MatMul"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
@@ -111,7 +114,8 @@ extern "C" {
 // Called by ONNX Runtime for each session that registers this library. The operator and its domains live as long
 // as the library (ONNX Runtime keeps pointers to them), hence the static storage.
 OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
-  static Q4Op op;
+  static MatMulOp<4> op;
+  static MatMulOp<8> op8;
   static attn_op::Op<attn::Int8Cache> attention;
   static attn_op::Op<attn::FloatCache> float_attention;
   static attn_op::Op<attn::Int4Cache> int4_attention;
@@ -122,6 +126,7 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
     std::lock_guard<std::mutex> hold(mutex);
     Ort::CustomOpDomain domain("phi_api");
     domain.Add(&op);
+    domain.Add(&op8);
     domain.Add(&attention);
     domain.Add(&float_attention);
     domain.Add(&int4_attention);

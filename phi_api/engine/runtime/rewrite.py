@@ -1,12 +1,13 @@
-"""The decoder graph with phi-api's 4-bit operator in place of ONNX Runtime's MatMulNBits, made once per model.
+"""The decoder graph with phi-api's 4-bit and 8-bit operators in place of ONNX Runtime's MatMulNBits, made once per
+model.
 
-A MatMulNBits node is replaced when the kernel computes exactly what it does: 4 bits, blocks of 128, no zero points,
-bias or group index, accuracy level 4 (activations as int8 per block), K a multiple of 128, weights and scales stored
-in the graph. An N that is not a multiple of 16 (the kernel's column tile) is padded with zero columns and the
-padding sliced off the result (a vocabulary such as 49,156 tokens). Its weights are repacked
-(:func:`phi_api.engine.kernels.reference.repack`) into the new graph's data file, each tensor at a page-aligned
-offset, so that ONNX Runtime memory-maps them and the workers share one copy in the page cache. Every other node
-and initializer is kept as it is.
+A MatMulNBits node is replaced when the kernel computes exactly what it does: 4 or 8 bits, blocks of 128 (the last
+one may be partial), no zero points, bias or group index, accuracy level 4 (activations as int8 per block), K a
+multiple of 16, weights and scales stored in the graph. An N that is not a multiple of 16 (the kernel's column tile)
+is padded with zero columns and the padding sliced off the result (a vocabulary such as 49,156 tokens). Its
+weights are repacked (:func:`phi_api.engine.kernels.reference.repack`) into the new graph's data file, each tensor
+at a page-aligned offset, so that ONNX Runtime memory-maps them and the workers share one copy in the page cache.
+Every other node and initializer is kept as it is.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from phi_api.engine.kernels.reference import BLOCK, repack
+from phi_api.engine.kernels.reference import BITS, BLOCK, block_count, repack, zero_point
 from phi_api.errors import KernelError
 
 log = logging.getLogger(__name__)
 
 DOMAIN = "phi_api"
-OP_TYPE = "Q4MatMul"
+OP_TYPES = {4: "Q4MatMul", 8: "Q8MatMul"}
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 ALIGNMENT = 4096  # ONNX Runtime maps external data whose offset is a multiple of the page size
@@ -49,8 +50,8 @@ def eligible(node: Any, initializers: dict[str, Any]) -> bool:
     attributes = _attributes(node)
     k, n = int(attributes.get("K", 0)), int(attributes.get("N", 0))
     return (len(inputs) == 3 and inputs[1] in initializers and inputs[2] in initializers
-            and attributes.get("bits", 4) == 4 and attributes.get("block_size") == BLOCK
-            and attributes.get("accuracy_level", 0) == 4 and k > 0 and n > 0 and k % BLOCK == 0)
+            and attributes.get("bits", 4) in BITS and attributes.get("block_size") == BLOCK
+            and attributes.get("accuracy_level", 0) == 4 and k > 0 and n > 0 and k % 16 == 0)
 
 
 def rewrite(source: Path, target: Path) -> int:
@@ -94,20 +95,22 @@ def _replace(node: Any, initializers: dict[str, Any], base: Path, data: BinaryIO
     from onnx import helper
 
     attributes = _attributes(node)
-    n, k = int(attributes["N"]), int(attributes["K"])
+    n, k, bits = int(attributes["N"]), int(attributes["K"]), int(attributes.get("bits", 4))
     padded = -(-n // 16) * 16
-    weights = _read(initializers[node.input[1]], base).reshape(n, k // BLOCK, BLOCK // 2)
-    scales = _read(initializers[node.input[2]], base).reshape(n, k // BLOCK)
-    if padded != n:  # zero columns: zero weights (nibble 8 is zero) with zero scales
-        weights = np.concatenate([weights, np.full((padded - n, *weights.shape[1:]), 0x88, dtype=weights.dtype)])
+    blocks = block_count(k)
+    weights = _read(initializers[node.input[1]], base).reshape(n, blocks, BLOCK * bits // 8)
+    scales = _read(initializers[node.input[2]], base).reshape(n, blocks)
+    if padded != n:  # zero columns: every value the zero point (zero weights), with zero scales
+        fill = zero_point(bits) * 0x11 if bits == 4 else zero_point(bits)
+        weights = np.concatenate([weights, np.full((padded - n, *weights.shape[1:]), fill, dtype=weights.dtype)])
         scales = np.concatenate([scales, np.zeros((padded - n, scales.shape[1]), dtype=scales.dtype)])
-    tiles, block_scales = repack(weights, scales)
+    tiles, block_scales = repack(weights, scales, bits, k)
     key = node.name or node.output[0]
     names = (f"{key}.q4_weights", f"{key}.q4_scales")
     output = node.output[0]
     wide = output if padded == n else f"{key}.q4_padded"
-    node.CopyFrom(helper.make_node(OP_TYPE, [node.input[0], *names], [wide], name=node.name, domain=DOMAIN, K=k,
-                                   N=padded))
+    node.CopyFrom(helper.make_node(OP_TYPES[bits], [node.input[0], *names], [wide], name=node.name, domain=DOMAIN,
+                                   K=k, N=padded))
     tensors = [_written(tiles, names[0], data), _written(block_scales, names[1], data)]
     if padded == n:
         return tensors, None
@@ -167,7 +170,7 @@ def _written(array: np.ndarray, name: str, data: BinaryIO) -> Any:
     tensor.data_location = TensorProto.EXTERNAL
     return tensor
 
-RECIPE = 3  # bump when the rewrite changes (3: the scales group-major)
+RECIPE = 4  # bump when the rewrite changes (3: the scales group-major; 4: 8-bit weights and partial blocks)
 RECORD = "rewrite.json"  # the source and how many nodes were replaced (none: the source is served as it is)
 
 
@@ -183,8 +186,8 @@ def own_kernel_graph(source: Path, decoder_file: str, cache_dir: Path, choice: s
     library, reason = find_library(cache_dir)
     if library is None:
         if choice == "phi-api":
-            raise KernelError(f"INT4_KERNEL is phi-api, but phi-api's 4-bit kernel cannot run here: {reason}")
-        log.info("4-bit weights go to ONNX Runtime's kernel: phi-api's cannot run here (%s)", reason)
+            raise KernelError(f"INT4_KERNEL is phi-api, but phi-api's kernel cannot run here: {reason}")
+        log.info("4-bit and 8-bit weights go to ONNX Runtime's kernel: phi-api's cannot run here (%s)", reason)
         return None
     folder = cache_dir / "q4" / f"{source_key(source, decoder_file)[:24]}-r{RECIPE}"
     try:
@@ -192,12 +195,12 @@ def own_kernel_graph(source: Path, decoder_file: str, cache_dir: Path, choice: s
     except KernelError as exc:
         if choice == "phi-api":
             raise
-        log.warning("4-bit weights go to ONNX Runtime's kernel: %s", exc)
+        log.warning("4-bit and 8-bit weights go to ONNX Runtime's kernel: %s", exc)
         return None
     replaced = json.loads((folder / RECORD).read_text(encoding="utf-8"))["replaced"]
     if not replaced:
         return None
-    log.info("%s: %d matrices of 4-bit weights on phi-api's kernel", source, replaced)
+    log.info("%s: %d matrices of 4-bit or 8-bit weights on phi-api's kernel", source, replaced)
     return folder, str(library)
 
 
@@ -219,4 +222,4 @@ def _make(source: Path, staging: Path) -> None:
     started = time.monotonic()
     count = rewrite(source, staging)
     (staging / RECORD).write_text(json.dumps({"source": str(source), "replaced": count}), encoding="utf-8")
-    log.info("graph for phi-api's 4-bit kernel made in %.0f s", time.monotonic() - started)
+    log.info("graph for phi-api's kernel made in %.0f s", time.monotonic() - started)

@@ -1,4 +1,4 @@
-"""phi-api's 4-bit kernel in ONNX Runtime: the graph rewrite, the operator against MatMulNBits and the numpy
+"""phi-api's 4-bit and 8-bit kernel in ONNX Runtime: the graph rewrite, the operators against MatMulNBits and the numpy
 reference, a row's result whatever the row count, and the fallback to MLAS where the kernel cannot run.
 
 Where the CPU lacks AVX-512 VNNI (or g++ is missing) the kernel cannot run: there the tests check that phi-api
@@ -15,25 +15,28 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from phi_api.engine.kernels import native, op
-from phi_api.engine.kernels.reference import BLOCK, matmul, repack
+from phi_api.engine.kernels.reference import BLOCK, block_count, matmul, repack
 from phi_api.engine.runtime import rewrite
 from phi_api.errors import KernelError
 from phi_api.settings import cache_root
 
 SUPPORTED = native.unsupported() is None
-SHAPES = [(128, 16), (256, 48), (384, 160), (1024, 32), (256, 52)]  # (K, N); 52: padded to 64, cut back
+# (K, N, bits); N 52: padded to 64, cut back; K 576 and 208: a partial last block (the default model's K is 576)
+SHAPES = [(128, 16, 4), (256, 48, 4), (384, 160, 4), (1024, 32, 4), (256, 52, 4), (576, 48, 4),
+          (576, 48, 8), (256, 52, 8), (128, 16, 8), (208, 32, 8), (1024, 160, 8)]
 
 
-def weights(k: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def weights(k: int, n: int, seed: int, bits: int = 4) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    packed = rng.integers(0, 256, size=(n, k // BLOCK, BLOCK // 2), dtype=np.uint8)
-    return packed, (rng.random((n, k // BLOCK), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+    packed = rng.integers(0, 256, size=(n, block_count(k), BLOCK * bits // 8), dtype=np.uint8)
+    return packed, (rng.random((n, block_count(k)), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
 
 
 def matmulnbits(name: str, k: int, n: int, seed: int, **attributes: int) -> tuple[onnx.NodeProto, list]:
-    packed, scales = weights(k, n, seed)
+    attributes = {"bits": 4, "block_size": BLOCK, "accuracy_level": 4, **attributes}
+    packed, scales = weights(k, n, seed, attributes["bits"] if attributes["bits"] in (4, 8) else 4)
     node = helper.make_node("MatMulNBits", [f"x{k}", f"{name}.w", f"{name}.s"], [name], domain="com.microsoft",
-                            name=name, K=k, N=n, **{"bits": 4, "block_size": BLOCK, "accuracy_level": 4, **attributes})
+                            name=name, K=k, N=n, **attributes)
     return node, [numpy_helper.from_array(packed, f"{name}.w"),
                   numpy_helper.from_array(scales.reshape(-1), f"{name}.s")]
 
@@ -54,12 +57,12 @@ def save(folder: Path, nodes: list, tensors: list, widths: list[int], outputs: l
 def shapes_model(tmp_path_factory) -> tuple[Path, Path]:
     """A graph of one MatMulNBits per shape, and its rewrite."""
     nodes, tensors = [], []
-    for index, (k, n) in enumerate(SHAPES):
-        node, made = matmulnbits(f"y{index}", k, n, seed=index)
+    for index, (k, n, bits) in enumerate(SHAPES):
+        node, made = matmulnbits(f"y{index}", k, n, seed=index, bits=bits)
         nodes.append(node)
         tensors += made
     folder = tmp_path_factory.mktemp("shapes")
-    source = save(folder / "source", nodes, tensors, [k for k, _ in SHAPES], [node.output[0] for node in nodes])
+    source = save(folder / "source", nodes, tensors, [k for k, _, _ in SHAPES], [node.output[0] for node in nodes])
     assert rewrite.rewrite(source, folder / "rewritten") == len(SHAPES)
     return source, folder / "rewritten" / rewrite.MODEL_FILE
 
@@ -75,8 +78,8 @@ def session(model: Path, library: str | None = None):
 
 
 def test_only_the_nodes_the_kernel_computes_exactly_are_replaced(tmp_path):
-    cases = {"plain": {}, "zero points": None, "8 bits": {"bits": 8}, "accuracy 0": {"accuracy_level": 0},
-             "blocks of 32": {"block_size": 32}}
+    cases = {"plain": {}, "zero points": None, "8 bits": {"bits": 8}, "2 bits": {"bits": 2},
+             "accuracy 0": {"accuracy_level": 0}, "blocks of 32": {"block_size": 32}}
     nodes, tensors = [], []
     for index, attributes in enumerate(cases.values()):
         node, made = matmulnbits(f"n{index}", 256, 32, seed=index, **(attributes or {}))
@@ -86,11 +89,11 @@ def test_only_the_nodes_the_kernel_computes_exactly_are_replaced(tmp_path):
         nodes.append(node)
         tensors += made
     source = save(tmp_path / "source", nodes, tensors, [256], [node.output[0] for node in nodes])
-    assert rewrite.rewrite(source, tmp_path / "out") == 1
+    assert rewrite.rewrite(source, tmp_path / "out") == 2
     written = onnx.load(str(tmp_path / "out" / rewrite.MODEL_FILE), load_external_data=False)
     kinds = [(node.name, node.op_type, node.domain) for node in written.graph.node]
-    assert kinds[0] == ("n0", rewrite.OP_TYPE, rewrite.DOMAIN)
-    assert [kind[1] for kind in kinds[1:]] == ["MatMulNBits"] * 4
+    assert kinds[0] == ("n0", "Q4MatMul", rewrite.DOMAIN) and kinds[2] == ("n2", "Q8MatMul", rewrite.DOMAIN)
+    assert [kinds[index][1] for index in (1, 3, 4, 5)] == ["MatMulNBits"] * 4
     names = {tensor.name for tensor in written.graph.initializer}
     assert "n0.w" not in names and "n1.w" in names  # the replaced node's weights are gone, the others kept
 
@@ -105,13 +108,32 @@ def test_the_repacked_weights_sit_at_page_aligned_offsets_of_the_data_file(shape
     assert len(offsets) == len(external) and all(offset % rewrite.ALIGNMENT == 0 for offset in offsets)
 
 
-def test_a_model_with_nothing_to_replace_is_served_as_it_is(model_path, tmp_path):
+def test_a_model_with_nothing_to_replace_is_served_as_it_is(tmp_path):
+    node, tensors = matmulnbits("z", 256, 32, seed=1)
+    tensors.append(numpy_helper.from_array(np.full(32 * 2, 0x88, dtype=np.uint8), "z.z"))
+    node.input.append("z.z")  # zero points: the kernel does not take them
+    save(tmp_path / "model", [node], tensors, [256], ["z"])
     if SUPPORTED:
         op.build_library(tmp_path)
-    assert rewrite.own_kernel_graph(Path(model_path), "model.onnx", tmp_path, "auto") is None  # 8-bit weights
+    assert rewrite.own_kernel_graph(tmp_path / "model", "model.onnx", tmp_path, "auto") is None
     if SUPPORTED:
         (record,) = (tmp_path / "q4").glob(f"*/{rewrite.RECORD}")
         assert json.loads(record.read_text())["replaced"] == 0 and not (record.parent / rewrite.MODEL_FILE).exists()
+
+
+def test_the_default_model_s_8_bit_matrices_go_to_the_kernel_and_its_float32_ones_stay(model_path):
+    """Its graph (8-bit weights, K = 576: four blocks and a half) as the server loads it."""
+    source = onnx.load(str(Path(model_path) / "model.onnx"), load_external_data=False).graph
+    eight_bit = sum(node.op_type == "MatMulNBits" for node in source.node)
+    own = rewrite.own_kernel_graph(Path(model_path), "model.onnx", cache_root() / "runtime", "auto")
+    if not SUPPORTED:
+        assert own is None  # ONNX Runtime's kernel serves
+        return
+    assert own is not None
+    graph = onnx.load(str(own[0] / rewrite.MODEL_FILE), load_external_data=False).graph
+    kinds = [node.op_type for node in graph.node]
+    assert eight_bit > 100 and kinds.count("Q8MatMul") == eight_bit and "MatMulNBits" not in kinds
+    assert kinds.count("MatMul") == [node.op_type for node in source.node].count("MatMul") > 0  # float32 down_proj
 
 
 @pytest.fixture(scope="module")
@@ -127,31 +149,33 @@ def test_the_operator_gives_matmulnbits_s_products_and_each_row_its_own_bits(sha
         with pytest.raises(KernelError, match="cannot run here"):
             op.build_library(cache_root() / "runtime")
         return
-    x = {f"x{k}": np.random.default_rng(rows + k).standard_normal((rows, k), dtype=np.float32) for k, _ in SHAPES}
+    x = {f"x{k}": np.random.default_rng(rows + k).standard_normal((rows, k), dtype=np.float32) for k, _, _ in SHAPES}
     theirs, ours = session(source).run(None, x), session(rewritten, library).run(None, x)
     lone = session(rewritten, library).run(None, {name: value[-1:] for name, value in x.items()})
-    for (_, n), mlas, own, alone in zip(SHAPES, theirs, ours, lone, strict=True):
+    for (_, n, _), mlas, own, alone in zip(SHAPES, theirs, ours, lone, strict=True):
         assert own.shape == (rows, n)
         assert np.abs(own - mlas).max() <= 1e-5 * np.abs(mlas).max()  # the same int8 rows: rounding apart
         assert np.array_equal(alone[0], own[-1])  # the last row alone: the same bits
 
 
 @pytest.mark.parametrize("rows", range(1, 17))
-@pytest.mark.parametrize(("k", "n"), [(128, 16), (384, 48), (1024, 160)])
-def test_the_native_kernel_gives_the_reference_s_product(rows, k, n):
-    packed, scales = weights(k, n, seed=rows)
+@pytest.mark.parametrize(("k", "n", "bits"), [(128, 16, 4), (384, 48, 4), (1024, 160, 4), (576, 32, 4),
+                                              (128, 16, 8), (576, 48, 8), (1024, 160, 8), (208, 16, 8)])
+def test_the_native_kernel_gives_the_reference_s_product(rows, k, n, bits):
+    packed, scales = weights(k, n, seed=rows, bits=bits)
     x = np.random.default_rng(k + rows).standard_normal((rows, k), dtype=np.float32)
     if not SUPPORTED:
         with pytest.raises(KernelError, match="cannot run"):
             native.Q4Kernel(cache_root() / "runtime" / "kernels")
         return
     kernel = native.Q4Kernel(cache_root() / "runtime" / "kernels")
-    tiles, block_scales = repack(packed, scales)
-    got = kernel.matmul(tiles, block_scales, x, n, threads=2)
-    expected = matmul(packed, scales, x)
+    tiles, block_scales = repack(packed, scales, bits, k)
+    got = kernel.matmul(tiles, block_scales, x, n, threads=2, bits=bits)
+    expected = matmul(packed, scales, x, bits)
     assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
     for row in range(rows):  # each row alone gives the same bits
-        assert np.array_equal(kernel.matmul(tiles, block_scales, x[row:row + 1], n, threads=1)[0], got[row])
+        assert np.array_equal(kernel.matmul(tiles, block_scales, x[row:row + 1], n, threads=1, bits=bits)[0],
+                              got[row])
 
 
 def test_without_avx512_vnni_auto_keeps_mlas_and_phi_api_is_refused_saying_why(model_path, tmp_path, monkeypatch,
