@@ -65,9 +65,9 @@ def model_costs(model_path: str, kv_dtype: str = "auto") -> Costs:
     """Read from the decoder graph (the 4-bit matrices: MatMulNBits) and its configuration; the keys' and values'
     bytes as the server keeps them (``KV_CACHE_DTYPE``)."""
     import onnx
-    from onnx import helper
 
     from phi_api.engine.runtime.folder import ModelFolder
+    from phi_api.engine.runtime.graphs import node_attributes
     from phi_api.engine.runtime.model import LanguageModel
     from phi_api.settings import cache_root
 
@@ -76,10 +76,11 @@ def model_costs(model_path: str, kv_dtype: str = "auto") -> Costs:
     macs = weight_bytes = 0.0
     for node in graph.node:
         if node.op_type == "MatMulNBits":
-            attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            attributes = node_attributes(node)
             k, n, bits = int(attributes["K"]), int(attributes["N"]), int(attributes.get("bits", 4))
             macs += k * n
-            weight_bytes += k * n * bits / 8 + n * (k // int(attributes["block_size"])) * 4  # weights and scales
+            blocks = -(-k // int(attributes["block_size"]))  # the last one may be partial
+            weight_bytes += k * n * bits / 8 + n * blocks * 4  # weights and scales
     decoder = folder.decoder
     heads, layers = int(decoder["num_attention_heads"]), int(decoder["num_hidden_layers"])
     attention = 2.0 * heads * int(decoder["head_size"]) * layers

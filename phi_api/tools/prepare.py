@@ -257,13 +257,15 @@ def check_quantization(model_file: Path, recipe: dict[str, Any] | None = None) -
     (a float recipe: unless there is none), and the matmuls the recipe keeps in float32 are plain ``MatMul``s."""
     import onnx
 
+    from phi_api.engine.runtime.graphs import node_attributes
+
     recipe = recipe or PHI35_RECIPE
     bits = _BITS.get(recipe["precision"])
     graph = onnx.load(str(model_file), load_external_data=False).graph
     found = set()
     for node in graph.node:
         if node.op_type == "MatMulNBits":
-            attributes = {item.name: onnx.helper.get_attribute_value(item) for item in node.attribute}
+            attributes = node_attributes(node)
             found.add((attributes["bits"], attributes["block_size"], attributes.get("accuracy_level", 0)))
     wanted = {(bits, recipe["block_size"], recipe["accuracy_level"])} if bits else set()
     if found != wanted:

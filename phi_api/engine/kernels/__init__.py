@@ -1,10 +1,10 @@
 """phi-api's own kernels, as ONNX Runtime custom operators in one library (AVX-512 VNNI).
 
 - The 4-bit and 8-bit matrix kernel for batched decode and prompts, one pass over each tile of weights for all rows
-  of a step: ``q4_kernel.h``, the operators ``phi_api.Q4MatMul`` and ``phi_api.Q8MatMul``; :mod:`phi_api.engine.runtime.rewrite` swaps MatMulNBits nodes
-  for it when a model loads (``INT4_KERNEL``); :mod:`.reference` repacks the weights and computes the same product
-  in numpy; ``q4_vnni.cpp`` and :mod:`.native` call the kernel through ctypes for the tests and
-  ``phi-api bench kernels``.
+  of a step: ``q4_kernel.h``, the operators ``phi_api.Q4MatMul`` and ``phi_api.Q8MatMul``;
+  :mod:`phi_api.engine.runtime.rewrite` swaps MatMulNBits nodes for them when a model loads (``INT4_KERNEL``);
+  :mod:`.reference` repacks the weights and computes the same product in numpy; ``q4_vnni.cpp`` and
+  :mod:`.native` call the kernel through ctypes for the tests and ``phi-api bench kernels``.
 - The attention over int8 or int4 keys and values, or float32 ones: ``attention_kernel.h`` (the int4 codec in
   ``attention_int4.h``), the operators ``phi_api.Attention``, ``phi_api.Attention4`` and ``phi_api.AttentionFloat``
   (``attention_op.h``); :mod:`phi_api.engine.runtime.attention`

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from phi_api.engine.runtime.graphs import node_attributes
 from phi_api.engine.runtime.logits import slice_positions
 from phi_api.engine.runtime.quant import int4_key_scales
 from phi_api.engine.runtime.rewrite import DOMAIN
@@ -40,12 +41,6 @@ NEUTRAL = {"softcap": 0.0, "smooth_softmax": (-1, 0), "qk_output": 0, "causal": 
 MAX_HEAD_SIZE = 256
 
 
-def _attributes(node: Any) -> dict[str, Any]:
-    from onnx import helper
-
-    return {attribute.name: helper.get_attribute_value(attribute) for attribute in node.attribute}
-
-
 def _neutral(name: str, value: Any) -> bool:
     wanted = NEUTRAL[name]
     return value in wanted if isinstance(wanted, tuple) else value == wanted
@@ -60,7 +55,7 @@ def attention_file(graph_file: Path, cache: str) -> str:
 def cache_kind(node: Any) -> str:
     """``int8`` (per channel) or ``float32`` (not quantized) for a GroupQueryAttention node's keys and values; empty
     for any other kind (whose elements, float32 or float16, the graph's declared inputs tell)."""
-    attributes = _attributes(node)
+    attributes = node_attributes(node)
     quant = (attributes.get("k_quant_type"), attributes.get("v_quant_type"), attributes.get("kv_cache_bit_width"))
     if quant == (b"PER_CHANNEL", b"PER_CHANNEL", 8):
         return "int8"
@@ -70,7 +65,7 @@ def cache_kind(node: Any) -> str:
 def refusal(node: Any, head_size: int, cache: str) -> str:
     """Why the operator cannot stand in for ``node``, whose keys and values the graph declares of type ``cache``
     (empty: it can)."""
-    attributes = _attributes(node)
+    attributes = node_attributes(node)
     inputs = list(node.input) + [""] * (14 - len(node.input))
     checks = [
         (node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft", "not GroupQueryAttention"),
@@ -104,7 +99,7 @@ def swap(model: Any, head_size: int | None = None, int4: bool = False) -> int:
     if int4 and head_size % 32:
         raise KernelError(f"int4 keys and values take heads of a multiple of 32 channels, not {head_size}")
     for node in nodes:
-        attributes = {name: value for name, value in _attributes(node).items() if name in KEPT}
+        attributes = {name: value for name, value in node_attributes(node).items() if name in KEPT}
         inputs = list(node.input)[:14]
         node.CopyFrom(helper.make_node(INT4_OP if int4 else OP_TYPES[cache], inputs, list(node.output)[:3],
                                        name=node.name, domain=DOMAIN, **attributes))

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from phi_api.engine.runtime.graphs import slice_node
+
 LOGITS_FROM = "phi_api_logits_from"  # int64 [1]: the first new position whose logits the step computes
 _PRODUCTS = frozenset({("com.microsoft", "MatMulNBits"), ("", "MatMul"), ("phi_api", "Q4MatMul"),
                        ("phi_api", "Q8MatMul")})
@@ -39,20 +41,17 @@ def vocabulary_product(graph: Any, logits: str) -> Any | None:
 def slice_positions(model: Any, logits: str = "logits") -> bool:
     """Add :data:`LOGITS_FROM` to ``model`` (an onnx ModelProto, changed in place) and slice the vocabulary
     product's input from it: whether the graph could take it (otherwise nothing is changed)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     graph = model.graph
     product = vocabulary_product(graph, logits)
     if product is None or any(value.name == LOGITS_FROM for value in graph.input):
         return False
     hidden = product.input[0]
-    bounds = {"ends": [2 ** 63 - 1], "axes": [1]}
-    names = {key: f"{LOGITS_FROM}.{key}" for key in bounds}
-    graph.initializer.extend(numpy_helper.from_array(_int64(value), names[key]) for key, value in bounds.items())
-    graph.input.append(helper.make_tensor_value_info(LOGITS_FROM, TensorProto.INT64, [1]))
     sliced = f"{hidden}.{LOGITS_FROM}"
-    cut = helper.make_node("Slice", [hidden, LOGITS_FROM, names["ends"], names["axes"]], [sliced],
-                           name=f"{LOGITS_FROM}.slice")
+    cut, bounds = slice_node(hidden, sliced, f"{LOGITS_FROM}.slice", starts=LOGITS_FROM, ends=2 ** 63 - 1, axis=1)
+    graph.initializer.extend(bounds)
+    graph.input.append(helper.make_tensor_value_info(LOGITS_FROM, TensorProto.INT64, [1]))
     product.input[0] = sliced
     for value in graph.output:  # its positions are no longer the input's
         if value.name == logits and len(value.type.tensor_type.shape.dim) == 3:
@@ -62,9 +61,3 @@ def slice_positions(model: Any, logits: str = "logits") -> bool:
     del graph.node[:]
     graph.node.extend(nodes)
     return True
-
-
-def _int64(values: list[int]) -> Any:
-    import numpy as np
-
-    return np.array(values, dtype=np.int64)

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from phi_api.engine.kernels.reference import BITS, BLOCK, block_count, repack, zero_point
+from phi_api.engine.runtime.graphs import node_attributes, slice_node
 from phi_api.errors import KernelError
 
 log = logging.getLogger(__name__)
@@ -34,12 +35,6 @@ ALIGNMENT = 4096  # ONNX Runtime maps external data whose offset is a multiple o
 SMALL_BYTES = 1024  # initializers below this stay inside the graph file
 
 
-def _attributes(node: Any) -> dict[str, Any]:
-    from onnx import helper
-
-    return {attribute.name: helper.get_attribute_value(attribute) for attribute in node.attribute}
-
-
 def eligible(node: Any, initializers: dict[str, Any]) -> bool:
     """Whether ``node`` is a MatMulNBits the kernel computes exactly."""
     if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
@@ -47,7 +42,7 @@ def eligible(node: Any, initializers: dict[str, Any]) -> bool:
     inputs = list(node.input)
     while inputs and not inputs[-1]:
         inputs.pop()
-    attributes = _attributes(node)
+    attributes = node_attributes(node)
     k, n = int(attributes.get("K", 0)), int(attributes.get("N", 0))
     return (len(inputs) == 3 and inputs[1] in initializers and inputs[2] in initializers
             and attributes.get("bits", 4) in BITS and attributes.get("block_size") == BLOCK
@@ -94,7 +89,7 @@ def _replace(node: Any, initializers: dict[str, Any], base: Path, data: BinaryIO
     node that cuts its padded columns off (None when N needs no padding)."""
     from onnx import helper
 
-    attributes = _attributes(node)
+    attributes = node_attributes(node)
     n, k, bits = int(attributes["N"]), int(attributes["K"]), int(attributes.get("bits", 4))
     padded = -(-n // 16) * 16
     blocks = block_count(k)
@@ -114,10 +109,8 @@ def _replace(node: Any, initializers: dict[str, Any], base: Path, data: BinaryIO
     tensors = [_written(tiles, names[0], data), _written(block_scales, names[1], data)]
     if padded == n:
         return tensors, None
-    bounds = [f"{key}.q4_{part}" for part in ("starts", "ends", "axes")]
-    tensors += [_written(np.array([value], dtype=np.int64), name, data) for value, name in zip((0, n, -1), bounds,
-                                                                                              strict=True)]
-    return tensors, helper.make_node("Slice", [wide, *bounds], [output], name=f"{key}.q4_slice")
+    cut, bounds = slice_node(wide, output, f"{key}.q4_slice", starts=0, ends=n, axis=-1)
+    return tensors + bounds, cut
 
 
 def _read(tensor: Any, base: Path) -> np.ndarray:

@@ -82,7 +82,7 @@ class Decoder:
         self._logits = np.zeros((0, 1, spec.vocab_size), dtype=np.float32)
         self._bound: KVPool | None = None  # the pool the bindings use
         # The graph's first position whose logits a step computes (engine.runtime.logits), where it takes one:
-        # the last one alone or every one.
+        # the last one alone (a one-token step's only one) or every one.
         self._logits_from = {every: np.array([0 if every else -1], dtype=np.int64)
                              for every in (False, True)} if LOGITS_FROM in inputs else None
 
@@ -100,7 +100,7 @@ class Decoder:
         binding.bind_cpu_input(spec.input_ids, np.ascontiguousarray(ids, dtype=spec.ids_dtype))
         binding.bind_cpu_input(spec.attention_mask, mask)
         if self._logits_from is not None:
-            binding.bind_cpu_input(LOGITS_FROM, self._logits_from[every_position or new == 1])
+            binding.bind_cpu_input(LOGITS_FROM, self._logits_from[every_position])
         if new > 1:
             binding.bind_output(spec.logits)
         self.session.run_with_iobinding(binding)
