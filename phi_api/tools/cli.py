@@ -58,7 +58,7 @@ BENCHES = {
     "structured": ("phi_api.bench.structured", "forced tool calls and json_schema answers: the share that "
                    "comes out whole and valid (greedy)"),
     "kernels": ("phi_api.bench.kernels", "ONNX Runtime's 4-bit matrix kernel at 1 to 16 rows: alone at "
-                "Phi-3.5-mini's weight shapes, and in a model's decode steps"),
+                "Phi-3.5-mini's weight shapes, and in a model's decode steps (4-bit or 8-bit weights)"),
     "profile": ("phi_api.bench.profile", "where a step's time goes, operator by operator (ONNX Runtime's "
                 "profiler): decode steps of 1 to 8 rows and a prompt chunk, on the graph the server computes with"),
     "attention": ("phi_api.bench.attention", "one attention layer alone: phi-api's operator against ONNX Runtime's "
