@@ -138,10 +138,9 @@ class Declared:
                                   "and a scale per token; needs phi-api's attention operator), or auto (int8 where "
                                   "float32 would take 256 KB a token or more)", per_model=True)
     INT4_KERNEL: str = setting("auto", _text(choices=("auto", "phi-api", "mlas")),
-                               "The kernel of 4-bit and 8-bit weights (the name is older than the 8-bit variant): "
-                               "phi-api's own (AVX-512 VNNI, one pass over the weights "
-                               "for all rows of a step), mlas (ONNX Runtime's), or auto (phi-api's where the CPU "
-                               "and its built library allow, else mlas)", per_model=True)
+                               "The kernel of 4-bit and 8-bit weights: phi-api's own (AVX-512 VNNI, one pass over "
+                               "the weights for all rows of a step), mlas (ONNX Runtime's), or auto (phi-api's where "
+                               "the CPU and its built library allow, else mlas)", per_model=True)
     ATTENTION_KERNEL: str = setting("auto", _text(choices=("auto", "phi-api", "onnxruntime")),
                                     "The attention over int8 or float32 keys and values: phi-api's own (AVX-512 "
                                     "VNNI, keys and values read once per step, in the operator's layout; drafts "
