@@ -4,10 +4,12 @@ the accuracy it reports is the one ONNX Runtime GenAI's own logits give.
 
 The reference runs each request's tokens through ONNX Runtime GenAI in one pass, as the server prefills a short
 prompt alone (the same shapes and inputs), and reads every position's logits. The server keeps ONNX Runtime's
-attention here (``ATTENTION_KERNEL=onnxruntime``), as the reference computes, so that the scores compare to 1e-4: with
-phi-api's attention a token's log-probability moves by ~0.02 on average (test_attention_kernel.py), enough to tell
-nothing of the client's plumbing. The task's accuracy at the server's defaults is checked against the same
-reference, within one question."""
+attention and matrix kernel here (``ATTENTION_KERNEL=onnxruntime``, ``INT4_KERNEL=mlas``), as the reference
+computes, so that the scores compare to 1e-4: with phi-api's attention a token's log-probability moves by ~0.02 on
+average (test_attention_kernel.py), and with phi-api's 8-bit kernel by up to ~0.4 (its int8 rows round a few values
+otherwise than MLAS's, and this model's outliers make a rounding step coarse: docs/kernels.md; measured 0.37 here),
+enough to tell nothing of the client's plumbing. The task's accuracy at the server's defaults is checked against the
+same reference, within one question."""
 
 from __future__ import annotations
 
@@ -23,9 +25,9 @@ TASK_FILE = Path(__file__).resolve().parent.parent / "data" / "multiple-choice.j
 
 
 @pytest.fixture(scope="module")
-def onnxruntime_attention(model_path, logs_dir):
+def onnxruntime_kernels(model_path, logs_dir):
     with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1,
-                ATTENTION_KERNEL="onnxruntime") as running:
+                ATTENTION_KERNEL="onnxruntime", INT4_KERNEL="mlas") as running:
         yield running
 
 
@@ -49,8 +51,8 @@ def evaluate(server: Server, model_path: str, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def evaluation(onnxruntime_attention, model_path, tmp_path_factory):
-    return evaluate(onnxruntime_attention, model_path, tmp_path_factory)
+def evaluation(onnxruntime_kernels, model_path, tmp_path_factory):
+    return evaluate(onnxruntime_kernels, model_path, tmp_path_factory)
 
 
 def reference_scores(model, context: list[int], continuation: list[int]) -> tuple[float, bool]:
