@@ -64,13 +64,21 @@ def repack(packed: np.ndarray, scales: np.ndarray, bits: int = 4, k: int | None 
         scales.reshape(n // 16, 16, blocks).transpose(0, 2, 1).astype(np.float32))
 
 
+def _whole_blocks(a: np.ndarray, dtype: type) -> np.ndarray:
+    """``a [rows, K]`` with zeros after ``K`` up to whole blocks: zeros change neither a block's largest value nor
+    its sums."""
+    rows, k = a.shape
+    padded: np.ndarray = np.zeros((rows, block_count(k) * BLOCK), dtype=dtype)
+    padded[:, :k] = a
+    return padded
+
+
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows of ``x`` as int8 per block of 128, the last one possibly partial (accuracy level 4): values and scales
     ``[M, blocks]``."""
     m, k = x.shape
     blocks = block_count(k)
-    padded = np.zeros((m, blocks * BLOCK), dtype=np.float32)  # zeros change neither a block's largest nor its sum
-    padded[:, :k] = x
+    padded = _whole_blocks(x, np.float32)
     largest = np.abs(padded.reshape(m, blocks, BLOCK)).max(axis=2)
     with np.errstate(divide="ignore"):
         inverse = np.where(largest != 0, np.float32(127.0) / largest, np.float32(0.0)).astype(np.float32)
@@ -85,11 +93,7 @@ def matmul(packed: np.ndarray, scales: np.ndarray, x: np.ndarray, bits: int = 4)
     n = values.shape[0]
     q, a_scales = quantize_rows(x)
     blocks = block_count(k)
-    width = blocks * BLOCK
-    q_padded = np.zeros((m, width), dtype=np.int64)
-    q_padded[:, :k] = q
-    w_padded = np.zeros((n, width), dtype=np.int64)
-    w_padded[:, :k] = values
-    sums = np.einsum("mbi,nbi->mnb", q_padded.reshape(m, blocks, BLOCK), w_padded.reshape(n, blocks, BLOCK))
+    sums = np.einsum("mbi,nbi->mnb", _whole_blocks(q, np.int64).reshape(m, blocks, BLOCK),
+                     _whole_blocks(values, np.int64).reshape(n, blocks, BLOCK))
     weights = scales.reshape(n, blocks).astype(np.float64)
     return np.einsum("mnb,nb,mb->mn", sums.astype(np.float64), weights, a_scales.astype(np.float64))

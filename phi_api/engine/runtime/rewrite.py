@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from phi_api.engine.kernels.reference import BITS, BLOCK, block_count, repack, zero_point
+from phi_api.engine.kernels.reference import BITS, BLOCK, block_count, repack
 from phi_api.engine.runtime.graphs import node_attributes, slice_node
 from phi_api.errors import KernelError
 
@@ -95,9 +95,8 @@ def _replace(node: Any, initializers: dict[str, Any], base: Path, data: BinaryIO
     blocks = block_count(k)
     weights = _read(initializers[node.input[1]], base).reshape(n, blocks, BLOCK * bits // 8)
     scales = _read(initializers[node.input[2]], base).reshape(n, blocks)
-    if padded != n:  # zero columns: every value the zero point (zero weights), with zero scales
-        fill = zero_point(bits) * 0x11 if bits == 4 else zero_point(bits)
-        weights = np.concatenate([weights, np.full((padded - n, *weights.shape[1:]), fill, dtype=weights.dtype)])
+    if padded != n:  # zero columns: their scales are zero, so whatever their weights, their products are
+        weights = np.concatenate([weights, np.zeros((padded - n, *weights.shape[1:]), dtype=weights.dtype)])
         scales = np.concatenate([scales, np.zeros((padded - n, scales.shape[1]), dtype=scales.dtype)])
     tiles, block_scales = repack(weights, scales, bits, k)
     key = node.name or node.output[0]
