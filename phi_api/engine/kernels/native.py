@@ -97,3 +97,15 @@ class Q4Kernel:
             raise KernelError(f"the kernel takes 4 or 8 bits, one row or more, K and N multiples of 16 "
                               f"(not {bits} bits, {m} x {k} x {n})")
         return y
+
+    def bf16_matmul(self, packed: np.ndarray, x: np.ndarray, n: int, threads: int = 1) -> np.ndarray:
+        """``x [M, K]`` (float32) times bfloat16 weights in :func:`.reference.pack_bf16`'s layout: ``[M, N]``."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        m, k = x.shape
+        y = np.empty((m, n), dtype=np.float32)
+        pointer = ctypes.c_void_p
+        status = self._lib.bf16_matmul(pointer(packed.ctypes.data), pointer(x.ctypes.data), pointer(y.ctypes.data),
+                                       m, k, n, threads)
+        if status != 0:
+            raise KernelError(f"the BF16 kernel takes one row or more, K and N multiples of 16 (not {m} x {k} x {n})")
+        return y

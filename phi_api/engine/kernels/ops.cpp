@@ -1,5 +1,5 @@
 // phi-api's custom operators for ONNX Runtime, in one library: phi_api.Attention, phi_api.Attention4 and
-// phi_api.AttentionFloat (attention_op.h) and phi_api.Q4MatMul.
+// phi_api.AttentionFloat (attention_op.h), phi_api.Q4MatMul and phi_api.Q8MatMul, and phi_api.BF16MatMul.
 //
 // phi_api.Q4MatMul: the kernel of q4_kernel.h in the decoder graph, in place of
 // MatMulNBits (4 bits, blocks of 128, no zero points; see rewrite.py). Inputs: A [..., K] float, the repacked
@@ -18,11 +18,34 @@
 #include <vector>
 
 #include "attention_op.h"
+#include "bf16_kernel.h"
 #include "q4_kernel.h"
 
 namespace {
 
 constexpr int kGroupsPerTask = 4;  // 64 columns: at K = 8192, 256 KB of weights, which stay in L2 across chunks
+// bfloat16 weights take 4x the bytes of 4-bit ones: 32 columns a task (at K = 1,536, 96 KB; 18 tasks for N = 576)
+constexpr int kBf16GroupsPerTask = 2;
+
+// A matrix operator's output [..., N] for its input A [..., K], and in `m` A's count of rows (0: nothing to compute).
+Ort::UnownedValue rows_and_output(Ort::KernelContext& ctx, int k, int n, int64_t& m) {
+  const Ort::ConstValue a = ctx.GetInput(0);
+  std::vector<int64_t> shape = a.GetTensorTypeAndShapeInfo().GetShape();
+  if (shape.empty() || shape.back() != k) ORT_CXX_API_THROW("phi_api's matrix operators: A's last dimension is not K", ORT_INVALID_ARGUMENT);
+  m = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
+  shape.back() = n;
+  return ctx.GetOutput(0, shape);
+}
+
+// K and N, the attributes every matrix operator has, checked: multiples of 16.
+void read_k_n(const OrtKernelInfo* info, int& k, int& n) {
+  Ort::ConstKernelInfo kernel_info(info);
+  k = static_cast<int>(kernel_info.GetAttribute<int64_t>("K"));
+  n = static_cast<int>(kernel_info.GetAttribute<int64_t>("N"));
+  if (k <= 0 || n <= 0 || k % 16 || n % 16)
+    ORT_CXX_API_THROW("phi_api's matrix operators take K and N multiples of 16", ORT_INVALID_ARGUMENT);
+}
 
 struct Work {
   const uint8_t* w;
@@ -45,6 +68,23 @@ void quantize_task(void* data, size_t index) {
                     work.a_sums + r0 * blocks);
 }
 
+// What the matrix kernels share: K and N, the output's shape, and nothing to do for no rows; Derived::run computes
+// the m rows of A into y.
+template <class Derived>
+struct MatrixKernel {
+  MatrixKernel(const OrtApi&, const OrtKernelInfo* info) { read_k_n(info, k_, n_); }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    int64_t m = 0;
+    Ort::UnownedValue y = rows_and_output(ctx, k_, n_, m);
+    if (m > 0) static_cast<Derived*>(this)->run(ctx, m, y.GetTensorMutableData<float>());
+  }
+
+ protected:
+  int k_ = 0, n_ = 0;
+};
+
 template <int Bits>
 void columns_task(void* data, size_t index) {
   const Work& work = *static_cast<const Work*>(data);
@@ -54,33 +94,22 @@ void columns_task(void* data, size_t index) {
 }
 
 template <int Bits>
-struct MatMulKernel {
-  MatMulKernel(const OrtApi&, const OrtKernelInfo* info) {
-    Ort::ConstKernelInfo kernel_info(info);
-    k_ = static_cast<int>(kernel_info.GetAttribute<int64_t>("K"));
-    n_ = static_cast<int>(kernel_info.GetAttribute<int64_t>("N"));
-    if (k_ <= 0 || n_ <= 0 || k_ % 16 || n_ % 16)
-      ORT_CXX_API_THROW("Q4MatMul and Q8MatMul take K and N multiples of 16", ORT_INVALID_ARGUMENT);
-  }
+struct MatMulKernel : MatrixKernel<MatMulKernel<Bits>> {
+  static constexpr const char* kName = Bits == 4 ? "Q4MatMul" : "Q8MatMul";
+  static constexpr size_t kInputs = 3;  // A, the weights, their scales
+  static constexpr ONNXTensorElementDataType kWeights = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
 
-  void Compute(OrtKernelContext* context) {
-    Ort::KernelContext ctx(context);
-    const Ort::ConstValue a = ctx.GetInput(0);
-    std::vector<int64_t> shape = a.GetTensorTypeAndShapeInfo().GetShape();
-    if (shape.empty() || shape.back() != k_) ORT_CXX_API_THROW("Q4MatMul and Q8MatMul: A's last dimension is not K", ORT_INVALID_ARGUMENT);
-    int64_t m = 1;
-    for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
-    shape.back() = n_;
-    Ort::UnownedValue y = ctx.GetOutput(0, shape);
-    if (m == 0) return;
-    const int blocks = q4::block_count(k_);
+  using MatrixKernel<MatMulKernel<Bits>>::MatrixKernel;
+
+  void run(Ort::KernelContext& ctx, int64_t m, float* y) {
+    const int k = this->k_, n = this->n_;  // a dependent base's members
+    const int blocks = q4::block_count(k);
     // per call, not per kernel: ONNX Runtime may run one session from several threads at once
-    std::vector<int8_t> q(static_cast<size_t>(m) * k_);
+    std::vector<int8_t> q(static_cast<size_t>(m) * k);
     std::vector<float> a_scales(static_cast<size_t>(m) * blocks);
     std::vector<int32_t> a_sums(static_cast<size_t>(m) * blocks);
     Work work{ctx.GetInput(1).GetTensorData<uint8_t>(), ctx.GetInput(2).GetTensorData<float>(),
-              a.GetTensorData<float>(), y.GetTensorMutableData<float>(), q.data(), a_scales.data(),
-              a_sums.data(), m, k_, n_, n_ / 16};
+              ctx.GetInput(0).GetTensorData<float>(), y, q.data(), a_scales.data(), a_sums.data(), m, k, n, n / 16};
     const size_t chunks = static_cast<size_t>((m + q4::kMaxRows - 1) / q4::kMaxRows);
     if (chunks == 1) {
       quantize_task(&work, 0);
@@ -89,19 +118,47 @@ struct MatMulKernel {
     }
     ctx.ParallelFor(columns_task<Bits>, static_cast<size_t>((work.groups + kGroupsPerTask - 1) / kGroupsPerTask), 0, &work);
   }
-
- private:
-  int k_ = 0, n_ = 0;
 };
 
-template <int Bits>
-struct MatMulOp : Ort::CustomOpBase<MatMulOp<Bits>, MatMulKernel<Bits>> {
-  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new MatMulKernel<Bits>(api, info); }
-  const char* GetName() const { return Bits == 4 ? "Q4MatMul" : "Q8MatMul"; }
+struct Bf16Work {
+  const uint16_t* w;
+  const float* x;
+  float* y;
+  int64_t m;
+  int k, n, groups;
+};
+
+void bf16_columns_task(void* data, size_t index) {
+  const Bf16Work& work = *static_cast<const Bf16Work*>(data);
+  const int g0 = static_cast<int>(index) * kBf16GroupsPerTask;
+  bf16::all_rows(work.w, work.x, work.y, work.m, work.k, work.n, g0, std::min(work.groups, g0 + kBf16GroupsPerTask));
+}
+
+// phi_api.BF16MatMul: A [..., K] float times weights stored as bfloat16 (uint16, pack_bf16's layout in reference.py),
+// summed in float32 (bf16_kernel.h); attributes K and N (multiples of 16); output [..., N] float.
+struct Bf16Kernel : MatrixKernel<Bf16Kernel> {
+  static constexpr const char* kName = "BF16MatMul";
+  static constexpr size_t kInputs = 2;  // A, the weights
+  static constexpr ONNXTensorElementDataType kWeights = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT16;
+
+  using MatrixKernel<Bf16Kernel>::MatrixKernel;
+
+  void run(Ort::KernelContext& ctx, int64_t m, float* y) {
+    Bf16Work work{ctx.GetInput(1).GetTensorData<uint16_t>(), ctx.GetInput(0).GetTensorData<float>(), y, m, k_, n_,
+                  n_ / 16};
+    ctx.ParallelFor(bf16_columns_task, static_cast<size_t>((work.groups + kBf16GroupsPerTask - 1) / kBf16GroupsPerTask), 0, &work);
+  }
+};
+
+// One operator class for the matrix kernels: each Kernel names its operator, its input count and its weights' type.
+template <class Kernel>
+struct MatrixOp : Ort::CustomOpBase<MatrixOp<Kernel>, Kernel> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new Kernel(api, info); }
+  const char* GetName() const { return Kernel::kName; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 3; }
+  size_t GetInputTypeCount() const { return Kernel::kInputs; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
-    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    return index == 1 ? Kernel::kWeights : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
@@ -114,8 +171,9 @@ extern "C" {
 // Called by ONNX Runtime for each session that registers this library. The operator and its domains live as long
 // as the library (ONNX Runtime keeps pointers to them), hence the static storage.
 OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
-  static MatMulOp<4> op;
-  static MatMulOp<8> op8;
+  static MatrixOp<MatMulKernel<4>> op;
+  static MatrixOp<MatMulKernel<8>> op8;
+  static MatrixOp<Bf16Kernel> bf16_op;
   static attn_op::Op<attn::Int8Cache> attention;
   static attn_op::Op<attn::FloatCache> float_attention;
   static attn_op::Op<attn::Int4Cache> int4_attention;
@@ -127,6 +185,7 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
     Ort::CustomOpDomain domain("phi_api");
     domain.Add(&op);
     domain.Add(&op8);
+    domain.Add(&bf16_op);
     domain.Add(&attention);
     domain.Add(&float_attention);
     domain.Add(&int4_attention);

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "bf16_kernel.h"
 #include "q4_kernel.h"
 
 extern "C" {
@@ -29,6 +30,20 @@ int q4_matmul(const uint8_t* w, const float* w_scales, const float* x, float* y,
     const auto rows = bits == 4 ? q4::all_rows<4> : q4::all_rows<8>;
     rows(w, w_scales, q.data(), a_scales.data(), a_sums.data(), y, m, k, n, groups * t / count,
          groups * (t + 1) / count);
+  }
+  return 0;
+}
+
+// w: bfloat16 weights in pack_bf16's layout; x: [M, K]; y: [M, N]. K and N multiples of 16, M >= 1. Returns 0, or
+// -1 for shapes it does not take.
+int bf16_matmul(const uint16_t* w, const float* x, float* y, int m, int k, int n, int threads) {
+  if (m < 1 || k < 16 || k % 16 || n < 16 || n % 16) return -1;
+  const int groups = n / 16;
+  threads = threads < 1 ? 1 : (threads > groups ? groups : threads);
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), count = omp_get_num_threads();
+    bf16::all_rows(w, x, y, m, k, n, groups * t / count, groups * (t + 1) / count);
   }
   return 0;
 }

@@ -97,3 +97,34 @@ def matmul(packed: np.ndarray, scales: np.ndarray, x: np.ndarray, bits: int = 4)
                      _whole_blocks(values, np.int64).reshape(n, blocks, BLOCK))
     weights = scales.reshape(n, blocks).astype(np.float64)
     return np.einsum("mnb,nb,mb->mn", sums.astype(np.float64), weights, a_scales.astype(np.float64))
+
+
+def to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 ``values`` rounded to bfloat16 (to nearest even, as ``vcvtne2ps2bf16``): their top 16 bits, uint16."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def from_bf16(values: np.ndarray) -> np.ndarray:
+    """bfloat16 ``values`` (uint16) as float32."""
+    return (values.astype(np.uint32) << 16).view(np.float32)
+
+
+def pack_bf16(weights: np.ndarray) -> np.ndarray:
+    """A float32 ``[K, N]`` matrix (MatMul's B) in the BF16 kernel's layout: for each group of 16 columns, each pair of
+    ``K`` values, 16 columns' pairs (``K = 2p`` first), as bfloat16."""
+    k, n = weights.shape
+    if n % 16 or k % 16:
+        raise ValueError(f"the BF16 kernel takes K and N multiples of 16, not {k} x {n}")
+    # [K / 2 pairs, 2, groups, 16 columns] -> [groups, pairs, 16 columns, 2]
+    tiles = to_bf16(weights).reshape(k // 2, 2, n // 16, 16).transpose(2, 0, 3, 1)
+    return np.ascontiguousarray(tiles.reshape(-1))
+
+
+def bf16_matmul(packed: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
+    """``x [M, K]`` times :func:`pack_bf16`'s weights as the kernel computes it: the weights as bfloat16, ``x`` as it
+    is (float64 sums here: compare with a tolerance)."""
+    k = x.shape[1]
+    weights = from_bf16(packed.reshape(n // 16, k // 2, 16, 2).transpose(1, 3, 0, 2).reshape(k, n))
+    return x.astype(np.float64) @ weights.astype(np.float64)

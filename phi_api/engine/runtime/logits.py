@@ -20,7 +20,7 @@ from phi_api.engine.runtime.graphs import slice_node
 
 LOGITS_FROM = "phi_api_logits_from"  # int64 [1]: the first new position whose logits the step computes
 _PRODUCTS = frozenset({("com.microsoft", "MatMulNBits"), ("", "MatMul"), ("phi_api", "Q4MatMul"),
-                       ("phi_api", "Q8MatMul")})
+                       ("phi_api", "Q8MatMul"), ("phi_api", "BF16MatMul")})
 # Between the product and the logits (the kernel's padding cut, Gemma's softcap): computed position by position; a
 # Slice there cuts columns (the padding), never positions.
 _POSITION_WISE = frozenset({"Slice", "Cast", "Tanh", "Mul", "Div", "Add"})

@@ -8,6 +8,11 @@ is padded with zero columns and the padding sliced off the result (a vocabulary 
 weights are repacked (:func:`phi_api.engine.kernels.reference.repack`) into the new graph's data file, each tensor
 at a page-aligned offset, so that ONNX Runtime memory-maps them and the workers share one copy in the page cache.
 Every other node and initializer is kept as it is.
+
+A quantized model's float32 matrices (MatMul by a 2-D float32 initializer, K a multiple of 16: the default model's
+down projections, kept float32 by its recipe) go to ``phi_api.BF16MatMul``, their weights stored as bfloat16 (half the
+bytes; the activations and the sums stay float32), which computes each row on its own: the graph then needs no padding
+row (:mod:`engine.runtime.rowwise`). A float32 model (a reference) is left as it is.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from phi_api.engine.kernels.reference import BITS, BLOCK, block_count, repack
+from phi_api.engine.kernels.reference import BITS, BLOCK, block_count, pack_bf16, repack
 from phi_api.engine.runtime.graphs import node_attributes, slice_node
 from phi_api.errors import KernelError
 
@@ -29,6 +34,8 @@ log = logging.getLogger(__name__)
 
 DOMAIN = "phi_api"
 OP_TYPES = {4: "Q4MatMul", 8: "Q8MatMul"}
+BF16_TYPE = "BF16MatMul"
+FLOAT = 1  # onnx.TensorProto.FLOAT
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 ALIGNMENT = 4096  # ONNX Runtime maps external data whose offset is a multiple of the page size
@@ -49,9 +56,18 @@ def eligible(node: Any, initializers: dict[str, Any]) -> bool:
             and attributes.get("accuracy_level", 0) == 4 and k > 0 and n > 0 and k % 16 == 0)
 
 
+def float_eligible(node: Any, initializers: dict[str, Any]) -> bool:
+    """Whether ``node`` is a float32 MatMul by a matrix of the graph the BF16 kernel takes (K a multiple of 16)."""
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+        return False
+    weights = initializers.get(node.input[1])
+    return (weights is not None and weights.data_type == FLOAT and len(weights.dims) == 2
+            and weights.dims[0] > 0 and weights.dims[0] % 16 == 0 and weights.dims[1] > 0)
+
+
 def rewrite(source: Path, target: Path) -> int:
-    """Write ``source``'s graph with the kernel's operator to ``target`` (a folder): the count of nodes replaced
-    (none: nothing is written)."""
+    """Write ``source``'s graph with the kernel's operators to ``target`` (a folder): the count of nodes replaced
+    (none: nothing is written), its float32 matrices counted if it has quantized ones."""
     import onnx
     from onnx import helper
 
@@ -61,6 +77,7 @@ def rewrite(source: Path, target: Path) -> int:
     chosen = [node for node in graph.node if eligible(node, initializers)]
     if not chosen:
         return 0
+    chosen += [node for node in graph.node if float_eligible(node, initializers)]
     replaced = {name for node in chosen for name in node.input[1:3]}
     chosen_ids = {id(node) for node in chosen}
     still_used = {name for node in graph.node if id(node) not in chosen_ids for name in node.input}
@@ -85,10 +102,14 @@ def rewrite(source: Path, target: Path) -> int:
 
 
 def _replace(node: Any, initializers: dict[str, Any], base: Path, data: BinaryIO) -> tuple[list[Any], Any]:
-    """Turn ``node`` into the kernel's operator: its repacked weights and scales, written to ``data``, and the Slice
-    node that cuts its padded columns off (None when N needs no padding)."""
-    from onnx import helper
-
+    """Turn ``node`` into the kernel's operator: its repacked weights (and scales), written to ``data``, and the
+    Slice node that cuts its padded columns off (None when N needs no padding)."""
+    if node.op_type == "MatMul":
+        weights = _read(initializers[node.input[1]], base)  # [K, N]
+        k, n = weights.shape
+        padded = -(-n // 16) * 16
+        packed = pack_bf16(np.pad(weights, ((0, 0), (0, padded - n))))  # zero columns give zero products
+        return _replaced_by(node, BF16_TYPE, {"bf16_weights": packed}, data, k, n)
     attributes = node_attributes(node)
     n, k, bits = int(attributes["N"]), int(attributes["K"]), int(attributes.get("bits", 4))
     padded = -(-n // 16) * 16
@@ -99,13 +120,23 @@ def _replace(node: Any, initializers: dict[str, Any], base: Path, data: BinaryIO
         weights = np.concatenate([weights, np.zeros((padded - n, *weights.shape[1:]), dtype=weights.dtype)])
         scales = np.concatenate([scales, np.zeros((padded - n, scales.shape[1]), dtype=scales.dtype)])
     tiles, block_scales = repack(weights, scales, bits, k)
+    return _replaced_by(node, OP_TYPES[bits], {"q4_weights": tiles, "q4_scales": block_scales}, data, k, n)
+
+
+def _replaced_by(node: Any, op_type: str, inputs: dict[str, np.ndarray], data: BinaryIO, k: int,
+                 n: int) -> tuple[list[Any], Any]:
+    """``node`` made ``op_type`` of its first input and ``inputs`` (written to ``data``), its columns padded to a
+    multiple of 16: the tensors, and the Slice that cuts the padding off (None without padding)."""
+    from onnx import helper
+
+    padded = -(-n // 16) * 16
     key = node.name or node.output[0]
-    names = (f"{key}.q4_weights", f"{key}.q4_scales")
+    names = [f"{key}.{suffix}" for suffix in inputs]
     output = node.output[0]
     wide = output if padded == n else f"{key}.q4_padded"
-    node.CopyFrom(helper.make_node(OP_TYPES[bits], [node.input[0], *names], [wide], name=node.name, domain=DOMAIN,
+    node.CopyFrom(helper.make_node(op_type, [node.input[0], *names], [wide], name=node.name, domain=DOMAIN,
                                    K=k, N=padded))
-    tensors = [_written(tiles, names[0], data), _written(block_scales, names[1], data)]
+    tensors = [_written(array, name, data) for name, array in zip(names, inputs.values(), strict=True)]
     if padded == n:
         return tensors, None
     cut, bounds = slice_node(wide, output, f"{key}.q4_slice", starts=0, ends=n, axis=-1)
@@ -162,7 +193,8 @@ def _written(array: np.ndarray, name: str, data: BinaryIO) -> Any:
     tensor.data_location = TensorProto.EXTERNAL
     return tensor
 
-RECIPE = 4  # bump when the rewrite changes (3: the scales group-major; 4: 8-bit weights and partial blocks)
+RECIPE = 6  # bump when the rewrite changes (3: the scales group-major; 4: 8-bit weights and partial blocks; 6: the
+# float32 matrices in bfloat16)
 RECORD = "rewrite.json"  # the source and how many nodes were replaced (none: the source is served as it is)
 
 
@@ -189,10 +221,11 @@ def own_kernel_graph(source: Path, decoder_file: str, cache_dir: Path, choice: s
             raise
         log.warning("4-bit and 8-bit weights go to ONNX Runtime's kernel: %s", exc)
         return None
-    replaced = json.loads((folder / RECORD).read_text(encoding="utf-8"))["replaced"]
-    if not replaced:
+    record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+    if not record["replaced"]:
         return None
-    log.info("%s: %d matrices of 4-bit or 8-bit weights on phi-api's kernel", source, replaced)
+    log.info("%s: %d matrices of 4-bit or 8-bit weights on phi-api's kernel, %d float32 ones in BF16", source,
+             record["replaced"] - record.get("bf16", 0), record.get("bf16", 0))
     return folder, str(library)
 
 
@@ -213,5 +246,12 @@ def _made_once(source: Path, folder: Path) -> None:
 def _make(source: Path, staging: Path) -> None:
     started = time.monotonic()
     count = rewrite(source, staging)
-    (staging / RECORD).write_text(json.dumps({"source": str(source), "replaced": count}), encoding="utf-8")
+    floats = 0
+    if count:
+        import onnx
+
+        graph = onnx.load(str(staging / MODEL_FILE), load_external_data=False).graph
+        floats = sum(node.op_type == BF16_TYPE for node in graph.node)
+    (staging / RECORD).write_text(json.dumps({"source": str(source), "replaced": count, "bf16": floats}),
+                                  encoding="utf-8")
     log.info("graph for phi-api's kernel made in %.0f s", time.monotonic() - started)

@@ -2,10 +2,11 @@
 other rows, and however many there are, odd counts included.
 
 ``BATCH_INVARIANT`` pads a step of an odd number of rows with one more (:mod:`engine.sched.padding`) because ONNX
-Runtime's matrix kernels add a lone row's sums in another order than a pair's. phi-api's 4-bit and 8-bit operators
-and its attention operator compute each row the same way at any row count, and the other operators of the decoder
-graphs work element by element or within a row; a graph made only of such operators needs no padding row, and one stream
-stops paying for a second. The list is of operators checked, not assumed (``tests/engine/runtime/test_invariance.py``
+Runtime's matrix kernels add a lone row's sums in another order than a pair's. phi-api's 4-bit, 8-bit and BF16
+operators and its attention operator compute each row the same way at any row count, and the other operators of the
+decoder graphs work element by element or within a row; a graph made only of such operators needs no padding row, and
+one stream stops paying for a second (the default model's, where the CPU has AVX-512 BF16 for its float32 matrices).
+The list is of operators checked, not assumed (``tests/engine/runtime/test_invariance.py``
 steps a real graph made of them with one to five rows).
 
 Such a graph also computes several new tokens of one row (a draft's check) as one-token steps compute them, bit for
@@ -21,7 +22,8 @@ from pathlib import Path
 # (domain, operator): each computes a row from that row alone, in the same order at any row count.
 # The If of a LongRoPE graph picks the rotary caches for the whole step by its longest row, as before.
 ROW_WISE = frozenset({
-    ("phi_api", "Q4MatMul"), ("phi_api", "Q8MatMul"), ("phi_api", "Attention"), ("phi_api", "Attention4"),
+    ("phi_api", "Q4MatMul"), ("phi_api", "Q8MatMul"), ("phi_api", "BF16MatMul"), ("phi_api", "Attention"),
+    ("phi_api", "Attention4"),
     ("phi_api", "AttentionFloat"),
     ("com.microsoft", "SkipSimplifiedLayerNormalization"), ("", "SimplifiedLayerNormalization"),
     ("com.microsoft", "QuickGelu"), ("", "Mul"), ("", "Sub"), ("", "Gather"), ("", "Cast"), ("", "Shape"),

@@ -121,7 +121,7 @@ def test_a_model_with_nothing_to_replace_is_served_as_it_is(tmp_path):
         assert json.loads(record.read_text())["replaced"] == 0 and not (record.parent / rewrite.MODEL_FILE).exists()
 
 
-def test_the_default_model_s_8_bit_matrices_go_to_the_kernel_and_its_float32_ones_stay(model_path):
+def test_the_default_model_s_8_bit_matrices_go_to_the_kernel_and_its_float32_ones_to_bf16_weights(model_path):
     """Its graph (8-bit weights, K = 576: four blocks and a half) as the server loads it."""
     source = onnx.load(str(Path(model_path) / "model.onnx"), load_external_data=False).graph
     eight_bit = sum(node.op_type == "MatMulNBits" for node in source.node)
@@ -133,7 +133,8 @@ def test_the_default_model_s_8_bit_matrices_go_to_the_kernel_and_its_float32_one
     graph = onnx.load(str(own[0] / rewrite.MODEL_FILE), load_external_data=False).graph
     kinds = [node.op_type for node in graph.node]
     assert eight_bit > 100 and kinds.count("Q8MatMul") == eight_bit and "MatMulNBits" not in kinds
-    assert kinds.count("MatMul") == [node.op_type for node in source.node].count("MatMul") > 0  # float32 down_proj
+    floats = [node.op_type for node in source.node].count("MatMul")  # its float32 down projections
+    assert floats > 0 and kinds.count(rewrite.BF16_TYPE) == floats and "MatMul" not in kinds
 
 
 @pytest.fixture(scope="module")

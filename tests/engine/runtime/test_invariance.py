@@ -83,6 +83,23 @@ def test_a_graph_of_row_wise_operators_gives_a_row_the_same_bits_at_any_row_coun
     assert all(np.array_equal(seen[0], logits) for logits in seen[1:])
 
 
+def test_the_default_model_on_phi_api_s_operators_needs_no_padding_row(model_path):
+    """Its 8-bit matrices on phi-api's kernel, its float32 ones with bfloat16 weights, phi-api's attention: a row's
+    logits are the same bits alone and in steps of any row count. Without AVX-512 VNNI ONNX Runtime's operators
+    serve, and the padding row with them."""
+    from phi_api.engine.kernels.native import unsupported
+    from phi_api.engine.runtime.model import LanguageModel
+    from phi_api.settings import cache_root
+
+    model = LanguageModel(model_path, cache_dir=cache_root() / "runtime")
+    assert model.spec.row_wise == (unsupported() is None)
+    if not model.spec.row_wise:
+        return
+    steps = [(0, 1, 0), (3, 1, 0), (0, 3, 0), (2, 3, 1), (0, 5, 3), (0, 2, 0), (3, 5, 0), (0, 7, 3)]
+    seen = target_logits(model.new_decoder(2), steps, seed=7, vocab=model.spec.vocab_size)
+    assert all(np.array_equal(seen[0], logits) for logits in seen[1:])
+
+
 def test_with_phi_api_s_attention_a_check_in_an_even_step_gives_each_token_one_token_steps_bits(model_path):
     """The default model (ONNX Runtime's 8-bit and float32 matrices) with phi-api's attention over its float32 keys
     and values: drafts of several rows checked in one step of an even number of token-rows give each token the bits
