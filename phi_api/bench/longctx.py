@@ -51,28 +51,48 @@ class Costs:
     weight_bytes: float
     attention_macs_per_context: float
     kv_bytes_per_context: float
+    raw_weight_bytes: float = 0.0  # the raw engine's (float32 matrices in float32); 0: as the server's
 
     def prompt_macs(self, tokens: int) -> float:
         """A whole prompt of ``tokens``: every token's weights, and each token's attention to those before it."""
         return tokens * self.weight_macs + self.attention_macs_per_context * tokens * (tokens + 1) / 2
 
-    def step_bytes(self, rows: int, context: int) -> float:
-        """A decode step of ``rows`` rows at ``context`` tokens each: the weights once, each row's keys and values."""
-        return self.weight_bytes + rows * context * self.kv_bytes_per_context
+    def step_bytes(self, rows: int, context: int, raw: bool = False) -> float:
+        """A decode step of ``rows`` rows at ``context`` tokens each: the weights once, each row's keys and values
+        (``raw``: the raw engine's weights)."""
+        weights = self.raw_weight_bytes if raw and self.raw_weight_bytes else self.weight_bytes
+        return weights + rows * context * self.kv_bytes_per_context
 
 
-def model_costs(model_path: str, kv_dtype: str = "auto") -> Costs:
-    """Read from the decoder graph (the 4-bit matrices: MatMulNBits) and its configuration; the keys' and values'
-    bytes as the server keeps them (``KV_CACHE_DTYPE``)."""
+def model_costs(model_path: str, kv_dtype: str = "auto", int4_kernel: str = "auto") -> Costs:
+    """Read from the decoder graph and its configuration: the quantized matrices' multiply-adds (MatMulNBits: what
+    the int8 peak bounds), the bytes of every matrix's weights as the server keeps them (a quantized model's float32
+    matrices in bfloat16 where phi-api's kernel serves, ``INT4_KERNEL``), the keys' and values' bytes
+    (``KV_CACHE_DTYPE``)."""
     import onnx
 
     from phi_api.engine.runtime.folder import ModelFolder
-    from phi_api.engine.runtime.graphs import node_attributes
     from phi_api.engine.runtime.model import LanguageModel
+    from phi_api.engine.runtime.rewrite import BF16_TYPE
     from phi_api.settings import cache_root
 
     folder = ModelFolder.read(Path(model_path))
     graph = onnx.load(str(Path(model_path) / folder.decoder_file), load_external_data=False).graph
+    macs, weight_bytes = _quantized_costs(graph)
+    decoder = folder.decoder
+    heads, layers = int(decoder["num_attention_heads"]), int(decoder["num_hidden_layers"])
+    attention = 2.0 * heads * int(decoder["head_size"]) * layers
+    served = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype=kv_dtype, int4_kernel=int4_kernel)
+    kinds = {node.op_type for node in onnx.load(str(served.decoder_file), load_external_data=False).graph.node}
+    floats = _float_parameters(graph)
+    return Costs(macs, weight_bytes + (2 if BF16_TYPE in kinds else 4) * floats, attention,
+                 served.spec.kv_bytes_per_token, weight_bytes + 4 * floats)
+
+
+def _quantized_costs(graph: Any) -> tuple[float, float]:
+    """The multiply-adds a token and the bytes of the graph's MatMulNBits (weights and scales)."""
+    from phi_api.engine.runtime.graphs import node_attributes
+
     macs = weight_bytes = 0.0
     for node in graph.node:
         if node.op_type == "MatMulNBits":
@@ -81,11 +101,16 @@ def model_costs(model_path: str, kv_dtype: str = "auto") -> Costs:
             macs += k * n
             blocks = -(-k // int(attributes["block_size"]))  # the last one may be partial
             weight_bytes += k * n * bits / 8 + n * blocks * 4  # weights and scales
-    decoder = folder.decoder
-    heads, layers = int(decoder["num_attention_heads"]), int(decoder["num_hidden_layers"])
-    attention = 2.0 * heads * int(decoder["head_size"]) * layers
-    served = LanguageModel(model_path, cache_dir=cache_root() / "runtime", kv_dtype=kv_dtype)
-    return Costs(macs, weight_bytes, attention, served.spec.kv_bytes_per_token)
+    return macs, weight_bytes
+
+
+def _float_parameters(graph: Any) -> int:
+    """The values of the float32 matrices a quantized graph keeps (its float32 MatMuls by a matrix of the graph)."""
+    from phi_api.engine.runtime.rewrite import float_eligible
+
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    return sum(int(np.prod(initializers[node.input[1]].dims)) for node in graph.node
+               if float_eligible(node, initializers))
 
 
 class Prompts:
@@ -168,7 +193,8 @@ def measure_decode(url: str, model: str, raw: Any, prompts: Prompts, contexts: l
             if raw is not None and raw_fits(streams, context) and streams in raw_streams:
                 raw_rates = [raw.decode_ids(prompts.fresh(context), MAX_TOKENS, streams) for _ in range(runs)]
                 row.update(raw_tokens_per_s=median(raw_rates),
-                           raw_share_of_bandwidth=step * median(raw_rates) / streams / 1e9 / bandwidth,
+                           raw_share_of_bandwidth=costs.step_bytes(streams, context, raw=True) * median(raw_rates)
+                           / streams / 1e9 / bandwidth,
                            server_over_raw_rate=rate / median(raw_rates))
             rows.append(row)
     return rows
@@ -187,7 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     say("the machine's limits")
     limits = measure()
     settings = server_settings(args.setting)
-    costs = model_costs(args.model_path, settings.get("KV_CACHE_DTYPE", "auto"))
+    costs = model_costs(args.model_path, settings.get("KV_CACHE_DTYPE", "auto"), settings.get("INT4_KERNEL", "auto"))
     raw = RawEngine(args.model_path) if args.raw else None
     context_length = int(json.loads((Path(args.model_path) / "genai_config.json").read_text())["model"]
                          ["context_length"])
