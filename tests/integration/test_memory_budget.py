@@ -31,9 +31,17 @@ def listing(tmp_path, model_path) -> str:
 
 
 def measured(server: Server) -> None:
-    """Wait until every worker has measured its own memory (once its engines are ready; published each 0.25 s)."""
-    wait_until(lambda: metric(server, "phi_api_memory_worker_private_bytes") > 0, timeout=60,
-               message="the workers' own memory, measured")
+    """Wait until every worker has measured its own memory (once its engines are ready; published each 0.25 s).
+    Each worker's share is the limit less the weights, the master and the workers' own memory (every worker counted
+    as large as itself), split between the workers: the shares add up to what the limit leaves only once every
+    worker has published its own figure (one worker's alone is half of what the two make)."""
+    def every_worker() -> bool:
+        own = metric(server, "phi_api_memory_worker_private_bytes")
+        left = (metric(server, "phi_api_memory_limit_bytes") - metric(server, "phi_api_memory_weights_bytes")
+                - metric(server, "phi_api_memory_master_private_bytes") - own)
+        return own > 0 and abs(left - metric(server, "phi_api_kv_cache_share_bytes")) <= 16  # integer division
+
+    wait_until(every_worker, timeout=60, message="every worker's own memory, measured")
 
 
 def fixed_mb(logs_dir, models: str, workers: int) -> float:
