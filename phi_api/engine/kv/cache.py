@@ -216,8 +216,10 @@ class KVCache:
         return True
 
     def _leave_running(self, row: Sequence) -> bool:
-        """Move a finished running row out of the running ones (a free row, or the least recently used kept one's);
-        False when no row can be had."""
+        """Take a finished running row out of the running ones (in place, else to a free or evicted row); or False."""
+        if self.rows.stays_on_leaving(row):
+            self.rows.leave_running(row, None)
+            return True
         try:
             target = self.rows.free_slot(self.rows.running)
         except RowsFull:

@@ -69,7 +69,8 @@ def test_random_joins_leaves_regroups_and_kept_rows_keep_the_layout(table, seed)
                 row.regime = "long"
             elif action == "keep" and running and table.free:
                 row = rng.choice(running)
-                table.leave_running(row, table.free_slot(table.running))
+                stays = table.stays_on_leaving(row) and rng.random() < 0.5
+                table.leave_running(row, None if stays else table.free_slot(table.running))
                 kept = Kept(np.zeros(row.length, dtype=np.int64), row.regime, row.slot, 0)
                 kept.number = row.number
                 table.take(row, kept, row.length)
@@ -95,3 +96,40 @@ def test_check_finds_a_broken_layout(table):
     table.running = 1  # row 0 is counted as running, but holds nothing
     with pytest.raises(AssertionError):
         table.check()
+
+
+@pytest.mark.parametrize("long", [False, True])
+def test_a_lone_stream_s_row_leaves_and_is_taken_over_where_it_is(table, monkeypatch, long):
+    """The last running row becomes a kept prefix in place, and the next request joins from that same row: no copy
+    of its keys and values either way (a conversation's or an agent loop's requests one after another)."""
+    row = Row(1, 40, long=long)
+    table.place(row, table.free_slot())
+    write(table, row)
+    table.join(row)
+    copies = []
+    monkeypatch.setattr(table.pool, "copy", lambda *args: copies.append(args))
+    assert table.stays_on_leaving(row)
+    table.leave_running(row, None)
+    kept = Kept(np.zeros(row.length, dtype=np.int64), row.regime, row.slot, 0)
+    kept.number = row.number
+    table.take(row, kept, row.length)
+    table.check()
+    following = Row(1, 40, long=long)  # the next request of the conversation: the same keys so far
+    table.take(kept, following, row.length)
+    table.join(following)
+    table.check()
+    assert copies == [] and following.slot == 0 and table.running == 1
+    assert_rows_hold_their_own(table)
+
+
+def test_a_running_row_before_others_moves_out_when_it_leaves(table):
+    first, second = Row(1, 10), Row(2, 12)
+    for row in (first, second):
+        table.place(row, table.free_slot(table.running))
+        write(table, row)
+        table.join(row)
+    assert not table.stays_on_leaving(first) and table.stays_on_leaving(second)
+    table.leave_running(first, table.free_slot(table.running))
+    table.check()
+    assert second.slot == 0 and first.slot >= table.running
+    assert_rows_hold_their_own(table)

@@ -10,7 +10,7 @@ import numpy as np
 from phi_api.engine import SamplingParams
 from phi_api.engine.kv.sequence import Kept
 from tests.engine.sched.test_continuous import bench
-from tests.support.fakes import EOS, fake_engine, text_pieces
+from tests.support.fakes import fake_engine, text_pieces
 from tests.support.generations import collect
 
 
@@ -32,16 +32,19 @@ def test_every_decode_step_has_an_even_row_count_and_the_answers_stay():
 
 
 def test_the_padding_row_writes_only_past_a_kept_prefix_which_serves_the_next_turn_whole():
-    b = bench(tokens=[1, 2, 3, EOS], invariant=True)
+    b = bench(tokens=[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], invariant=True)
+    b.submit(np.arange(60, 70), max_tokens=12)  # row 0, running on after the conversation's turn ends
+    b.iterate(4)
     conversation = np.arange(1, 25)
-    b.submit(conversation, max_tokens=8)
-    b.run()
+    b.submit(conversation, max_tokens=3)  # row 1: it ends first, the last running row, kept where it is
+    while not b.finished:
+        b.iterate()
     kept = next(item for item in b.batch.rows.occupants() if isinstance(item, Kept))
     values = b.batch.rows.pool.values[0]
     before = values[kept.slot, 0, :kept.length, 0].copy()
-    b.submit(np.arange(60, 70), max_tokens=6)  # one row, padded with the row after it: the kept prefix's
-    b.run()
-    assert kept.slot == 1 and "decode:2" in b.script.steps
+    steps = len(b.script.steps)
+    b.run()  # row 0 alone, padded with the row after it: the kept prefix's
+    assert kept.slot == 1 and "decode:2" in b.script.steps[steps:]
     assert np.array_equal(values[kept.slot, 0, :kept.length, 0], before)
     assert not values[kept.slot, 0, kept.length + 1:, 0].any()  # the padding wrote one token past it, no further
     b.submit(np.concatenate([conversation, [1, 2, 3, 50, 51]]), max_tokens=1)
