@@ -88,7 +88,7 @@ class KVCache:
             self.ledger.forget(source)
             self.rows.take(source, leader, point)  # its row as it is: no copy
         else:
-            self.rows.place(leader, self.rows.free_slot(self.rows.running))
+            self.rows.place(leader, self.rows.entry_slot())
             if source is not None:
                 self.pool.copy(row_of(source), row_of(leader), point)
         if source is None:
@@ -101,7 +101,7 @@ class KVCache:
         """Start ``leader`` from its prompt's first ``point`` tokens stored on disk, or from as many as could be
         read (a file missing or bad: the rest is computed)."""
         assert self.disk is not None
-        self.rows.place(leader, self.rows.free_slot(self.rows.running))
+        self.rows.place(leader, self.rows.entry_slot())
         prompt = leader.choice.prompt
         read, exact = self.disk.load(self.pool, row_of(leader), prompt, disk_scope(leader), point // self.disk.block)
         floor = point if leader.long else 0  # LongRoPE: a long prompt's first chunk is never split, so all or nothing

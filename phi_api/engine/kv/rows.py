@@ -64,6 +64,16 @@ class RowTable:
             raise RowsFull("every row of the key/value pool is taken")
         return self._empty_at_or_after(start)
 
+    def entry_slot(self) -> int:
+        """The row for a new request's keys and values: the first free one after the running rows, or the first of
+        those rows when a kept prefix holds it, moved out of the way now (the request takes that place when it
+        joins: one copy, the kept prefix's, where its own would be a second)."""
+        slot = self.free_slot(self.running)
+        if self.running < len(self.slots) and isinstance(self.slots[self.running], Kept):
+            self._vacate(self.running)
+            return self.running
+        return slot
+
     def place(self, item: Occupant, slot: int) -> None:
         """Put ``item`` (whose keys and values are already in row ``slot``, or will be written there) in ``slot``."""
         assert self.slots[slot] is None, f"row {slot} is taken"

@@ -57,7 +57,7 @@ def test_random_joins_leaves_regroups_and_kept_rows_keep_the_layout(table, seed)
             if action == "start" and table.free:
                 number += 1
                 row = Row(number, rng.randint(1, 60), long=rng.random() < 0.3)
-                table.place(row, table.free_slot(table.running))
+                table.place(row, table.entry_slot() if rng.random() < 0.5 else table.free_slot(table.running))
                 write(table, row)
             elif action == "join" and [item for item in waiting if isinstance(item, Row)]:
                 table.join(rng.choice([item for item in waiting if isinstance(item, Row)]))
@@ -132,4 +132,27 @@ def test_a_running_row_before_others_moves_out_when_it_leaves(table):
     table.leave_running(first, table.free_slot(table.running))
     table.check()
     assert second.slot == 0 and first.slot >= table.running
+    assert_rows_hold_their_own(table)
+
+
+def test_a_new_request_takes_the_first_row_a_kept_prefix_leaves_for_it(table, monkeypatch):
+    """After a lone stream's turn, its kept prefix holds row 0; an unrelated request (no reuse) starts there, the
+    prefix moved out of its way once, and joins without a second copy."""
+    row = Row(1, 30)
+    table.place(row, table.entry_slot())
+    write(table, row)
+    table.join(row)
+    table.leave_running(row, None)
+    kept = Kept(np.zeros(row.length, dtype=np.int64), row.regime, row.slot, 0)
+    kept.number = row.number
+    table.take(row, kept, row.length)
+    copies = []
+    real = table.pool.copy
+    monkeypatch.setattr(table.pool, "copy", lambda *args: (copies.append(args), real(*args)))
+    other = Row(2, 12)
+    table.place(other, table.entry_slot())
+    write(table, other)
+    table.join(other)
+    table.check()
+    assert other.slot == 0 and kept.slot != 0 and len(copies) == 1
     assert_rows_hold_their_own(table)
