@@ -51,7 +51,7 @@ class Costs:
     weight_bytes: float
     attention_macs_per_context: float
     kv_bytes_per_context: float
-    raw_weight_bytes: float = 0.0  # the raw engine's (float32 matrices in float32); 0: as the server's
+    raw_weight_bytes: float  # the raw engine's: its float32 matrices in float32
 
     def prompt_macs(self, tokens: int) -> float:
         """A whole prompt of ``tokens``: every token's weights, and each token's attention to those before it."""
@@ -60,7 +60,7 @@ class Costs:
     def step_bytes(self, rows: int, context: int, raw: bool = False) -> float:
         """A decode step of ``rows`` rows at ``context`` tokens each: the weights once, each row's keys and values
         (``raw``: the raw engine's weights)."""
-        weights = self.raw_weight_bytes if raw and self.raw_weight_bytes else self.weight_bytes
+        weights = self.raw_weight_bytes if raw else self.weight_bytes
         return weights + rows * context * self.kv_bytes_per_context
 
 

@@ -68,6 +68,11 @@ def float_eligible(node: Any, initializers: dict[str, Any]) -> bool:
 def rewrite(source: Path, target: Path) -> int:
     """Write ``source``'s graph with the kernel's operators to ``target`` (a folder): the count of nodes replaced
     (none: nothing is written), its float32 matrices counted if it has quantized ones."""
+    return len(rewritten(source, target))
+
+
+def rewritten(source: Path, target: Path) -> list[str]:
+    """:func:`rewrite`'s work: the operator each replaced node became, in the graph's order."""
     import onnx
     from onnx import helper
 
@@ -76,7 +81,7 @@ def rewrite(source: Path, target: Path) -> int:
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     chosen = [node for node in graph.node if eligible(node, initializers)]
     if not chosen:
-        return 0
+        return []
     chosen += [node for node in graph.node if float_eligible(node, initializers)]
     replaced = {name for node in chosen for name in node.input[1:3]}
     chosen_ids = {id(node) for node in chosen}
@@ -98,7 +103,7 @@ def rewrite(source: Path, target: Path) -> int:
     graph.initializer.extend(tensors)
     model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     onnx.save(model, str(target / MODEL_FILE))
-    return len(chosen)
+    return [node.op_type for node in chosen]
 
 
 def _replace(node: Any, initializers: dict[str, Any], base: Path, data: BinaryIO) -> tuple[list[Any], Any]:
@@ -193,7 +198,7 @@ def _written(array: np.ndarray, name: str, data: BinaryIO) -> Any:
     tensor.data_location = TensorProto.EXTERNAL
     return tensor
 
-RECIPE = 6  # bump when the rewrite changes (3: the scales group-major; 4: 8-bit weights and partial blocks; 6: the
+RECIPE = 6  # bump when the rewrite changes (3: the scales group-major; 4: 8-bit weights and partial blocks; 5, 6: the
 # float32 matrices in bfloat16)
 RECORD = "rewrite.json"  # the source and how many nodes were replaced (none: the source is served as it is)
 
@@ -245,13 +250,7 @@ def _made_once(source: Path, folder: Path) -> None:
 
 def _make(source: Path, staging: Path) -> None:
     started = time.monotonic()
-    count = rewrite(source, staging)
-    floats = 0
-    if count:
-        import onnx
-
-        graph = onnx.load(str(staging / MODEL_FILE), load_external_data=False).graph
-        floats = sum(node.op_type == BF16_TYPE for node in graph.node)
-    (staging / RECORD).write_text(json.dumps({"source": str(source), "replaced": count, "bf16": floats}),
-                                  encoding="utf-8")
+    kinds = rewritten(source, staging)
+    (staging / RECORD).write_text(json.dumps({"source": str(source), "replaced": len(kinds),
+                                              "bf16": kinds.count(BF16_TYPE)}), encoding="utf-8")
     log.info("graph for phi-api's kernel made in %.0f s", time.monotonic() - started)

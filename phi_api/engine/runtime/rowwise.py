@@ -5,7 +5,7 @@ other rows, and however many there are, odd counts included.
 Runtime's matrix kernels add a lone row's sums in another order than a pair's. phi-api's 4-bit, 8-bit and BF16
 operators and its attention operator compute each row the same way at any row count, and the other operators of the
 decoder graphs work element by element or within a row; a graph made only of such operators needs no padding row, and
-one stream stops paying for a second (the default model's, where the CPU has AVX-512 BF16 for its float32 matrices).
+one stream stops paying for a second (the default model's too, its float32 matrices on the BF16 operator).
 The list is of operators checked, not assumed (``tests/engine/runtime/test_invariance.py``
 steps a real graph made of them with one to five rows).
 
