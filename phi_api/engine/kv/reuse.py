@@ -15,7 +15,10 @@ are) and only the rest of the prompt is computed.
   greedy near-tie may flip). Reuse that stays within what was computed as a
   cold prompt alone is computed (``exact_upto``: chunks on the grid) resumes
   on the grid, as ``exact`` does: the same request sent twice gets the same
-  answer.
+  answer. On a graph that computes each token on its own (``row_wise``: phi-api's operators, where the CPU runs
+  them), a prompt's tokens are the same bits however its chunks are cut, and a prefilled token's keys and values
+  those a decode step writes: a request resumes wherever its prefix ends, off the grid too (the grid there would
+  only compute up to a chunk of tokens again, and a whole step of the model for the few before the grid's line).
 - ``exact``: a reused prompt answers bit for bit as a cold one, on any CPU.
   The only numerical promise ONNX Runtime keeps on every CPU is that
   identical shapes and inputs give identical numbers (its int4 matmul picks
@@ -65,11 +68,19 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 class ReusePolicy:
     """What the mode allows: which tokens of a row are reusable, and where a request may resume."""
 
-    def __init__(self, mode: str, chunk: int) -> None:
+    def __init__(self, mode: str, chunk: int, row_wise: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"PREFIX_CACHE must be one of {', '.join(MODES)}, got {mode!r}")
         self.mode = mode
         self.chunk = max(1, chunk)
+        self.row_wise = row_wise
+
+    @property
+    def free_cuts(self) -> bool:
+        """Whether a prompt may be cut anywhere, into chunks and where it resumes: the graph computes each token on
+        its own (``row_wise``), so every cut gives the same bits. ``exact`` mode keeps its grid: its promise holds on
+        every CPU, whatever graph serves there."""
+        return self.row_wise and not self.exact
 
     @property
     def enabled(self) -> bool:
@@ -104,10 +115,10 @@ class ReusePolicy:
     def resume_point(self, shared: int, prompt_length: int, floor: int = 0, exact_upto: int | None = None) -> int:
         """Where a request sharing ``shared`` tokens with a source may resume (0: nowhere worth it): a token of the
         prompt must be left to compute; within the source's exactly computed part (``exact_upto``; all of it when
-        not given), and always in ``exact`` mode, only on the grid; LongRoPE's first long chunk (``floor``) is
-        never split."""
+        not given), and always in ``exact`` mode, only on the grid (unless cuts are free: :attr:`free_cuts`);
+        LongRoPE's first long chunk (``floor``) is never split."""
         point = min(shared, prompt_length - 1)
-        if self.exact or exact_upto is None or point <= exact_upto:
+        if self.exact or (not self.free_cuts and (exact_upto is None or point <= exact_upto)):
             point = point // self.chunk * self.chunk
         return point if point >= max(MIN_REUSED_TOKENS, floor) else 0
 

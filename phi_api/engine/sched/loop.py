@@ -81,7 +81,7 @@ class EngineLoop(ThreadOwner[list[Choice]]):
         self.config = config
         self.memory = memory if memory is not None else SharedBudget(config.kv_budget_bytes)
         self._report = report
-        self._policy = ReusePolicy(config.prefix_cache, config.prefill_chunk)
+        self._policy = ReusePolicy(config.prefix_cache, config.prefill_chunk, model.spec.row_wise)
         # Made on the hub, for capacity checks before anything is queued; the engine thread makes its own.
         self._capacity = Ledger(model.spec, config.kv_budget_bytes, config.max_rows, model.info.context_length,
                                 shared=self.memory, open_account=False)
@@ -168,8 +168,8 @@ class EngineLoop(ThreadOwner[list[Choice]]):
                         shared=self.memory, name=config.name, wake=self._signal.set)
         # One token more than a row holds: a padding row writes at its occupant's length (engine.sched.continuous).
         pool = KVPool(decoder.spec, 2 * config.max_rows + 1, ledger.row_tokens + 1)
-        planner = ChunkPlanner(config.prefill_chunk, grid=self._policy.exact or config.batch_invariant,
-                               slice_seconds=config.prefill_slice, costs=StepCosts(config.clock))
+        planner = ChunkPlanner.serving(self._policy, invariant=config.batch_invariant,
+                                       slice_seconds=config.prefill_slice, costs=StepCosts(config.clock))
         return ContinuousBatch(self._model, decoder, pool, ledger, self._policy, planner, self._publish,
                      draft_max=config.draft_max, disk=self._disk_tier(decoder.spec), invariant=config.batch_invariant,
                      history_tokens=config.history_tokens, drafts=drafts)

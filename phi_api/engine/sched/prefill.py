@@ -8,8 +8,12 @@ as long as it computes: at Phi-3.5-mini's size a chunk of 64 tokens takes
 - ``exact`` prefix reuse: chunks of ``chunk`` tokens on a fixed grid (what
   makes reuse exact; see :mod:`engine.kv.reuse`).
 - Otherwise, when nothing else waits or runs: chunks of ``chunk`` tokens
-  (fewer, larger steps compute a prompt fastest, and a request alone is cut
-  the same way every time); when something else waits or runs: as many tokens
+  (fewer, larger steps compute a prompt fastest), on the grid (a request
+  alone is cut the same way every time), or, where cuts change no bits
+  (``free``: :attr:`engine.kv.reuse.ReusePolicy.free_cuts`), from where the
+  prompt resumed (a conversation's next turn, resumed past its last answer,
+  goes in one chunk rather than a few tokens up to the grid's line, each
+  chunk a whole step of the model, then the rest); when something else waits or runs: as many tokens
   as fit in ``slice_seconds``, by the costs measured so far (a step's fixed
   cost, the time a 1-row decode step takes, plus a cost per prompt token),
   at least ``MIN_TOKENS``; a rest that fits in two slices goes in at once, so
@@ -21,6 +25,7 @@ keys must all be computed with the long factors.
 
 from __future__ import annotations
 
+from phi_api.engine.kv.reuse import ReusePolicy
 from phi_api.engine.sched.stepcost import MIN_TIMED_TOKENS, StepCosts
 
 MIN_TOKENS = MIN_TIMED_TOKENS  # below this a chunk costs nearly a full step and computes almost nothing
@@ -29,18 +34,29 @@ MIN_TOKENS = MIN_TIMED_TOKENS  # below this a chunk costs nearly a full step and
 class ChunkPlanner:
     """Chunk ends for prompts, planned from the engine's measured step costs (:mod:`engine.sched.stepcost`)."""
 
-    def __init__(self, chunk: int, *, grid: bool, slice_seconds: float, costs: StepCosts) -> None:
+    def __init__(self, chunk: int, *, grid: bool, slice_seconds: float, costs: StepCosts, free: bool = False) -> None:
         self.chunk = max(1, chunk)
         self.grid = grid
+        self.free = free and not grid
         self.slice = slice_seconds
         self.costs = costs
+
+    @classmethod
+    def serving(cls, policy: ReusePolicy, *, invariant: bool, slice_seconds: float, costs: StepCosts) -> ChunkPlanner:
+        """The planner a batch under ``policy`` takes: the grid in ``exact`` mode, and batch-invariant (``invariant``)
+        where the cuts change a prompt's bits; free cuts where they change none."""
+        return cls(policy.chunk, grid=policy.exact or (invariant and not policy.row_wise),
+                   slice_seconds=slice_seconds, costs=costs, free=policy.free_cuts)
 
     def end(self, start: int, length: int, first_chunk: int, crowded: bool) -> int:
         """Where the chunk of a prompt of ``length`` tokens prefilled up to ``start`` ends."""
         if start < first_chunk:
             return min(length, first_chunk)
         bounded = self.bounded_tokens()
-        if self.grid or not crowded or bounded >= self.chunk:  # the slice holds a whole chunk: the grid
+        whole = not crowded or bounded >= self.chunk  # alone, or the slice holds a whole chunk
+        if whole and self.free:
+            return min(length, start + self.chunk)
+        if self.grid or whole:
             return min(length, (start // self.chunk + 1) * self.chunk)
         if length - start <= 2 * bounded:  # a short prompt's rest goes in at once: one wait of two slices at most
             return length

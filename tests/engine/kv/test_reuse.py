@@ -53,6 +53,21 @@ def test_within_what_was_computed_exactly_reuse_resumes_on_the_grid(shared, exac
     assert ReusePolicy("on", 8).resume_point(shared, 50, exact_upto=exact_upto) == expected
 
 
+@pytest.mark.parametrize("shared,exact_upto,expected", [(30, 40, 30), (40, 40, 40), (44, 40, 44), (50, 50, 49)])
+def test_where_cuts_are_free_reuse_resumes_anywhere_it_shares(shared, exact_upto, expected):
+    """A graph computing each token on its own gives a prompt the same bits however it is cut: a request sent twice
+    answers the same from wherever it resumes, and computes one token again rather than up to a chunk."""
+    policy = ReusePolicy("on", 8, row_wise=True)
+    assert policy.free_cuts
+    assert policy.resume_point(shared, 50, exact_upto=exact_upto) == expected
+
+
+def test_exact_mode_keeps_its_grid_on_a_row_wise_graph_too():
+    policy = ReusePolicy("exact", 8, row_wise=True)
+    assert not policy.free_cuts
+    assert policy.resume_point(30, 50, exact_upto=40) == 24
+
+
 def test_the_longest_usable_prefix_of_the_right_regime_serves():
     policy = ReusePolicy("on", 8)
     rows = [kept(range(20)), kept(range(100, 140)), kept(range(40), "long"), kept(range(25))]

@@ -135,3 +135,54 @@ def test_with_phi_api_s_attention_a_check_in_an_even_step_gives_each_token_one_t
     finally:
         decoder.unbind()
         pool.close()
+
+
+CUTS = [(64, 128), (1, 2, 77), (149,), (10, 20, 30, 40, 50, 60, 70, 100, 140), (130, 131, 132)]
+
+
+def cut_logits(decoder, prompt: np.ndarray, cuts: tuple[int, ...], fed_alone: int, token: int) -> list[np.ndarray]:
+    """The logits after a prompt computed in chunks ending at ``cuts`` (then at its end), its last ``fed_alone``
+    tokens fed one decode step each (an answer's tokens are), and after one token more."""
+    pool = KVPool(decoder.spec, 2, 256)
+    try:
+        start, logits = 0, None
+        for end in [*(cut for cut in cuts if cut < len(prompt) - fed_alone), len(prompt) - fed_alone]:
+            logits = decoder.step(pool, 0, prompt[None, start:end], np.array([start]), True).copy()
+            start = end
+        for position in range(start, len(prompt)):
+            logits = decoder.step(pool, 0, prompt[None, position:position + 1], np.array([position]), False).copy()
+        after = decoder.step(pool, 0, np.array([[token]]), np.array([len(prompt)]), False).copy()
+        return [logits, after]
+    finally:
+        decoder.unbind()
+        pool.close()
+
+
+@pytest.mark.parametrize(("model", "kv_dtype"), [("default", "float32"), ("default", "int8"), ("phi3", "int8"),
+                                                ("phi3", "int4")])
+def test_on_a_row_wise_graph_a_prompt_s_bits_do_not_depend_on_how_it_is_cut(model_path, tiny_phi3, tmp_path, model,
+                                                                            kv_dtype):
+    """What free cuts rest on (engine.kv.reuse.ReusePolicy.free_cuts): the default model and Phi-3.5's recipe on
+    phi-api's operators give a prompt's last token, and the token after it, the same logits however the prompt was
+    cut into chunks, and whether its last tokens came in a chunk or one decode step each (as an answer's do: a
+    conversation's next turn resumes after them)."""
+    from phi_api.engine.kernels import op
+    from phi_api.engine.kernels.native import unsupported
+    from phi_api.engine.runtime.model import LanguageModel
+    from phi_api.settings import cache_root
+
+    if model == "phi3" and unsupported() is None:  # the library `make install` built, where this cache looks for it
+        op.library_path(tmp_path).parent.mkdir(parents=True)
+        shutil.copy(op.build_library(cache_root() / "runtime"), op.library_path(tmp_path))
+    folder, cache = (model_path, cache_root() / "runtime") if model == "default" else (str(tiny_phi3), tmp_path)
+    if kv_dtype == "int4" and unsupported() is not None:
+        return  # only phi-api's attention computes int4 keys and values (the model refuses to load: test above)
+    served = LanguageModel(folder, cache_dir=cache, kv_dtype=kv_dtype)
+    assert served.spec.row_wise == (unsupported() is None)
+    if not served.spec.row_wise:
+        return  # no AVX-512 VNNI: ONNX Runtime's operators serve, and prompts keep their grid
+    decoder = served.new_decoder(2)
+    prompt = np.arange(100, 250, dtype=np.int64)
+    seen = [cut_logits(decoder, prompt, cuts, fed_alone, token=77) for cuts in CUTS for fed_alone in (0, 3)]
+    assert np.isfinite(seen[0][0]).all() and seen[0][0].std() > 0
+    assert all(np.array_equal(seen[0][0], logits) and np.array_equal(seen[0][1], after) for logits, after in seen)

@@ -65,16 +65,17 @@ class Bench:
 
 def bench(tokens=(1, 2, 3), *, chunk: int = 4, budget: int = 1 << 20, max_rows: int = 8, mode: str = "on",
           draft_max: int = 0, shared: SharedBudget | None = None, name: str = "", invariant: bool = False,
-          decoder: Any = None) -> Bench:
+          decoder: Any = None, row_wise: bool = False) -> Bench:
     """A batch as the engine loop makes one (``shared``: the worker's budget it books from, with others;
-    ``decoder``: one of the tests' own, instead of the fake model's)."""
+    ``decoder``: one of the tests' own, instead of the fake model's; ``row_wise``: the fake graph computes each token
+    on its own)."""
     script = Script(list(tokens))
-    model = FakeModel(script, PIECES)
+    model = FakeModel(script, PIECES, row_wise=row_wise)
     decoder = decoder or model.new_decoder(1)
     ledger = Ledger(decoder.spec, budget, max_rows, model.info.context_length, shared=shared, name=name)
     pool = KVPool(decoder.spec, 2 * max_rows + 1, ledger.row_tokens + 1)
-    policy = ReusePolicy(mode, chunk)
-    planner = ChunkPlanner(chunk, grid=policy.exact or invariant, slice_seconds=0.2, costs=StepCosts(script.clock))
+    policy = ReusePolicy(mode, chunk, decoder.spec.row_wise)
+    planner = ChunkPlanner.serving(policy, invariant=invariant, slice_seconds=0.2, costs=StepCosts(script.clock))
     made = Bench(None, script, chunk)  # type: ignore[arg-type]
     made.batch = ContinuousBatch(model, decoder, pool, ledger, policy, planner,
                        lambda choice, finished: made.finished.append((choice, finished)), draft_max=draft_max,
@@ -133,6 +134,24 @@ def test_a_finished_row_is_kept_and_the_next_turn_resumes_from_it():
     b.submit(np.concatenate([conversation, answer, [40, 41, 42, 43, 44]]), max_tokens=1)
     b.run()
     assert b.finished[-1][1].cached_tokens >= 24  # the conversation and the answer were not computed again
+
+
+@pytest.mark.parametrize(("row_wise", "next_turn", "again"), [(True, [(27, 3)], [(23, 1)]),
+                                                             (False, [(27, 1), (28, 2)], [(20, 4)])])
+def test_where_cuts_are_free_a_turn_resumes_where_its_prefix_ends_in_one_chunk(row_wise, next_turn, again):
+    """On a graph computing each token on its own, the next turn goes in one chunk from the end of the last answer,
+    and the same prompt sent again computes its last token only; elsewhere (batch-invariant) both keep the grid of
+    4-token chunks the first prompt was cut on, so that they compute as it did."""
+    conversation = np.arange(1, 25)
+    for follow_up, chunks in ((np.concatenate([conversation, [1, 2, 3], [40, 41, 42]]), next_turn),
+                              (conversation, again)):
+        b = bench(tokens=[1, 2, 3, EOS], invariant=True, row_wise=row_wise)
+        b.submit(conversation, max_tokens=8)
+        b.run()
+        before = len(b.script.chunks)
+        b.submit(follow_up, max_tokens=1)
+        b.run()
+        assert b.script.chunks[before:] == chunks
 
 
 def test_a_kept_prefix_serves_only_requests_of_its_own_cache_key():

@@ -28,6 +28,22 @@ def test_alone_a_prompt_goes_in_whole_chunks_on_the_grid():
     assert planner().end(256, 300, 0, crowded=False) == 300
 
 
+def test_where_cuts_are_free_a_prompt_goes_in_whole_chunks_from_where_it_resumed():
+    """A conversation's next turn, resumed past its last answer, goes in at once rather than in a few tokens up to
+    the grid's line first (each chunk a whole step of the model)."""
+    free = planner(free=True)
+    assert free.end(0, 300, 0, crowded=False) == 64
+    assert free.end(70, 300, 0, crowded=False) == 134
+    assert free.end(511, 558, 0, crowded=False) == 558
+    assert free.end(0, 300, 0, crowded=True) == 10  # crowded: the time slice, as elsewhere
+    assert free.end(0, 9000, 4160, crowded=False) == 4160  # LongRoPE's first long chunk
+
+
+def test_the_grid_wins_over_free_cuts():
+    both = ChunkPlanner(64, grid=True, slice_seconds=0.2, costs=StepCosts(), free=True)
+    assert [both.end(start, 300, 0, crowded=False) for start in (70, 511)] == [128, 300]
+
+
 def test_crowded_a_chunk_fits_the_time_slice():
     assert planner().end(0, 300, 0, crowded=True) == 10  # (0.2 - 0.1) / 0.01
     assert planner().end(295, 300, 0, crowded=True) == 300
