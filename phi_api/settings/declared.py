@@ -104,12 +104,12 @@ class Declared:
                                           value=lambda s: int(s.PREFIX_CACHE_DISK_MB * 2**20))
     PREFILL_SLICE_SECONDS: float = setting(0.2, _number(0.0, 60.0, exclusive_low=True),
                                            "Most time one engine iteration spends on a prompt while others wait or "
-                                           "run (BATCH_INVARIANT false or row-wise operators; PREFIX_CACHE on, off)",
+                                           "run (BATCH_INVARIANT false, PREFIX_CACHE on or off)",
                                            engine="prefill_slice", per_model=True)
     BATCH_INVARIANT: bool = setting(True, _boolean,
                                     "A request's tokens do not depend on what else runs: every decode step has an even "
-                                    "row count, prompts go in chunks on the grid, drafts are checked as alone (row-wise"
-                                    " operators need none of it); false: faster, answers may differ in the last bits",
+                                    "row count, prompts go in whole chunks on the grid, drafts are checked as alone (on"
+                                    " row-wise operators: whole chunks only); false: answers may differ in last bits",
                                     engine="batch_invariant", per_model=True)
     TOOL_PARSER: str = setting("auto", _text(choices=TOOL_PARSERS),
                                "How the model writes tool calls: auto (what its folder says), generic, hermes, "

@@ -5,8 +5,10 @@ every running sequence by a token. A prompt chunk holds up everyone else for
 as long as it computes: at Phi-3.5-mini's size a chunk of 64 tokens takes
 1.3-1.8 s on two cores, against 0.1 s for a decode step.
 
-- ``exact`` prefix reuse: chunks of ``chunk`` tokens on a fixed grid (what
-  makes reuse exact; see :mod:`engine.kv.reuse`).
+- ``exact`` prefix reuse, and ``BATCH_INVARIANT``: whole chunks of ``chunk``
+  tokens whatever the crowd, on a fixed grid (what makes reuse exact; see
+  :mod:`engine.kv.reuse`), or, where cuts change no bits, from where the
+  prompt resumed.
 - Otherwise, when nothing else waits or runs: chunks of ``chunk`` tokens
   (fewer, larger steps compute a prompt fastest), on the grid (a request
   alone is cut the same way every time), or, where cuts change no bits
@@ -36,28 +38,25 @@ class ChunkPlanner:
 
     def __init__(self, chunk: int, *, grid: bool, slice_seconds: float, costs: StepCosts, free: bool = False) -> None:
         self.chunk = max(1, chunk)
-        self.grid = grid
-        self.free = free and not grid
+        self.grid = grid  # whole chunks whatever the crowd
+        self.free = free  # whole chunks start where the prompt resumed, not on the grid's lines
         self.slice = slice_seconds
         self.costs = costs
 
     @classmethod
     def serving(cls, policy: ReusePolicy, *, invariant: bool, slice_seconds: float, costs: StepCosts) -> ChunkPlanner:
-        """The planner a batch under ``policy`` takes: the grid in ``exact`` mode, and batch-invariant (``invariant``)
-        where the cuts change a prompt's bits; free cuts where they change none."""
-        return cls(policy.chunk, grid=policy.exact or (invariant and not policy.row_wise),
-                   slice_seconds=slice_seconds, costs=costs, free=policy.free_cuts)
+        """The planner a batch under ``policy`` takes: whole chunks whatever the crowd in ``exact`` mode and
+        batch-invariant (``invariant``), on the grid unless cuts change no bits (:attr:`ReusePolicy.free_cuts`)."""
+        return cls(policy.chunk, grid=policy.exact or invariant, slice_seconds=slice_seconds, costs=costs,
+                   free=policy.free_cuts)
 
     def end(self, start: int, length: int, first_chunk: int, crowded: bool) -> int:
         """Where the chunk of a prompt of ``length`` tokens prefilled up to ``start`` ends."""
         if start < first_chunk:
             return min(length, first_chunk)
         bounded = self.bounded_tokens()
-        whole = not crowded or bounded >= self.chunk  # alone, or the slice holds a whole chunk
-        if whole and self.free:
-            return min(length, start + self.chunk)
-        if self.grid or whole:
-            return min(length, (start // self.chunk + 1) * self.chunk)
+        if self.grid or not crowded or bounded >= self.chunk:  # a whole chunk (the slice may hold one)
+            return min(length, start + self.chunk if self.free else (start // self.chunk + 1) * self.chunk)
         if length - start <= 2 * bounded:  # a short prompt's rest goes in at once: one wait of two slices at most
             return length
         return start + bounded

@@ -39,9 +39,9 @@ def test_where_cuts_are_free_a_prompt_goes_in_whole_chunks_from_where_it_resumed
     assert free.end(0, 9000, 4160, crowded=False) == 4160  # LongRoPE's first long chunk
 
 
-def test_the_grid_wins_over_free_cuts():
+def test_batch_invariant_with_free_cuts_whole_chunks_from_where_it_resumed_whatever_the_crowd():
     both = ChunkPlanner(64, grid=True, slice_seconds=0.2, costs=StepCosts(), free=True)
-    assert [both.end(start, 300, 0, crowded=False) for start in (70, 511)] == [128, 300]
+    assert [both.end(start, 300, 0, crowded=True) for start in (0, 70, 270)] == [64, 134, 300]
 
 
 def test_crowded_a_chunk_fits_the_time_slice():
