@@ -48,11 +48,14 @@ def poll(condition: Callable[[], Any], timeout: float, message: str = "condition
 
 
 class Server:
-    """gunicorn -c gunicorn.conf.py wsgi:app, with the given environment."""
+    """gunicorn -c gunicorn.conf.py wsgi:app, with the given environment; ``repo``: the checkout whose code serves
+    (another one's, to compare two builds side by side)."""
 
-    def __init__(self, log_dir: Path, *, app: str = "wsgi:app", args: tuple[str, ...] = (), **env: Any) -> None:
+    def __init__(self, log_dir: Path, *, app: str = "wsgi:app", args: tuple[str, ...] = (), repo: Path = REPO,
+                 **env: Any) -> None:
         self.app = app
         self.args = args
+        self.repo = repo
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"gunicorn-{self.port}.log"
@@ -64,6 +67,7 @@ class Server:
             # A folder of its own for prompts stored on disk: no server finds another's (pass one to share it).
             "PREFIX_CACHE_DIR": str(log_dir / f"prefixes-{self.port}"),
             "DATA_DIR": str(log_dir / f"data-{self.port}"),  # and for what lasts: keys' usage, responses, batches
+            **({"PYTHONPATH": str(repo)} if repo != REPO else {}),
             **{key: str(value) for key, value in env.items()},
         }
         self.process: subprocess.Popen | None = None
@@ -73,7 +77,7 @@ class Server:
         with open(self.log_path, "wb") as log:  # the child writes to its own copy of the descriptor
             self.process = subprocess.Popen(
                 [str(GUNICORN), "-c", "gunicorn.conf.py", *self.args, self.app],
-                cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=self.repo, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         if wait:
             poll(self._ready, timeout=90, message=f"gunicorn on {self.url} (log: {self.log_path})")

@@ -37,6 +37,8 @@ BENCHES = {
              "step costs and the projected speed-up"),
     "sources": ("phi_api.bench.sources", "where drafts come from (the prompt, a prediction, the key's earlier "
                 "answers) on JSON extraction, a tool loop and a predicted edit, against speculation off"),
+    "turns": ("phi_api.bench.turns", "a request resumed from a kept prefix (the same prompt again, the next "
+              "turn): its first token, against another checkout's server"),
     "draft": ("phi_api.bench.draftmodel", "a draft model's own effect: speculation with it against without it, "
               "on chat and copying, with each source's kept draft tokens"),
     "disk": ("phi_api.bench.prefixdisk", "prompts read from disk against computed: across a restart, across "
