@@ -51,6 +51,8 @@ class Script:
     step_seconds: float = 0.01
     token_seconds: float = 0.001
     check_token_seconds: float = 0.0  # what each draft token adds to a check's step
+    pass_rows: int = 0  # a decode step's matrices go in passes of this many token-rows (phi-api's kernels: 8), and
+    pass_seconds: float = 0.0  # each pass past the first adds this
     now: float = 0.0
 
     def clock(self) -> float:
@@ -75,6 +77,8 @@ class FakeDecoder:
         script.now += script.step_seconds + script.token_seconds * (new if prefill else count - 1)
         if not prefill:
             script.now += script.check_token_seconds * (new - 1) * count
+            if script.pass_rows:
+                script.now += script.pass_seconds * ((count * new - 1) // script.pass_rows)
         marks = kv.keys[0]
         logits = np.zeros((count, VOCAB), dtype=np.float32)
         if script.gate is not None:

@@ -92,7 +92,7 @@ class ContinuousBatch:
         self.padding = Padding(self.rows, self._switch) if paired else None  # odd steps take a padding row
         self.endings = Endings(self.waiting, self.prefilling, self.kv, self.outputs, publish)
         self.speculation = Speculation(self.rows, policy, self.costs, self.outputs, self.endings, self.step,
-                                       self._switch, invariant and not exact_checks, paired, drafts)
+                                       self._switch, invariant and not exact_checks, paired, drafts, exact_checks)
         # Drafts checked within the batched step where the graph allows, unless rows must check theirs as alone.
         self._checks_in_step = decoder.spec.multi_token_rows and not self.speculation.invariant
 

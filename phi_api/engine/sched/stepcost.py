@@ -15,8 +15,12 @@ the step's common length, padded (:meth:`StepCosts.batch_check_length`). Such a
 step is timed by its token-rows (rows times tokens a row): what it costs is
 mostly that many rows' matrix products. The length chosen is the one whose
 expected tokens per second (each row's expected kept tokens up to that
-length, plus one token of every row) beat every shorter one's and the plain
-step's, and a length not yet timed at that many token-rows is tried once.
+length, plus one token of every row) beat every other one's and the plain
+step's; a length not yet timed at that many token-rows counts at the cost of
+the widest narrower step timed (no step costs less than a narrower one), so it
+is tried, once, where it could pay best: a step's cost is not smooth in its
+token-rows (phi-api's kernels multiply 8 a pass), and each length's own time
+decides.
 
 Elsewhere (ONNX Runtime's attention takes several new tokens on top of past
 context only for a batch of one) a drafting row checks its draft in a step of
@@ -40,7 +44,9 @@ a draft length not yet timed is tried once.
 The rows of a request alone always check their drafts (the drafter's back-off
 alone decides, :class:`engine.sched.verify.Speculation`): a request alone then
 takes the same steps every time, whatever the timings, so it gets the same
-answer every time (docs/identical-answers.md).
+answer every time (docs/identical-answers.md). Where a check gives each token
+one-token steps' bits (phi-api's row-wise operators), no length changes an
+answer, and a request alone checks as far as pays too.
 """
 
 from __future__ import annotations
@@ -101,21 +107,21 @@ class StepCosts:
 
     def batch_check_length(self, drafts: list[tuple[int, float]], rows: int) -> int:
         """Draft tokens a row to check in the batched step of ``rows`` rows, ``drafts`` the (length, expected kept)
-        of its drafting rows: the timed length that gives the most tokens per second, if that beats the plain step
-        (0: none); the longest draft's when that length is not timed yet."""
+        of its drafting rows: the length that gives the most tokens per second, if that beats the plain step (0:
+        none). A length not timed yet is taken at the cost of the widest narrower step timed (a step costs no less
+        than a narrower one): where that could pay best it is tried, and timed. A step's cost is not smooth in its
+        token-rows (phi-api's kernels multiply 8 a pass), so each length's own time decides."""
         step = self.steps.get(rows)
         longest = max((length for length, _ in drafts), default=0)
         if step is None or longest == 0:
             return 0
-        if rows * (longest + 1) not in self.wide:
-            return longest
-        best_rate, best = rows / step, 0
+        best_rate, best, floor = rows / step, 0, step
         for k in range(1, longest + 1):
             seconds = self.wide.get(rows * (k + 1))
-            if seconds is not None:
-                rate = (rows + sum(min(expected, length, k) for length, expected in drafts)) / seconds
-                if rate > best_rate:
-                    best_rate, best = rate, k
+            floor = seconds if seconds is not None else floor
+            rate = (rows + sum(min(expected, length, k) for length, expected in drafts)) / floor
+            if rate > best_rate or (best and rate == best_rate):  # a tie goes to the longer check
+                best_rate, best = rate, k
         return best
 
 

@@ -12,7 +12,10 @@ Where the graph's attention takes several new tokens for each of several rows
 (phi-api's operator: :attr:`engine.runtime.spec.DecoderSpec.multi_token_rows`), the
 drafts are checked in the batched step itself (:meth:`Speculation.in_step`):
 every row of a LongRoPE group brings its pending token and its draft, padded to
-the step's common length, chosen where it pays (:mod:`engine.sched.stepcost`).
+the step's common length, chosen where it pays (:mod:`engine.sched.stepcost`),
+for a request alone too where checks give one-token steps' bits (``exact``:
+phi-api's kernels multiply 8 token-rows a pass, so at Phi-3.5-mini's shape a
+check of 9 tokens costs ~1.45x one of 8).
 ONNX Runtime's attention takes several new tokens on top of past context only
 for a batch of one: there a drafting row's check is a step of its own, before the
 batched step of every row; a LongRoPE group whose every row advanced this way
@@ -65,6 +68,7 @@ class Speculation:
     invariant: bool
     paired: bool = False
     drafts: DraftModel | None = None
+    exact: bool = False  # a check gives each token one-token steps' bits: no choice of length changes an answer
 
     def advance(self) -> set[int]:
         """Check every running row that has a draft; the ids of the rows that advanced and still run."""
@@ -106,6 +110,8 @@ class Speculation:
         drafts = [row.drafter.propose(min(space, self._room(row)), self._model_cost(row, alone)) for row in rows]
         if alone:
             length = max(map(len, drafts))
+            if self.exact:  # no length changes an answer: the one whose tokens, all kept, come fastest
+                length = self.costs.batch_check_length([(len(d), float(len(d))) for d in drafts], len(rows)) or length
         else:
             length = self.costs.batch_check_length([(len(d), row.drafter.expected)
                                                     for row, d in zip(rows, drafts, strict=True) if d], len(rows))
