@@ -2,10 +2,11 @@
 through the one gate as a request of its key at its priority (inside the key's limits and
 ``MAX_CONCURRENT_REQUESTS``), rendered by the Responses API's renderer, and its end recorded in the store.
 
-A streamed one's events are added to the store as they come, a few at a time, for its followers. While it runs, its
-claim is renewed; when the store says it must stop (it was cancelled or deleted, or its claim was lost) the run is
-closed at once, freeing its slot. A response the gate cannot take now (the server full, its key's limits used up, the
-worker shutting down) goes back to the queue; any other refusal fails it, with the error a live request would get.
+Once the gate has taken it, it is shown ``in_progress`` (until then its client sees it queued). A streamed one's
+events are added to the store as they come, a few at a time, for its followers. While it runs, its claim is renewed;
+when the store says it must stop (it was cancelled or deleted, or its claim was lost) the run is closed at once,
+freeing its slot. A response the gate cannot take now (the server full, its key's limits used up, the worker
+shutting down) goes back to the queue; any other refusal fails it, with the error a live request would get.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ def _run(resources: Resources, job: Job, request_id: str, stop: gevent.event.Eve
         return _failed(store, job, error)
     renderer = reading.renderer(run)
     try:
+        if not store.start(job):
+            return Outcome("stopped")
         if job.stream:
             return _streamed(store, job, renderer.stream(), stop)
         results = generation.collect(run, stop.is_set)

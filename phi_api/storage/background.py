@@ -6,9 +6,11 @@ each background response's request body, its key (by name) and priority, its sta
 ``in_progress``, then ``completed``, ``incomplete``, ``failed`` or ``cancelled``) and its latest response object;
 and the events of a streamed one, by ``sequence_number``. A queued response is claimed in a transaction (on
 PostgreSQL with ``FOR UPDATE SKIP LOCKED``), so it runs once however many workers and replicas there are; the claim is
-a lease, renewed while it runs. A response whose worker died (its lease ran out, or its neighbour on the same machine
-saw the process gone) is marked failed, never left in progress: its client may have read part of its stream, so it
-is not run again. Queued ones wait across restarts.
+a lease, renewed while it runs. A claimed response is shown ``queued`` until the gate has taken it (:meth:`start`),
+so one the gate refused, or whose worker stopped before the gate took it, is still queued for its client. A response
+whose worker died (its lease ran out, or its neighbour on the same machine saw the process gone) is put back in the
+queue when it had not started, and marked failed, never left in progress, when it had: its client may have read part
+of its stream, so it is not run again. Queued ones wait across restarts.
 
 Bounded: at most ``max_active`` queued or running responses a key (more: refused before anything is kept), the
 newest ``max_events`` events of a running response (a resume from before them is refused), events kept
@@ -165,7 +167,8 @@ class BackgroundStore:
 
     @off_the_hub
     def claim(self, claimant: str) -> Job | None:
-        """Take the queued response to run next, for ``claimant`` (a worker): the soonest priority's oldest."""
+        """Take the queued response to run next, for ``claimant`` (a worker): the soonest priority's oldest. Its
+        object stays ``queued`` until :meth:`start`."""
         now = time.time()
         with self.database.begin() as db:
             row = db.execute(
@@ -176,10 +179,21 @@ class BackgroundStore:
                 .with_for_update(skip_locked=True)).first()
             if row is None:
                 return None
-            response = {**json.loads(row[6]), "status": "in_progress"}
             db.execute(_RUNS.update().where(_RUNS.c.id == row[0]).values(
-                state="in_progress", claimant=claimant, lease_until=now + self.lease, response=json.dumps(response)))
+                state="in_progress", claimant=claimant, lease_until=now + self.lease))
         return Job(row[0], row[1], json.loads(row[2]), int(row[3]), bool(row[4]), float(row[5]), claimant)
+
+    @off_the_hub
+    def start(self, job: Job) -> bool:
+        """Show a claimed response as ``in_progress``: the gate has taken it, it runs. False when the claim was lost
+        (it was cancelled or deleted meanwhile)."""
+        with self.database.begin() as db:
+            response = db.scalar(sa.select(_RUNS.c.response).where(_RUNS.c.id == job.id))
+            if response is None:
+                return False
+            running = {**json.loads(response), "status": "in_progress"}
+            return db.execute(_held(job).values(response=json.dumps(running),
+                                                lease_until=time.time() + self.lease)).rowcount > 0
 
     @off_the_hub
     def renew(self, job: Job) -> bool:
@@ -240,21 +254,27 @@ class BackgroundStore:
 
     @off_the_hub
     def recover(self, alive: Callable[[str], bool], failed: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
-        """Mark failed (its object: ``failed(object)``; a streamed one's last event ``response.failed``) each running
-        response whose worker is gone: no longer ``alive(claimant)``, or its lease ran out. How many."""
+        """Each claimed response whose worker is gone (no longer ``alive(claimant)``, or its lease ran out): back in
+        the queue when it had not started, else marked failed (its object: ``failed(object)``; a streamed one's last
+        event ``response.failed``). How many were marked failed."""
         now = time.time()
         with self.database.begin() as db:
             rows = db.execute(sa.select(_RUNS.c.id, _RUNS.c.claimant, _RUNS.c.lease_until, _RUNS.c.response,
                                         _RUNS.c.stream).where(_RUNS.c.state == "in_progress")
                               .with_for_update(skip_locked=True)).all()
             dead = [row for row in rows if (row[2] or 0.0) < now or not alive(row[1] or "")]
+            lost = 0
             for id_, _, _, response, stream in dead:
-                ended = failed(json.loads(response))
-                db.execute(_RUNS.update().where(_RUNS.c.id == id_).values(
-                    state="failed", response=json.dumps(ended), ended=now, claimant=None, lease_until=None))
+                done = _RUNS.update().where(_RUNS.c.id == id_)
+                if json.loads(response)["status"] == "queued":  # the gate never took it: it waits for another worker
+                    db.execute(done.values(state="queued", claimant=None, lease_until=None))
+                    continue
+                ended, lost = failed(json.loads(response)), lost + 1
+                db.execute(done.values(state="failed", response=json.dumps(ended), ended=now, claimant=None,
+                                       lease_until=None))
                 if stream:
                     _add_events(db, id_, [_failed_event(db, id_, ended)])
-        return len(dead)
+        return lost
 
     @off_the_hub
     def expire(self) -> None:

@@ -45,7 +45,8 @@ def test_a_response_is_claimed_once_run_and_ended(store):
     assert store.get("resp_1", "team").state == "queued"
     job = store.claim("worker-1")
     assert job.id == "resp_1" and job.body["input"] == "1" and store.claim("worker-2") is None
-    assert store.get("resp_1").state == "in_progress" and store.get("resp_1").response["status"] == "in_progress"
+    assert store.get("resp_1").state == "in_progress" and store.get("resp_1").response["status"] == "queued"
+    assert store.start(job) and store.get("resp_1").response["status"] == "in_progress"  # the gate took it
     assert store.renew(job)
     assert store.finish(job, ended("completed"))
     found = store.get("resp_1", "team")
@@ -131,6 +132,7 @@ def test_a_response_whose_worker_died_is_marked_failed_with_a_last_event(store):
     put(store, 1, stream=True)
     put(store, 2)
     claims = [store.claim("dead-worker"), store.claim("live-worker")]
+    assert all(store.start(claim) for claim in claims)
     store.add_events(claims[0], events(2, 4))
     assert store.recover(lambda claimant: claimant == "live-worker", failed) == 1
     gone = store.get("resp_1")
@@ -145,8 +147,29 @@ def test_a_lease_that_ran_out_is_a_dead_worker(tmp_path):
     store = BackgroundStore(sqlite_url(tmp_path / "r.sqlite3"), max_active=2, max_events=16, events_seconds=3600,
                             max_age=3600, lease=-1.0)  # a lease that has run out once taken
     put(store, 1)
-    store.claim("far-away")
+    store.start(store.claim("far-away"))
     assert store.recover(lambda claimant: True, failed) == 1 and store.get("resp_1").state == "failed"
+
+
+def test_a_response_whose_worker_died_before_the_gate_took_it_waits_for_another(store):
+    put(store, 1, stream=True)
+    put(store, 2)
+    claims = [store.claim("dead-worker"), store.claim("dead-worker")]
+    store.start(claims[1])
+    assert store.recover(lambda claimant: False, failed) == 1  # only the one that had started is lost
+    waiting = store.get("resp_1")
+    assert (waiting.state, waiting.response["status"]) == ("queued", "queued") and store.events("resp_1", 1) == []
+    assert store.get("resp_2").state == "failed"
+    assert not store.start(claims[0])  # the dead worker's claim holds nothing now
+    again = store.claim("live-worker")
+    assert again.id == "resp_1" and store.start(again) and store.get("resp_1").response["status"] == "in_progress"
+
+
+def test_a_cancelled_response_cannot_start(store):
+    put(store, 1)
+    job = store.claim("w")
+    store.cancel("resp_1", failed)
+    assert not store.start(job) and store.get("resp_1").state == "cancelled"
 
 
 def test_events_go_after_their_time_and_responses_after_their_age(tmp_path):
