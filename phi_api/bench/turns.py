@@ -10,6 +10,7 @@ Greedy, 8 tokens, streamed, one worker each. Medians over the runs, and the cach
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -47,7 +48,7 @@ def conversation(server: Server, run: int, words: int) -> dict[str, Any]:
 def measure(model_path: str, baseline: Path, runs: int, words: int) -> dict[str, Any]:
     # the baseline's own kernel library (its sources may differ from this tree's)
     subprocess.run([sys.executable, "-m", "phi_api", "build-kernel"], cwd=baseline, check=True,
-                   env={"PYTHONPATH": str(baseline), "PATH": "/usr/bin:/bin"})
+                   env={**os.environ, "PYTHONPATH": str(baseline)})
     seen: dict[str, list[dict[str, Any]]] = {"ours": [], "baseline": []}
     with tempfile.TemporaryDirectory() as logs:
         common: dict[str, Any] = {"MODEL_PATH": model_path, "MODEL_ID": MODEL_ID, "WEB_CONCURRENCY": 1}

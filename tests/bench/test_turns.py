@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pytest
 
@@ -30,4 +29,3 @@ def test_a_server_of_another_checkout_runs_its_code(tmp_path):
     mine = Server(tmp_path)
     assert other.repo == tmp_path / "checkout" and other.env["PYTHONPATH"] == str(tmp_path / "checkout")
     assert mine.repo == REPO and mine.env.get("PYTHONPATH") != str(tmp_path / "checkout")
-    assert isinstance(REPO, Path)
