@@ -110,6 +110,17 @@ def test_a_response_waits_in_the_queue_while_the_server_is_full_then_runs(make_a
     assert app_client.get(f"/v1/responses/{queued['id']}").get_json()["status"] == "completed"
 
 
+def test_a_worker_that_stopped_before_the_gate_took_it_leaves_it_queued_for_another(make_app):
+    app_client, _ = scripted(make_app, b"ok")
+    app = app_client.application
+    queued = create(app_client, input="Hi", background=True).get_json()
+    assert get_background(app).claim("worker-that-stopped").id == queued["id"]  # and then it stopped
+    assert app_client.get(f"/v1/responses/{queued['id']}").get_json()["status"] == "queued"
+    assert get_background(app).recover(lambda claimant: claimant != "worker-that-stopped", lambda r: r) == 0
+    assert run_next(app) == "ended"  # another worker runs it: it had not started, so it is not lost
+    assert app_client.get(f"/v1/responses/{queued['id']}").get_json()["status"] == "completed"
+
+
 def test_a_request_the_gate_refuses_for_good_fails_the_response(make_app):
     app_client, _ = scripted(make_app, b"ok")
     app = app_client.application
