@@ -188,12 +188,10 @@ class BackgroundStore:
         """Show a claimed response as ``in_progress``: the gate has taken it, it runs. False when the claim was lost
         (it was cancelled or deleted meanwhile)."""
         with self.database.begin() as db:
-            response = db.scalar(sa.select(_RUNS.c.response).where(_RUNS.c.id == job.id))
-            if response is None:
-                return False
-            running = {**json.loads(response), "status": "in_progress"}
-            return db.execute(_held(job).values(response=json.dumps(running),
-                                                lease_until=time.time() + self.lease)).rowcount > 0
+            response = _object(db, job.id)
+            return response is not None and db.execute(_held(job).values(
+                response=json.dumps({**response, "status": "in_progress"}), lease_until=time.time() + self.lease)
+            ).rowcount > 0
 
     @off_the_hub
     def renew(self, job: Job) -> bool:
@@ -219,38 +217,28 @@ class BackgroundStore:
         """Record a response's end (its object's ``status``) with its last events; False when the claim was lost
         (it was cancelled or deleted meanwhile: that stands)."""
         with self.database.begin() as db:
-            return self._end(db, job, response, events or [])
-
-    @staticmethod
-    def _end(db: sa.Connection, job: Job, response: dict[str, Any], events: list[dict[str, Any]]) -> bool:
-        ended = db.execute(_held(job).values(state=response["status"], response=jsontext.dumps_in_slices(response),
-                                             ended=time.time(), claimant=None, lease_until=None)).rowcount > 0
-        if ended:
-            _add_events(db, job.id, events)
-        return ended
+            return _end(db, job, response, events or [])
 
     @off_the_hub
     def release(self, job: Job, not_before: float) -> None:
         """Put a claimed response back in the queue, not to be claimed before ``not_before``: it could not start now
         (the server is full, or its key's limits are used up for the moment)."""
         with self.database.begin() as db:
-            response = db.scalar(sa.select(_RUNS.c.response).where(_RUNS.c.id == job.id))
-            if response is None:
-                return
-            queued = {**json.loads(response), "status": "queued"}
-            db.execute(_held(job).values(state="queued", claimant=None, lease_until=None, not_before=not_before,
-                                         response=json.dumps(queued)))
+            response = _object(db, job.id)
+            if response is not None:
+                db.execute(_held(job).values(state="queued", claimant=None, lease_until=None, not_before=not_before,
+                                             response=json.dumps({**response, "status": "queued"})))
 
     @off_the_hub
     def fail(self, job: Job, failed: Callable[[dict[str, Any]], dict[str, Any]]) -> bool:
         """Record that a claimed response failed before it ran (its object: ``failed(object)``); False when the
         claim was lost meanwhile."""
         with self.database.begin() as db:
-            response = db.scalar(sa.select(_RUNS.c.response).where(_RUNS.c.id == job.id))
+            response = _object(db, job.id)
             if response is None:
                 return False
-            ended = failed(json.loads(response))
-            return self._end(db, job, ended, [_failed_event(db, job.id, ended)] if job.stream else [])
+            ended = failed(response)
+            return _end(db, job, ended, [_failed_event(db, job.id, ended)] if job.stream else [])
 
     @off_the_hub
     def recover(self, alive: Callable[[str], bool], failed: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
@@ -263,18 +251,8 @@ class BackgroundStore:
                                         _RUNS.c.stream).where(_RUNS.c.state == "in_progress")
                               .with_for_update(skip_locked=True)).all()
             dead = [row for row in rows if (row[2] or 0.0) < now or not alive(row[1] or "")]
-            lost = 0
-            for id_, _, _, response, stream in dead:
-                done = _RUNS.update().where(_RUNS.c.id == id_)
-                if json.loads(response)["status"] == "queued":  # the gate never took it: it waits for another worker
-                    db.execute(done.values(state="queued", claimant=None, lease_until=None))
-                    continue
-                ended, lost = failed(json.loads(response)), lost + 1
-                db.execute(done.values(state="failed", response=json.dumps(ended), ended=now, claimant=None,
-                                       lease_until=None))
-                if stream:
-                    _add_events(db, id_, [_failed_event(db, id_, ended)])
-        return lost
+            return sum(_orphaned(db, id_, json.loads(response), bool(stream), failed, now)
+                       for id_, _, _, response, stream in dead)
 
     @off_the_hub
     def expire(self) -> None:
@@ -294,6 +272,35 @@ class BackgroundStore:
             rows = db.execute(sa.select(_RUNS.c.state, sa.func.count()).where(_RUNS.c.state.in_(ACTIVE))
                               .group_by(_RUNS.c.state)).all()
         return {state: int(count) for state, count in rows}
+
+
+def _object(db: sa.Connection, response_id: str) -> dict[str, Any] | None:
+    """A background response's object as kept, or None when it is gone."""
+    text = db.scalar(sa.select(_RUNS.c.response).where(_RUNS.c.id == response_id))
+    return None if text is None else json.loads(text)
+
+
+def _end(db: sa.Connection, job: Job, response: dict[str, Any], events: list[dict[str, Any]]) -> bool:
+    """Record ``job``'s end while its claim holds; whether it held."""
+    ended = db.execute(_held(job).values(state=response["status"], response=jsontext.dumps_in_slices(response),
+                                         ended=time.time(), claimant=None, lease_until=None)).rowcount > 0
+    if ended:
+        _add_events(db, job.id, events)
+    return ended
+
+
+def _orphaned(db: sa.Connection, response_id: str, response: dict[str, Any], stream: bool,
+              failed: Callable[[dict[str, Any]], dict[str, Any]], now: float) -> bool:
+    """A response whose worker is gone: back in the queue when the gate never took it (False), else failed (True)."""
+    row = _RUNS.update().where(_RUNS.c.id == response_id)
+    if response["status"] == "queued":
+        db.execute(row.values(state="queued", claimant=None, lease_until=None))
+        return False
+    ended = failed(response)
+    db.execute(row.values(state="failed", response=json.dumps(ended), ended=now, claimant=None, lease_until=None))
+    if stream:
+        _add_events(db, response_id, [_failed_event(db, response_id, ended)])
+    return True
 
 
 def _held(job: Job) -> Any:
