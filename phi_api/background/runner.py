@@ -47,8 +47,13 @@ class BackgroundRunner:
             job = None
             try:
                 if time.monotonic() - recovered_at > RECOVER_SECONDS:
-                    if self.store.recover(alive, failed(GONE)):
-                        log.warning("background responses of a worker that stopped were marked failed")
+                    recovered = self.store.recover(alive, failed(GONE))
+                    if recovered.requeued:
+                        log.info("%d background responses of a worker that stopped before running them: queued "
+                                 "again", recovered.requeued)
+                    if recovered.failed:
+                        log.warning("%d background responses of a worker that stopped while running them: marked "
+                                    "failed", recovered.failed)
                     self.store.expire()
                     recovered_at = time.monotonic()
                 job = self.store.claim(self.owner) if self.pool.free_count() else None

@@ -25,7 +25,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -54,6 +54,13 @@ class BackgroundFull(Exception):
 
 class EventsGone(Exception):
     """The events asked for are no longer kept (the message says from where they are)."""
+
+
+class Recovered(NamedTuple):
+    """What :meth:`BackgroundStore.recover` did with the responses of workers that are gone."""
+
+    requeued: int  #: never started: back in the queue
+    failed: int  #: had started: marked failed
 
 
 @dataclass(frozen=True)
@@ -223,11 +230,8 @@ class BackgroundStore:
     def release(self, job: Job, not_before: float) -> None:
         """Put a claimed response back in the queue, not to be claimed before ``not_before``: it could not start now
         (the server is full, or its key's limits are used up for the moment)."""
-        with self.database.begin() as db:
-            response = _object(db, job.id)
-            if response is not None:
-                db.execute(_held(job).values(state="queued", claimant=None, lease_until=None, not_before=not_before,
-                                             response=json.dumps({**response, "status": "queued"})))
+        with self.database.begin() as db:  # its object still reads ``queued``: only :meth:`start` changes that
+            db.execute(_held(job).values(state="queued", claimant=None, lease_until=None, not_before=not_before))
 
     @off_the_hub
     def fail(self, job: Job, failed: Callable[[dict[str, Any]], dict[str, Any]]) -> bool:
@@ -241,18 +245,20 @@ class BackgroundStore:
             return _end(db, job, ended, [_failed_event(db, job.id, ended)] if job.stream else [])
 
     @off_the_hub
-    def recover(self, alive: Callable[[str], bool], failed: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
+    def recover(self, alive: Callable[[str], bool],
+                failed: Callable[[dict[str, Any]], dict[str, Any]]) -> Recovered:
         """Each claimed response whose worker is gone (no longer ``alive(claimant)``, or its lease ran out): back in
         the queue when it had not started, else marked failed (its object: ``failed(object)``; a streamed one's last
-        event ``response.failed``). How many were marked failed."""
+        event ``response.failed``). How many went each way."""
         now = time.time()
         with self.database.begin() as db:
             rows = db.execute(sa.select(_RUNS.c.id, _RUNS.c.claimant, _RUNS.c.lease_until, _RUNS.c.response,
                                         _RUNS.c.stream).where(_RUNS.c.state == "in_progress")
                               .with_for_update(skip_locked=True)).all()
             dead = [row for row in rows if (row[2] or 0.0) < now or not alive(row[1] or "")]
-            return sum(_orphaned(db, id_, json.loads(response), bool(stream), failed, now)
+            lost = sum(_orphaned(db, id_, json.loads(response), bool(stream), failed, now)
                        for id_, _, _, response, stream in dead)
+        return Recovered(requeued=len(dead) - lost, failed=lost)
 
     @off_the_hub
     def expire(self) -> None:

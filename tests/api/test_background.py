@@ -116,7 +116,7 @@ def test_a_worker_that_stopped_before_the_gate_took_it_leaves_it_queued_for_anot
     queued = create(app_client, input="Hi", background=True).get_json()
     assert get_background(app).claim("worker-that-stopped").id == queued["id"]  # and then it stopped
     assert app_client.get(f"/v1/responses/{queued['id']}").get_json()["status"] == "queued"
-    assert get_background(app).recover(lambda claimant: claimant != "worker-that-stopped", lambda r: r) == 0
+    assert get_background(app).recover(lambda claimant: claimant != "worker-that-stopped", lambda r: r) == (1, 0)
     assert run_next(app) == "ended"  # another worker runs it: it had not started, so it is not lost
     assert app_client.get(f"/v1/responses/{queued['id']}").get_json()["status"] == "completed"
 

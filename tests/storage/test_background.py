@@ -134,7 +134,7 @@ def test_a_response_whose_worker_died_is_marked_failed_with_a_last_event(store):
     claims = [store.claim("dead-worker"), store.claim("live-worker")]
     assert all(store.start(claim) for claim in claims)
     store.add_events(claims[0], events(2, 4))
-    assert store.recover(lambda claimant: claimant == "live-worker", failed) == 1
+    assert store.recover(lambda claimant: claimant == "live-worker", failed) == (0, 1)
     gone = store.get("resp_1")
     assert gone.state == "failed" and gone.response["error"]["message"] == "gone"
     last = store.events("resp_1", 4)
@@ -148,7 +148,7 @@ def test_a_lease_that_ran_out_is_a_dead_worker(tmp_path):
                             max_age=3600, lease=-1.0)  # a lease that has run out once taken
     put(store, 1)
     store.start(store.claim("far-away"))
-    assert store.recover(lambda claimant: True, failed) == 1 and store.get("resp_1").state == "failed"
+    assert store.recover(lambda claimant: True, failed) == (0, 1) and store.get("resp_1").state == "failed"
 
 
 def test_a_response_whose_worker_died_before_the_gate_took_it_waits_for_another(store):
@@ -156,7 +156,7 @@ def test_a_response_whose_worker_died_before_the_gate_took_it_waits_for_another(
     put(store, 2)
     claims = [store.claim("dead-worker"), store.claim("dead-worker")]
     store.start(claims[1])
-    assert store.recover(lambda claimant: False, failed) == 1  # only the one that had started is lost
+    assert store.recover(lambda claimant: False, failed) == (1, 1)  # only the one that had started is lost
     waiting = store.get("resp_1")
     assert (waiting.state, waiting.response["status"]) == ("queued", "queued") and store.events("resp_1", 1) == []
     assert store.get("resp_2").state == "failed"
