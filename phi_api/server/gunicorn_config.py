@@ -32,6 +32,7 @@ loglevel = _settings.LOG_LEVEL.lower()
 logconfig_dict = gunicorn_logconfig(_settings.LOG_LEVEL, _settings.LOG_FORMAT)  # LOG_FORMAT=json: gunicorn's too
 control_socket_disable = True
 
+pre_fork = serving.pre_fork
 post_worker_init = serving.post_worker_init
 worker_exit = serving.worker_exit
 child_exit = serving.child_exit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from types import SimpleNamespace
 
@@ -52,3 +53,12 @@ def test_worker_exit_in_the_worker_leaves_with_its_status(exits, raised, code):
             except BaseException:
                 serving.worker_exit(SimpleNamespace(), worker)
     assert exits == [code]
+
+
+def test_what_the_master_loaded_leaves_the_collectors_view_before_a_fork():
+    loaded = [object()]  # stands for the app and the model the master loaded
+    try:
+        serving.pre_fork(SimpleNamespace(), SimpleNamespace())
+        assert not any(each is loaded for each in gc.get_objects())  # no collection walks (or writes to) it
+    finally:
+        gc.unfreeze()
