@@ -6,8 +6,9 @@ every core) in one run, and each figure as a share of the machine's limits measu
   the server's time over the raw engine's, paired run by run, and the multiply-adds of the weights and of the
   attention over the int8 dot-product peak.
 - Decode at contexts of 1k, 4k and 8k tokens, one stream and 8 at once: tokens a second, and the bytes a step reads
-  (the weights once, each row's keys and values) over the read bandwidth. The raw engine's decode beside it where
-  its float32 keys and values fit in memory.
+  (the weights once, each row's keys and values) over the read bandwidth; and the step's bound, the larger of that
+  time and its multiply-adds' over the int8 peak, over the step's time (``server_share_of_bound``). The raw
+  engine's decode beside it where its float32 keys and values fit in memory.
 
 Prompts are token ids (the same for both), each led by tokens no earlier prompt shares, so that no prompt cache
 answers them; the streams of a decode measurement share a document and end with tokens of their own. Medians of
@@ -62,6 +63,15 @@ class Costs:
         (``raw``: the raw engine's weights)."""
         weights = self.raw_weight_bytes if raw else self.weight_bytes
         return weights + rows * context * self.kv_bytes_per_context
+
+    def step_bound(self, rows: int, context: int, int8_gmacs: float, read_gbs: float) -> tuple[float, str]:
+        """The least time a decode step of ``rows`` rows at ``context`` tokens can take (seconds) on a machine of
+        this peak and bandwidth, and which of the two bounds it: its multiply-adds over the int8 peak, or its bytes
+        over the bandwidth. One row reads far more than it computes; at short contexts 8 rows of a 4-bit model
+        compute about as long as they read, and either may be the larger."""
+        compute = rows * (self.weight_macs + context * self.attention_macs_per_context) / int8_gmacs / 1e9
+        memory = self.step_bytes(rows, context) / read_gbs / 1e9
+        return (compute, "compute") if compute > memory else (memory, "memory")
 
 
 def model_costs(model_path: str, kv_dtype: str = "auto", int4_kernel: str = "auto") -> Costs:
@@ -178,7 +188,8 @@ def server_decode(url: str, model: str, prompts: Prompts, context: int, streams:
 
 
 def measure_decode(url: str, model: str, raw: Any, prompts: Prompts, contexts: list[int], runs: int,
-                   costs: Costs, bandwidth: float, raw_fits: Any, raw_streams: set[int]) -> list[dict[str, Any]]:
+                   costs: Costs, limits: Any, raw_fits: Any, raw_streams: set[int]) -> list[dict[str, Any]]:
+    bandwidth = limits.read_gbs
     rows: list[dict[str, Any]] = []
     for context in contexts:
         for streams in (1, 8):
@@ -188,8 +199,10 @@ def measure_decode(url: str, model: str, raw: Any, prompts: Prompts, contexts: l
             rates = [server_decode(url, model, prompts, context, streams) for _ in range(runs)]
             step = costs.step_bytes(streams, context)
             rate = median(rates)
+            bound, bound_by = costs.step_bound(streams, context, limits.int8_gmacs, bandwidth)
             row: dict[str, Any] = {"context": context, "streams": streams, "server_tokens_per_s": rate,
-                                   "server_share_of_bandwidth": step * rate / streams / 1e9 / bandwidth}
+                                   "server_share_of_bandwidth": step * rate / streams / 1e9 / bandwidth,
+                                   "server_share_of_bound": bound * rate / streams, "bound_by": bound_by}
             if raw is not None and raw_fits(streams, context) and streams in raw_streams:
                 raw_rates = [raw.decode_ids(prompts.fresh(context), MAX_TOKENS, streams) for _ in range(runs)]
                 row.update(raw_tokens_per_s=median(raw_rates),
@@ -241,7 +254,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                             limits.int8_gmacs)
         say(f"prompts: {json.dumps(report['prompts'])}")  # a long run's first half, should the second fail
         report["decode"] = measure_decode(server.url, "bench-model", raw, prompts, contexts, args.runs, costs,
-                                          limits.read_gbs, raw_fits, {int(n) for n in args.raw_streams.split(",")})
+                                          limits, raw_fits, {int(n) for n in args.raw_streams.split(",")})
     return report
 
 
