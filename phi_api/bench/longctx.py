@@ -30,12 +30,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from phi_api.bench.client import stream_completion
 from phi_api.bench.common import PROMPT, emit, median, say
+
+if TYPE_CHECKING:
+    from phi_api.bench.roofline import Limits
 
 MAX_TOKENS = 64  # decoded per stream in the decode measurements
 TAIL = 8  # each decoding stream's own last prompt tokens
@@ -188,7 +191,7 @@ def server_decode(url: str, model: str, prompts: Prompts, context: int, streams:
 
 
 def measure_decode(url: str, model: str, raw: Any, prompts: Prompts, contexts: list[int], runs: int,
-                   costs: Costs, limits: Any, raw_fits: Any, raw_streams: set[int]) -> list[dict[str, Any]]:
+                   costs: Costs, limits: Limits, raw_fits: Any, raw_streams: set[int]) -> list[dict[str, Any]]:
     bandwidth = limits.read_gbs
     rows: list[dict[str, Any]] = []
     for context in contexts:

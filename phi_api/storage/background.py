@@ -33,6 +33,7 @@ from phi_api import jsontext
 from phi_api.storage.database import Database, create_tables, mine, off_the_hub, owner_column
 
 ACTIVE = ("queued", "in_progress")
+_QUEUED_AGAIN = {"state": "queued", "claimant": None, "lease_until": None}  # a claimed row given back
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 
 _TABLES = sa.MetaData()
@@ -224,14 +225,14 @@ class BackgroundStore:
         """Record a response's end (its object's ``status``) with its last events; False when the claim was lost
         (it was cancelled or deleted meanwhile: that stands)."""
         with self.database.begin() as db:
-            return _end(db, job, response, events or [])
+            return _end(db, _held(job), job.id, response, events or [])
 
     @off_the_hub
     def release(self, job: Job, not_before: float) -> None:
         """Put a claimed response back in the queue, not to be claimed before ``not_before``: it could not start now
         (the server is full, or its key's limits are used up for the moment)."""
         with self.database.begin() as db:  # its object still reads ``queued``: only :meth:`start` changes that
-            db.execute(_held(job).values(state="queued", claimant=None, lease_until=None, not_before=not_before))
+            db.execute(_held(job).values(not_before=not_before, **_QUEUED_AGAIN))
 
     @off_the_hub
     def fail(self, job: Job, failed: Callable[[dict[str, Any]], dict[str, Any]]) -> bool:
@@ -239,10 +240,7 @@ class BackgroundStore:
         claim was lost meanwhile."""
         with self.database.begin() as db:
             response = _object(db, job.id)
-            if response is None:
-                return False
-            ended = failed(response)
-            return _end(db, job, ended, [_failed_event(db, job.id, ended)] if job.stream else [])
+            return response is not None and _failed(db, _held(job), job.id, failed(response), job.stream)
 
     @off_the_hub
     def recover(self, alive: Callable[[str], bool],
@@ -256,7 +254,7 @@ class BackgroundStore:
                                         _RUNS.c.stream).where(_RUNS.c.state == "in_progress")
                               .with_for_update(skip_locked=True)).all()
             dead = [row for row in rows if (row[2] or 0.0) < now or not alive(row[1] or "")]
-            lost = sum(_orphaned(db, id_, json.loads(response), bool(stream), failed, now)
+            lost = sum(_orphaned(db, id_, json.loads(response), bool(stream), failed)
                        for id_, _, _, response, stream in dead)
         return Recovered(requeued=len(dead) - lost, failed=lost)
 
@@ -286,27 +284,30 @@ def _object(db: sa.Connection, response_id: str) -> dict[str, Any] | None:
     return None if text is None else json.loads(text)
 
 
-def _end(db: sa.Connection, job: Job, response: dict[str, Any], events: list[dict[str, Any]]) -> bool:
-    """Record ``job``'s end while its claim holds; whether it held."""
-    ended = db.execute(_held(job).values(state=response["status"], response=jsontext.dumps_in_slices(response),
-                                         ended=time.time(), claimant=None, lease_until=None)).rowcount > 0
+def _end(db: sa.Connection, row: Any, response_id: str, response: dict[str, Any],
+         events: list[dict[str, Any]]) -> bool:
+    """Record a response's end (``response``, its last ``events``) through ``row``, an update of its row; whether
+    the update found it (a claim's, :func:`_held`, finds it only while the claim holds)."""
+    ended = db.execute(row.values(state=response["status"], response=jsontext.dumps_in_slices(response),
+                                  ended=time.time(), claimant=None, lease_until=None)).rowcount > 0
     if ended:
-        _add_events(db, job.id, events)
+        _add_events(db, response_id, events)
     return ended
 
 
+def _failed(db: sa.Connection, row: Any, response_id: str, ended: dict[str, Any], stream: bool) -> bool:
+    """:func:`_end` for a response that failed: a streamed one's last event is ``response.failed``."""
+    return _end(db, row, response_id, ended, [_failed_event(db, response_id, ended)] if stream else [])
+
+
 def _orphaned(db: sa.Connection, response_id: str, response: dict[str, Any], stream: bool,
-              failed: Callable[[dict[str, Any]], dict[str, Any]], now: float) -> bool:
+              failed: Callable[[dict[str, Any]], dict[str, Any]]) -> bool:
     """A response whose worker is gone: back in the queue when the gate never took it (False), else failed (True)."""
     row = _RUNS.update().where(_RUNS.c.id == response_id)
     if response["status"] == "queued":
-        db.execute(row.values(state="queued", claimant=None, lease_until=None))
+        db.execute(row.values(**_QUEUED_AGAIN))
         return False
-    ended = failed(response)
-    db.execute(row.values(state="failed", response=json.dumps(ended), ended=now, claimant=None, lease_until=None))
-    if stream:
-        _add_events(db, response_id, [_failed_event(db, response_id, ended)])
-    return True
+    return _failed(db, row, response_id, failed(response), stream)
 
 
 def _held(job: Job) -> Any:
