@@ -9,6 +9,7 @@ bad one gets a 400 at once and never reaches a slot. At most one of these fields
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ from llguidance import LLMatcher, grammar_from
 from phi_api import jsontext
 from phi_api.engine.threads.native import off_hub
 from phi_api.errors import InvalidJSONSchemaError, InvalidParameterError, UnsupportedParameterError
-from phi_api.service.grammar import strict_violation
+from phi_api.service.grammar import check_schema_size, strict_violation
 
 _MAX_REASON_CHARS = 300
 # vLLM's structured_outputs keys phi-api honours -> llguidance's format for them (json is a schema, apart)
@@ -25,6 +26,13 @@ _STRUCTURED = {"regex": "regex", "choice": "choice", "grammar": "grammar"}
 # the older vLLM fields, and llama.cpp's
 _FIELDS = {"guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar", "grammar": "grammar"}
 _SCHEMA_FIELDS = ("guided_json", "json_schema")
+# llguidance's compiler recurses from rule to rule: on a thread's 8 MB stack a chain of ~2,500 Lark rules overflows
+# it and kills the process. A grammar of more definitions than this is refused (a full programming language's
+# grammar holds a few hundred).
+MAX_GRAMMAR_RULES = 500
+# a definition's head at a line's start: Lark's "name:", "?name:", "NAME.2:", GBNF's "name ::="
+_DEFINITION = re.compile(r"^[ \t]*[?!]?[A-Za-z_][\w-]*(?:\.-?\d+)?[ \t]*(?:::=|:)", re.MULTILINE)
+_EMBEDDED_SCHEMA = re.compile(r"%json\s*")  # Lark's %json {schema}: a JSON Schema within the grammar
 
 
 @dataclass(frozen=True)
@@ -46,12 +54,28 @@ def grammar(kind: str, text: Any, param: str) -> Grammar:
         raise InvalidParameterError(f"{param} must be a non-empty list of strings.", param=param)
     if kind != "choice" and not (isinstance(text, str) and text.strip()):
         raise InvalidParameterError(f"{param} must be a non-empty string.", param=param)
+    if kind == "grammar":
+        _check_grammar_size(text, param)
     # compiled on a pooled thread: a large grammar must not stall the worker's other requests on the hub
     definition, reason = off_hub(_compile, kind, json.dumps(text) if kind == "choice" else text)
     if reason:
         first_line = reason.strip().splitlines()[0] if reason.strip() else "invalid"
         raise InvalidParameterError(f"{param} cannot be compiled: {first_line[:_MAX_REASON_CHARS]}", param=param)
     return Grammar(definition, param)
+
+
+def _check_grammar_size(text: str, param: str) -> None:
+    """400 ``invalid_parameter`` when the grammar ``text`` defines more than :data:`MAX_GRAMMAR_RULES` rules, or
+    embeds a JSON Schema (``%json``) that :func:`.grammar.check_schema_size` refuses."""
+    if sum(1 for _ in _DEFINITION.finditer(text)) > MAX_GRAMMAR_RULES:
+        raise InvalidParameterError(f"{param} defines more than {MAX_GRAMMAR_RULES} rules.", param=param)
+    decoder = json.JSONDecoder()
+    for found in _EMBEDDED_SCHEMA.finditer(text):
+        try:
+            schema, _ = decoder.raw_decode(text, found.end())
+        except (ValueError, RecursionError):
+            continue  # not JSON there: llguidance's compiler says what is wrong with it
+        check_schema_size(schema, param)
 
 
 def _compile(kind: str, text: str) -> tuple[str, str]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from llguidance import LLMatcher
 
+from phi_api.engine.threads.native import off_hub
 from phi_api.errors import InvalidParameterError
 
 # Fixed separators, the ones models write most: with free whitespace, small
@@ -15,6 +16,13 @@ from phi_api.errors import InvalidParameterError
 # patterns they know and never close the object.
 _COMPACT = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 _MAX_REASON_CHARS = 300
+# llguidance's compiler recurses along a schema's nesting and through its references: on a thread's 8 MB stack a
+# chain of ~1,000 referenced objects (~4,000 of the levels counted by schema_levels) overflows it and kills the
+# process. Schemas are refused well before that: the longest such chain allowed is ~250 links, and it compiles
+# (tests/service/test_grammar_limits.py).
+MAX_SCHEMA_LEVELS = 1024
+# Each pattern's complement is intersected with the others': 200 patterns take ~1 s of a core, 300 ~7 s.
+MAX_PATTERN_PROPERTIES = 64
 
 
 def json_schema_grammar(schema: Any, param: str) -> tuple[str, str]:
@@ -96,13 +104,88 @@ def check_json_schema(schema: Any, param: str) -> None:
     """400 ``invalid_parameter`` (with ``param``) unless ``schema`` compiles to a grammar.
 
     A schema the client got wrong (``{"type": "hiccup"}``) must be refused
-    before a stream starts, not found by the engine once the answer is under way.
+    before a stream starts, not found by the engine once the answer is under way. Its size is checked first
+    (:func:`check_schema_size`); it is then compiled on a pooled thread: a large one must not stall the worker's
+    other requests on the hub.
     """
-    try:
-        reason = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(json.dumps(schema)))
-    except (ValueError, TypeError) as exc:  # not JSON Schema at all (llguidance raises for these)
-        reason = str(exc)
+    check_schema_size(schema, param)
+    reason = off_hub(_compile_reason, json.dumps(schema))
     if reason:
         first_line = reason.strip().splitlines()[0] if reason.strip() else "invalid"
         raise InvalidParameterError(f"{param} is not a valid JSON Schema: {first_line[:_MAX_REASON_CHARS]}",
                                     param=param)
+
+
+def _compile_reason(text: str) -> str:
+    """Why llguidance cannot compile the JSON Schema ``text`` ("" when it can)."""
+    try:
+        return LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(text))
+    except (ValueError, TypeError) as exc:  # not JSON Schema at all (llguidance raises for these)
+        return str(exc) or type(exc).__name__
+
+
+def check_schema_size(schema: Any, param: str) -> None:
+    """400 ``invalid_parameter`` when ``schema`` nests too deeply through its references (:func:`schema_levels`
+    over :data:`MAX_SCHEMA_LEVELS`) or holds more than :data:`MAX_PATTERN_PROPERTIES` patterns of property names:
+    what llguidance could not compile within a thread's stack, or would take seconds of a core to."""
+    levels, patterns = schema_levels(schema)
+    if levels > MAX_SCHEMA_LEVELS:
+        raise InvalidParameterError(f"{param} nests too deeply: its levels, counting each definition it references "
+                                    f"at its own depth, pass {MAX_SCHEMA_LEVELS}.", param=param)
+    if patterns > MAX_PATTERN_PROPERTIES:
+        raise InvalidParameterError(f"{param} has more than {MAX_PATTERN_PROPERTIES} patternProperties.",
+                                    param=param)
+
+
+def schema_levels(schema: Any) -> tuple[int, int]:
+    """An upper bound of how deep a compiler recurses into ``schema``, and its count of ``patternProperties``
+    keys. The bound is the schema's own nesting plus, for each local reference it holds (``#``, ``#/$defs/x``), one
+    level and the nesting of what the reference points to: a path through the references meets each target once."""
+    heights, refs, patterns = _survey(schema)
+    levels = heights.get(id(schema), 0)
+    for ref in refs:
+        target = _pointed(schema, ref)
+        levels += 1 + (heights.get(id(target), 0) if target is not None else 0)
+    return levels, patterns
+
+
+def _survey(schema: Any) -> tuple[dict[int, int], set[str], int]:
+    """In one walk (no recursion: the schema may nest as deep as the body's limit): every container's height
+    (1 for one holding no container) by its id, the distinct ``$ref`` strings, and the ``patternProperties`` keys."""
+    heights: dict[int, int] = {}
+    refs: set[str] = set()
+    patterns = 0
+    stack: list[tuple[Any, bool]] = [(schema, False)]
+    while stack:
+        node, done = stack.pop()
+        children = list(node.values()) if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if done:
+            heights[id(node)] = 1 + max((heights.get(id(child), 0) for child in children), default=0)
+            continue
+        if isinstance(node, dict):
+            if isinstance(node.get("$ref"), str):
+                refs.add(node["$ref"])
+            if isinstance(node.get("patternProperties"), dict):
+                patterns += len(node["patternProperties"])
+        stack.append((node, True))
+        stack.extend((child, False) for child in children)
+    return heights, refs, patterns
+
+
+def _pointed(schema: Any, ref: str) -> Any:
+    """What the local reference ``ref`` (a JSON Pointer after ``#``) points to in ``schema``; None if it points
+    nowhere or is not local."""
+    if not ref.startswith("#") or (len(ref) > 1 and not ref.startswith("#/")):
+        return None
+    node = schema
+    for part in ref[2:].split("/") if len(ref) > 1 else ():
+        key = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return None
+    return node

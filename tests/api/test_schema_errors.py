@@ -34,6 +34,19 @@ def test_invalid_parameters_of_a_forced_tool_are_a_400_naming_the_tool(make_app,
     assert engine.model.script.params == [] and engine.model.script.steps == []
 
 
+@pytest.mark.parametrize("stream_it", [False, True])
+def test_a_schema_too_deep_for_the_compiler_is_a_400_and_the_worker_lives(make_app, stream_it):
+    from tests.service.test_grammar_limits import chain
+
+    client, engine = scripted(make_app, b"{}")
+    body = {**CHAT, "stream": stream_it,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": chain(1000)}}}
+    error = assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_request_error",
+                         "invalid_parameter", "response_format.json_schema.schema")
+    assert "nests too deeply" in error["message"]
+    assert engine.model.script.params == [] and engine.model.script.steps == []
+
+
 def test_valid_schemas_pass_the_check(make_app):
     client, _ = scripted(make_app, b"{}")
     schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}},
