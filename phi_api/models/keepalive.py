@@ -52,7 +52,7 @@ class KeepAlive:
                 return
             path.touch()
             os.utime(path, (until, until))
-        except OSError:  # a state folder that refuses it: the model is kept, as with no limit
+        except (OSError, OverflowError, ValueError):  # refused, or past the platform's clock: kept as with no limit
             log.warning("could not note the use of model %s", model_id)
 
     def expired(self, model_id: str, now: float) -> bool:

@@ -48,7 +48,8 @@ FOREVER_SECONDS = 10 * 365 * 86400.0
 
 def keep_alive_seconds(body: dict[str, Any]) -> float | None:
     """How long Ollama's ``keep_alive`` asks to keep the model after this request, in seconds (a number of
-    seconds, or a duration such as ``"5m"``; negative: for ever); None when not given or not understood."""
+    seconds, or a duration such as ``"5m"``; negative: for ever, as is anything longer, which no clock can
+    hold); None when not given or not understood."""
     value = given(body, "keep_alive")
     if isinstance(value, bool) or value is None:
         return None
@@ -56,13 +57,16 @@ def keep_alive_seconds(body: dict[str, Any]) -> float | None:
     if found is None:
         return None
     seconds = float(found.group(1)) * _UNIT_SECONDS[found.group(2)]
-    return FOREVER_SECONDS if seconds < 0 else seconds
+    return FOREVER_SECONDS if seconds < 0 else min(seconds, FOREVER_SECONDS)
 
 
 # Ollama's documented options that have a meaning here (the rest are accepted and logged: see _sampling).
 APPLIED_OPTIONS = frozenset({"temperature", "top_p", "top_k", "min_p", "num_predict", "stop", "seed", "repeat_penalty",
                              "repeat_last_n", "presence_penalty", "frequency_penalty", "num_ctx"})
 OLLAMA_PENALTY_WINDOW = 64  # Ollama's default repeat_last_n
+# The ignored options' log line names this many, each cut to this length: a body's keys are the client's, and a
+# megabyte of them must not become a megabyte of log a request.
+LOGGED_NAMES, LOGGED_NAME_CHARS = 10, 64
 
 
 def _sampling(body: dict[str, Any]) -> Sampling:
@@ -75,7 +79,7 @@ def _sampling(body: dict[str, Any]) -> Sampling:
 
     ignored = sorted(name for name, value in options.items() if name not in APPLIED_OPTIONS and value is not None)
     if ignored:
-        log.info("Ollama options without effect here, ignored: %s", ", ".join(ignored))
+        log.info("Ollama options without effect here, ignored: %s", _listed(ignored))
     window = option("repeat_last_n")
     stop = option("stop") or ()
     num_predict = option("num_predict")
@@ -88,6 +92,15 @@ def _sampling(body: dict[str, Any]) -> Sampling:
         presence_penalty=option("presence_penalty"), frequency_penalty=option("frequency_penalty"),
         repetition_penalty=option("repeat_penalty"),
     )
+
+
+def _listed(names: list[str]) -> str:
+    """``names`` for a log line, bounded: the first ``LOGGED_NAMES``, each cut to ``LOGGED_NAME_CHARS``, and how
+    many more there are."""
+    shown = [name if len(name) <= LOGGED_NAME_CHARS else name[:LOGGED_NAME_CHARS] + "..."
+             for name in names[:LOGGED_NAMES]]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")
 
 
 def _output_schema(body: dict[str, Any]) -> dict[str, Any] | None:

@@ -34,9 +34,13 @@ def respond(reading: Reading | EncodeReading) -> Response:
     if isinstance(reading, EncodeReading):
         return _respond_encoded(reading)
     run = start_generation(reading.request)
-    answer = reading.renderer(run)
-    if reading.request.stream:
-        return framed(answer.framing, answer.stream(), on_close=(run.close,))
+    try:
+        answer = reading.renderer(run)
+        if reading.request.stream:
+            return framed(answer.framing, answer.stream(), on_close=(run.close,))
+    except BaseException:  # the run holds a concurrency slot: given back before the error is answered
+        run.close()
+        raise
     results = generation.collect(run, disconnect_probe())
     return answer_json(run, lambda: answer.whole(results))
 

@@ -52,6 +52,16 @@ def test_seeded_choices_are_seeded_apart(make_app):
     assert sorted(params.seed for params in engine.model.script.params) == [10, 11, 12]
 
 
+@pytest.mark.parametrize("seed", [-1, -2**63, 2**63 - 1])
+def test_every_int64_seed_is_sampled_with(client, seed):
+    # numpy refuses negative seeds (the run failed with a 500); the last choice of 2**63 - 1 is seeded 2**63
+    body = {**CHAT, "n": 2, "seed": seed, "temperature": 1}
+    first, again = (client.post("/v1/chat/completions", json=body) for _ in range(2))
+    assert first.status_code == again.status_code == 200, first.get_json()
+    assert [choice["message"]["content"] for choice in first.get_json()["choices"]] == ["Hello, world!"] * 2
+    assert first.get_json()["choices"] == again.get_json()["choices"]
+
+
 def test_logprobs_content_matches_the_text(make_app):
     client, _ = scripted(make_app, b"Hel", b"lo ", "안".encode()[:2], "안".encode()[2:], b"!")
     body = client.post("/v1/chat/completions", json={**CHAT, "logprobs": True, "top_logprobs": 3}).get_json()

@@ -83,3 +83,11 @@ def test_llama_cpp_s_infill_streams_pieces_then_its_last_object_without_done(mak
 def test_infill_on_a_model_without_fill_in_the_middle_tokens_is_a_400(client):
     answer = client.post("/infill", json={"input_prefix": "a", "input_suffix": "b"})
     assert answer.status_code == 400 and "fill-in-the-middle" in answer.get_json()["error"]["message"]
+
+
+def test_an_over_long_stop_is_a_400_as_on_the_other_routes(make_app):
+    _, client = fim_app(make_app)
+    body = {"input_prefix": "a", "input_suffix": "b", "n_predict": 4}
+    assert client.post("/infill", json={**body, "stop": ["x" * 1000]}).status_code == 200
+    answer = client.post("/infill", json={**body, "stop": ["x" * 1001]})  # matched on the engine thread, every token
+    assert answer.status_code == 400 and answer.get_json()["error"]["param"] == "stop"

@@ -116,6 +116,10 @@ def test_count_tokens(make_app):
     ({"max_tokens": None}, 400, "invalid_request_error"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400, "invalid_request_error"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "invalid_request_error"),
+    # a budget that is no integer reached the sampler of a reasoning model, a 500 there
+    ({"thinking": {"type": "enabled", "budget_tokens": "x"}}, 400, "invalid_request_error"),
+    ({"thinking": {"type": "sometimes"}}, 400, "invalid_request_error"),
+    ({"stop_sequences": ["x" * 1001]}, 400, "invalid_request_error"),  # matched on the engine thread, every token
 ])
 def test_errors_in_anthropic_s_shape(make_app, body, status, kind):
     client, _ = scripted(make_app, b"ok")

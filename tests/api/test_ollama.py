@@ -58,6 +58,17 @@ def test_options_map_to_the_engine(make_app):
     assert body["eval_count"] == 3 and body["done_reason"] == "length"
 
 
+@pytest.mark.parametrize("path,request_body", [("/api/chat", {**CHAT, "stream": False}),
+                                               ("/api/generate", {**GENERATE, "stream": False})])
+def test_seed_minus_one_as_ollama_s_clients_send_it(client, path, request_body):
+    answers = [client.post(path, json={**request_body, "options": {"seed": -1, "temperature": 0.8}})
+               for _ in range(2)]
+    assert [answer.status_code for answer in answers] == [200, 200], answers[0].get_json()
+    first, again = (answer.get_json() for answer in answers)
+    assert first["eval_count"] == 5 and first["done_reason"] == "stop"
+    assert first.get("message", first.get("response")) == again.get("message", again.get("response"))
+
+
 OPEN_WEBUI_OPTIONS = {"temperature": 0, "num_predict": 24, "num_ctx": 2048, "repeat_last_n": 32, "num_thread": 2,
                       "mirostat": 0, "num_keep": 4, "num_gpu": 0, "typical_p": 0.9, "use_mmap": True,
                       "some_future_option": 1}
@@ -75,6 +86,16 @@ def test_every_documented_option_is_accepted_the_meaningful_ones_applied(make_ap
     used = engine.model.script.params[-1]
     assert (used.temperature, used.max_tokens, used.penalty_window) == (0.0, 24, 32)
     assert "ignored: mirostat, num_gpu, num_keep, num_thread, some_future_option, typical_p, use_mmap" in caplog.text
+
+
+def test_the_ignored_options_log_line_is_bounded_whatever_the_body_holds(client, caplog):
+    options = {"a" * 1_000_000: 1, **{f"future_option_{index:02}": 1 for index in range(30)}}
+    with caplog.at_level("INFO", logger="phi_api.protocols.ollama"):
+        answer = client.post("/api/generate", json={**GENERATE, "stream": False, "options": options})
+    assert answer.status_code == 200, answer.get_json()
+    [line] = [record.getMessage() for record in caplog.records if "ignored" in record.getMessage()]
+    assert len(line) < 1000 and "a" * 64 + "..., future_option_00" in line and "a" * 65 not in line
+    assert line.endswith("future_option_08 and 21 more")  # the names sorted: the long one, then 9 of 30
 
 
 def test_repeat_last_n_defaults_to_ollama_s_64_and_minus_one_means_every_token(make_app):
@@ -168,8 +189,28 @@ def test_rate_limit_in_ollama_s_shape(make_app):
     held.close()
 
 
+def test_a_keep_alive_longer_than_any_clock_keeps_the_model_and_frees_the_slot(make_app):
+    client = make_app(MAX_CONCURRENT_REQUESTS=1).test_client()
+    for _ in range(2):  # a slot left held by the first would make the second a 429
+        answer = client.post("/api/chat", json={**CHAT, "stream": False, "keep_alive": "1" + "0" * 300 + "h"})
+        assert answer.status_code == 200, answer.get_json()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_renderer_that_fails_gives_the_slot_back(make_app, monkeypatch, stream):
+    def failing(*args):
+        raise OverflowError("a renderer's failure")
+
+    monkeypatch.setattr("phi_api.api.ollama._note_use", failing)  # called in the renderer, after admission
+    client = make_app(MAX_CONCURRENT_REQUESTS=1).test_client()
+    for _ in range(2):  # a slot left held by the first would make the second a 429
+        assert client.post("/api/chat", json={**CHAT, "stream": stream}).status_code == 500
+
+
 @pytest.mark.parametrize("value,seconds", [("10m", 600.0), ("30s", 30.0), ("1.5h", 5400.0), (45, 45.0),
-                                           ("-1", 10 * 365 * 86400.0), ("soon", None), (None, None)])
+                                           ("-1", 10 * 365 * 86400.0), ("soon", None), (None, None),
+                                           ("1" + "0" * 300 + "h", 10 * 365 * 86400.0),  # past any clock
+                                           ("9" * 400, 10 * 365 * 86400.0)])  # float: inf
 def test_keep_alive_durations_as_ollama_writes_them(value, seconds):
     from phi_api.protocols.ollama import keep_alive_seconds
 

@@ -32,11 +32,11 @@ def test_each_operator_counts_in_the_step_it_ran_in():
 
 
 def test_a_profile_of_the_default_model_accounts_for_its_steps(model_path):
-    args = argparse.Namespace(model_path=model_path, rows="1,2", context=32, prompt=24, past=40, steps=3, threads=2,
+    args = argparse.Namespace(model_path=model_path, rows="1,2", context=32, prompt=24, past=0, steps=3, threads=2,
                               out="")
     report = run(args)
     phases = report["phases"]
-    assert set(phases) == {"1 rows", "2 rows", "prompt of 24 after 40"}
+    assert set(phases) == {"1 rows", "2 rows", "prompt of 24"}
     for phase in phases.values():
         operators = phase["operators"]
         assert phase["steps"] == 3 and VOCABULARY in operators
@@ -46,5 +46,14 @@ def test_a_profile_of_the_default_model_accounts_for_its_steps(model_path):
     # alone: its vocabulary product costs about what a one-row step's does, not 24 positions' worth
     from phi_api.engine.kernels.native import unsupported
 
-    ratio = phases["prompt of 24 after 40"]["operators"][VOCABULARY] / phases["1 rows"]["operators"][VOCABULARY]
+    ratio = phases["prompt of 24"]["operators"][VOCABULARY] / phases["1 rows"]["operators"][VOCABULARY]
     assert (ratio < 4) == (unsupported() is None), ratio
+
+
+def test_a_prompt_chunk_after_a_past_is_profiled_on_its_own_row(model_path):
+    args = argparse.Namespace(model_path=model_path, rows="1", context=8, prompt=16, past=40, steps=2, threads=1,
+                              out="")
+    report = run(args)
+    assert report["past"] == 40
+    chunk = report["phases"]["prompt of 16 after 40"]
+    assert chunk["steps"] == 2 and VOCABULARY in chunk["operators"]

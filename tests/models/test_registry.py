@@ -299,3 +299,11 @@ def test_a_model_loaded_at_run_time_is_unloaded_everywhere_once_idle_past_its_ke
     finally:
         for models in (a, b):
             models.stop()
+
+
+def test_a_keep_until_time_past_the_platform_s_clock_is_a_warning_not_an_error(tmp_path, caplog):
+    from phi_api.models.keepalive import KeepAlive
+
+    with caplog.at_level("WARNING", logger="phi_api.models.keepalive"):
+        KeepAlive(tmp_path, 0.0).note_use("m", 1e300)  # os.utime: OverflowError (NaN: ValueError)
+    assert "could not note the use of model m" in caplog.text

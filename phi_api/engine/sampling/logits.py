@@ -144,8 +144,8 @@ class Sampler:
         self._eos = np.array(sorted(eos_ids), dtype=np.int64)
         self._guide = guide
         self._generated = 0
-        self._rng = None if params.greedy else np.random.default_rng(params.seed if params.seed is not None
-                                                                     else seed)
+        chosen_seed = params.seed if params.seed is not None else seed
+        self._rng = None if params.greedy else np.random.default_rng(_generator_seed(chosen_seed))
         self._scratch: np.ndarray | None = None  # sample()'s work buffer, made at the first draw
         self._budget = ThinkingCounter(params.thinking) if params.thinking is not None else None
 
@@ -222,6 +222,13 @@ class Sampler:
             self._scratch = np.empty(logits.size, dtype=np.float32)
         return sample(logits, self.params.temperature, self.params.top_k, self.params.top_p, self._rng,
                       self._scratch)
+
+
+def _generator_seed(seed: int | None) -> int | None:
+    """``seed`` as numpy's generators take it: they refuse negative seeds, which the APIs allow (int64; Ollama's
+    clients send -1), so the seed is taken modulo 2**64, one-to-one over int64 and the identity on the
+    non-negative seeds (whose streams stay what they were)."""
+    return None if seed is None else seed % 2**64
 
 
 class ThinkingCounter:

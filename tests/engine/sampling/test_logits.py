@@ -192,6 +192,19 @@ def test_a_seed_makes_the_draws_repeatable():
     assert tokens(7) == tokens(7) and tokens(7) != tokens(8)
 
 
+@pytest.mark.parametrize("seed", [-1, -2**63, 2**63 - 1])
+def test_any_int64_seed_makes_repeatable_draws_of_its_own(seed):
+    # numpy's generators refuse negative seeds, which the APIs allow (Ollama's clients send -1)
+    logits = np.log(np.linspace(1, 2, 50, dtype=np.float32))
+
+    def tokens(seed):
+        sampler = Sampler(SamplingParams(max_tokens=20, temperature=1.0, seed=seed), np.zeros(0, np.int32),
+                          frozenset())
+        return [sampler.choose(logits.copy())[0] for _ in range(20)]
+
+    assert tokens(seed) == tokens(seed) and tokens(seed) != tokens(-seed - 1) and tokens(seed) != tokens(1)
+
+
 def test_the_end_of_sequence_is_masked_below_min_tokens():
     sampler = Sampler(SamplingParams(max_tokens=5, temperature=0, min_tokens=2), np.zeros(0, np.int32),
                       frozenset({0}))
