@@ -117,7 +117,8 @@ def compose(settings: Settings, load: Callable[[ModelSpec, SharedBudget], Served
                                    events_seconds=settings.BACKGROUND_EVENTS_SECONDS,
                                    max_age=settings.RESPONSES_STORE_SECONDS, lease=settings.BACKGROUND_LEASE_SECONDS),
         batches=BatchStore(database_url(settings, "batches"), settings.batch_dir, settings.BATCH_LEASE_SECONDS,
-                           Quota(settings.FILES_MAX_PER_KEY, int(settings.FILES_MAX_MB_PER_KEY * 2**20))),
+                           Quota(settings.FILES_MAX_PER_KEY, int(settings.FILES_MAX_MB_PER_KEY * 2**20)),
+                           longest_line=settings.max_request_bytes),  # a line is one request's body
         metrics=Metrics(), tracing=Tracing(),
         memory=ServerMemory(settings.memory_limit_bytes, settings.workers,
                             shared=SharedBudget(0, settings.KV_IDLE_SECONDS)),

@@ -27,27 +27,39 @@ class Request:
     body: str
 
 
-def numbered_lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, str]]:
-    """The file's lines, numbered from 1, from its chunks (a line may span chunks)."""
-    number, rest = 0, b""
+def numbered_lines(chunks: Iterable[bytes], longest: int | None = None) -> Iterator[tuple[int, str | None]]:
+    """The file's lines, numbered from 1, from its chunks (a line may span chunks). A line of more than ``longest``
+    bytes comes as None: it is never decoded nor held whole (its bytes are dropped as they arrive), as one line of a
+    100 MB file would otherwise take gigabytes to parse."""
+    number, rest, dropped = 0, b"", False
     for chunk in chunks:
         parts = (rest + chunk).split(b"\n")
         rest = parts.pop()
         for raw in parts:
             number += 1
-            yield number, raw.decode("utf-8", errors="replace").rstrip("\r")
-    if rest:
-        yield number + 1, rest.decode("utf-8", errors="replace").rstrip("\r")
+            yield number, None if dropped else _text(raw, longest)
+            dropped = False  # only the first part ends the line whose start was dropped
+        if longest is not None and len(rest) > longest + 1:  # + 1: its "\r", when the "\n" is in the next chunk
+            rest, dropped = b"", True
+    if rest or dropped:
+        yield number + 1, None if dropped else _text(rest, longest)
 
 
-def read_requests(lines: Iterable[tuple[int, str]], errors: list[dict[str, Any]]) -> Iterator[Request]:
-    """The good requests of ``lines``; what is wrong with the others is added to ``errors`` (OpenAI's form, the
-    first :data:`MAX_ERRORS`), and so are an empty file and one of too many lines, once read to its end."""
+def _text(raw: bytes, longest: int | None) -> str | None:
+    raw = raw.rstrip(b"\r")
+    return None if longest is not None and len(raw) > longest else raw.decode("utf-8", errors="replace")
+
+
+def read_requests(lines: Iterable[tuple[int, str | None]], errors: list[dict[str, Any]]) -> Iterator[Request]:
+    """The good requests of ``lines`` (None: a line too long to read); what is wrong with the others is added to
+    ``errors`` (OpenAI's form, the first :data:`MAX_ERRORS`), and so are an empty file and one of too many lines, once
+    read to its end."""
     seen: set[str] = set()
     for number, raw in lines:
-        if not raw.strip():
+        if raw is not None and not raw.strip():
             continue
-        found = _line_problem(raw, seen)
+        found = _line_problem(raw, seen) if raw is not None else _problem(  # a code of OpenAI's: it has none for this
+            "invalid_json_line", "This line is longer than a request body may be (MAX_REQUEST_SIZE_MB).", None)
         if isinstance(found, Request):
             seen.add(found.custom_id)
             if len(seen) <= MAX_LINES:

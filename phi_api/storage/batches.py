@@ -80,14 +80,15 @@ class Line:
 class BatchStore(FileStore):
     """Files and batches in the database at ``url``, each owned by the key (by name) that made it; claims of lines
     last ``lease`` seconds unless renewed. ``folder``: where an earlier release kept the files' contents (taken
-    into the database when it is upgraded); ``quota``: what each key may store.
+    into the database when it is upgraded); ``quota``: what each key may store; ``longest_line``: a line's most bytes.
 
     Reading methods take a ``scope``: the owner whose objects are visible, or None for every owner's (an admin key,
     or a server without keys, whose objects all belong to "").
     """
 
-    def __init__(self, url: str, folder: Path | None = None, lease: float = 60.0, quota: Quota = Quota()) -> None:
-        self.lease = lease
+    def __init__(self, url: str, folder: Path | None = None, lease: float = 60.0, quota: Quota = Quota(),
+                 longest_line: int | None = None) -> None:
+        self.lease, self.longest_line = lease, longest_line  # longest_line: MAX_REQUEST_SIZE_MB (a line is a request)
         # The third step: files in chunks, their lines kept once, the keys' turns (an earlier release's database).
         super().__init__(Database(url, "batches", (create_tables(TABLES), _contents_from(folder),
                                                    create_tables(TABLES))), quota)
@@ -115,7 +116,7 @@ class BatchStore(FileStore):
         if found["purpose"] != "batch":
             raise BatchError(f"File '{input_file_id}' has purpose '{found['purpose']}', not 'batch'.", "input_file_id")
         with self.database.begin() as db:
-            total, errors = requests_of(db, input_file_id, endpoint)
+            total, errors = requests_of(db, input_file_id, endpoint, self.longest_line)
             batch = _new_batch(input_file_id, endpoint, window, metadata, total, errors)
             db.execute(_BATCHES.insert().values(id=batch["id"], object=json.dumps(batch), created_at=time.time(),
                                                 owner=owner))

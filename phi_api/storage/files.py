@@ -158,14 +158,15 @@ class FileStore:
         return gone
 
 
-def requests_of(db: sa.Connection, file_id: str, endpoint: str) -> tuple[int, list[dict[str, Any]]]:
-    """How many requests the file holds, and what is wrong with it for a batch of ``endpoint`` (in OpenAI's form);
-    its lines kept the first time it is read whole and good (its row locked: two batches made of a new file at once
-    read it once)."""
+def requests_of(db: sa.Connection, file_id: str, endpoint: str,
+                longest: int | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """How many requests the file holds, and what is wrong with it for a batch of ``endpoint`` (in OpenAI's form; a
+    line of more than ``longest`` bytes is one); its lines kept the first time it is read whole and good (its row
+    locked: two batches made of a new file at once read it once)."""
     kept = db.scalar(sa.select(FILES.c.lines).where(FILES.c.id == file_id).with_for_update())
     errors: list[dict[str, Any]] = []
     if kept is None:
-        kept = keep_lines(db, file_id, errors)
+        kept = keep_lines(db, file_id, errors, longest)
     urls = db.execute(sa.select(FILE_LINES.c.line, FILE_LINES.c.url)
                       .where(FILE_LINES.c.file_id == file_id, FILE_LINES.c.url != endpoint)
                       .order_by(FILE_LINES.c.line).limit(MAX_ERRORS)).all()
@@ -178,9 +179,9 @@ def requests_of(db: sa.Connection, file_id: str, endpoint: str) -> tuple[int, li
     return kept, errors
 
 
-def keep_lines(db: sa.Connection, file_id: str, errors: list[dict[str, Any]]) -> int:
+def keep_lines(db: sa.Connection, file_id: str, errors: list[dict[str, Any]], longest: int | None = None) -> int:
     """Read the file's chunks and keep its good requests, :data:`LINES_PER_WRITE` at a time; how many there are
-    (what is wrong with the others goes to ``errors``)."""
+    (what is wrong with the others, lines of more than ``longest`` bytes too, goes to ``errors``)."""
     db.execute(FILE_LINES.delete().where(FILE_LINES.c.file_id == file_id))
 
     def chunks() -> Any:
@@ -191,7 +192,7 @@ def keep_lines(db: sa.Connection, file_id: str, errors: list[dict[str, Any]]) ->
             seq += 1
 
     written, pending = 0, []
-    for request in read_requests(numbered_lines(chunks()), errors):
+    for request in read_requests(numbered_lines(chunks(), longest), errors):
         pending.append(request)
         if len(pending) == LINES_PER_WRITE:
             written += write_lines(db, file_id, pending)

@@ -9,13 +9,19 @@ validation becomes exactly one error of the specification's table:
 
 ``integer`` is strict: ``8.0`` is refused where an integer belongs, as
 OpenAI refuses it.
+
+A body may be as large as ``MAX_REQUEST_SIZE_MB`` allows, so finding what is wrong with it must cost in proportion to
+the few errors reported, not to the body: at most :data:`ERRORS_KEPT` errors are drawn from the validator (and from
+each branch of an ``anyOf``/``oneOf``), and an array longer than its ``maxItems`` is refused without its items being
+checked.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +29,7 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 
+from phi_api.engine.threads.native import off_hub
 from phi_api.errors import APIError, InvalidMessagesError, InvalidParameterError, MissingParameterError
 
 
@@ -77,8 +84,63 @@ def _is_integer(checker: Any, instance: Any) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
+ERRORS_KEPT = 32  # far more than an ordinary body has, so its reported error is the one all of them would give
+_ITEMS = Draft202012Validator.VALIDATORS["items"]
+
+
+# jsonschema's own messages for the keywords below hold repr() of the value, which costs as much as the value is
+# large (a second for a 10 MB array), even where the error is then dropped (a failed anyOf branch): these name no
+# value. The messages a client reads are worded by to_api_error.
+
+def _keyword_type(validator: Any, types: Any, instance: Any, schema: dict[str, Any]) -> Iterator[ValidationError]:
+    if not any(validator.is_type(instance, kind) for kind in (types if isinstance(types, list) else [types])):
+        yield ValidationError(f"is not of type {types!r}")
+
+
+def _keyword_max_items(validator: Any, most: int, instance: Any, schema: dict[str, Any]) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "array") and len(instance) > most:
+        yield ValidationError(f"has more than {most} items")
+
+
+def _keyword_items(validator: Any, items: Any, instance: Any, schema: dict[str, Any]) -> Iterator[ValidationError]:
+    # An array past its maxItems is refused for that (the maxItems keyword reports it): checking each of its items
+    # as well would cost time in proportion to a body already refused.
+    if not (validator.is_type(instance, "array") and len(instance) > schema.get("maxItems", len(instance))):
+        yield from _ITEMS(validator, items, instance, schema)
+
+
+def _branch_errors(validator: Any, instance: Any, branches: list[Any]) -> tuple[list[ValidationError], int | None]:
+    """The errors of the branches before the first one ``instance`` matches (its index; None if none does), at most
+    :data:`ERRORS_KEPT` of each: jsonschema keeps them all, one per item of an array that fails a branch."""
+    found: list[ValidationError] = []
+    for index, branch in enumerate(branches):
+        errors = list(islice(validator.descend(instance, branch, schema_path=index), ERRORS_KEPT))
+        if not errors:
+            return found, index
+        found.extend(errors)
+    return found, None
+
+
+def _keyword_any_of(validator: Any, branches: list[Any], instance: Any,
+                    schema: dict[str, Any]) -> Iterator[ValidationError]:
+    found, matched = _branch_errors(validator, instance, branches)
+    if matched is None:
+        yield ValidationError("is not valid under any of the given schemas", context=found)
+
+
+def _keyword_one_of(validator: Any, branches: list[Any], instance: Any,
+                    schema: dict[str, Any]) -> Iterator[ValidationError]:
+    found, matched = _branch_errors(validator, instance, branches)
+    if matched is None:
+        yield ValidationError("is not valid under any of the given schemas", context=found)
+    elif any(validator.evolve(schema=branch).is_valid(instance) for branch in branches[matched + 1:]):
+        yield ValidationError("is valid under more than one of the given schemas")
+
+
 StrictValidator = validators.extend(
-    Draft202012Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
+    Draft202012Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+    validators={"type": _keyword_type, "maxItems": _keyword_max_items, "items": _keyword_items,
+                "anyOf": _keyword_any_of, "oneOf": _keyword_one_of})
 
 
 class RequestValidator:
@@ -103,10 +165,16 @@ class RequestValidator:
         return set(self._schemas[name].get("properties", {}))
 
     def validate(self, name: str, body: Any) -> None:
-        """Raise the one :class:`~phi_api.errors.APIError` that describes what is wrong with ``body``."""
-        errors = list(self._validators[name].iter_errors(body))
+        """Raise the one :class:`~phi_api.errors.APIError` that describes what is wrong with ``body``. Checked on a
+        pooled thread: a large valid body takes seconds of pure Python (a 10 MB prompt of token ids ~20 s), during
+        which the hub, which gets the interpreter's lock back every switch interval, keeps serving the worker's
+        other streams (and its heartbeat to gunicorn)."""
+        errors = off_hub(self._errors, name, body)
         if errors:
             raise to_api_error(_most_relevant(errors))
+
+    def _errors(self, name: str, body: Any) -> list[ValidationError]:
+        return list(islice(self._validators[name].iter_errors(body), ERRORS_KEPT))
 
 
 def _most_relevant(errors: list[ValidationError]) -> ValidationError:

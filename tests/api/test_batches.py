@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from phi_api import jsontext
 from phi_api.batches.lines import Answer
 from phi_api.batches.runner import alive, owner_id, runner_of
 from phi_api.service.admission import BATCH_PRIORITY
@@ -289,3 +290,20 @@ def test_a_streaming_line_is_answered_with_an_error_not_a_stream(app):
     run_all(app)
     [failed] = content(client, client.get(f"/v1/batches/{batch['id']}").get_json()["error_file_id"])
     assert failed["response"]["status_code"] == 400 and failed["response"]["body"]["error"]["param"] == "stream"
+
+
+def test_a_line_longer_than_a_request_body_may_be_fails_the_batch_unread(make_app, engine, tmp_path, monkeypatch):
+    app = make_app(engine, BATCH_DIR=str(tmp_path), MAX_REQUEST_SIZE_MB=0.001)
+    longest = int(0.001 * 1024 * 1024)
+    read = []
+    real_loads = jsontext.loads
+    monkeypatch.setattr(jsontext, "loads", lambda text: read.append(len(text)) or real_loads(text))
+    fits = json.dumps(line("a", {"model": "test-model", "messages": [{"role": "user", "content": ""}]}))
+    fits = fits.replace('"content": ""', '"content": "' + "x" * (longest - len(fits)) + '"')
+    too_long = json.dumps(line("b", {"model": "test-model", "messages": [{"role": "user", "content": "x" * longest}]}))
+    assert len(fits) == longest and len(too_long) > longest
+    batch = create(app.test_client(), (fits + "\n" + too_long + "\n").encode())
+    assert batch["status"] == "failed" and [(error["code"], error["line"]) for error in batch["errors"]["data"]] == \
+        [("invalid_json_line", 2)]
+    assert "MAX_REQUEST_SIZE_MB" in batch["errors"]["data"][0]["message"]
+    assert read == [longest]  # the line that fits was read; the other never reached the parser

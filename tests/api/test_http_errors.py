@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from phi_api.web import bodies
 from tests.api.test_request_errors import ROUTES, assert_error
 
 
@@ -37,6 +38,15 @@ def test_nul_characters_are_refused(client, route):
     body = {**ROUTES[route], "user": "a\u0000b"}
     error = assert_error(client.post(route, json=body), 400, "invalid_request_error", None, None)
     assert "NUL" in error["message"]
+
+
+def test_only_a_body_with_a_nul_escape_in_its_text_is_searched_for_nul(client, monkeypatch):
+    searched = []
+    monkeypatch.setattr(bodies, "_has_nul", lambda body: searched.append(body) or False)
+    assert client.post("/v1/completions", json={"model": "test-model", "prompt": "hi"}).status_code == 200
+    escaped = b'{"model": "test-model", "prompt": "a\\\\u0000"}'  # a backslash, then "u0000": no NUL
+    assert client.post("/v1/completions", data=escaped, content_type="application/json").status_code == 200
+    assert [body["prompt"] for body in searched] == ["a\\u0000"]
 
 
 def test_a_body_without_content_type_is_read_as_json(client):

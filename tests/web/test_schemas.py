@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from phi_api.errors import APIError
-from phi_api.web.schemas import RequestValidator
+from phi_api.web.schemas import ERRORS_KEPT, RequestValidator
 
 VALIDATOR = RequestValidator()
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -103,3 +103,77 @@ def test_nulls_are_allowed_where_openai_allows_them():
     nulls = {key: None for key in ("temperature", "top_p", "max_tokens", "stop", "n", "seed", "stream", "logit_bias",
                                    "frequency_penalty", "presence_penalty", "user", "stream_options")}
     VALIDATOR.validate("chat_completion", {**CHAT, **nulls})
+
+
+class CountingList(list):
+    """An array that counts how many of its items the validator reads."""
+
+    reads = 0
+
+    def __getitem__(self, index):
+        self.reads += 1
+        return super().__getitem__(index)
+
+
+class UnprintableList(list):
+    """An array whose repr() fails: a large value must not be printed into an error nobody reads."""
+
+    def __repr__(self):
+        raise AssertionError("repr() of a request value")
+
+
+@pytest.mark.parametrize("schema,body,where", [
+    ("chat_completion", {**CHAT, "messages": [{"role": "user", "content": "hi"}] * 20_001}, "messages"),
+    ("chat_completion", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 10_001}]},
+     "messages[0].content"),
+    ("ollama_chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}] * 20_001}, "messages"),
+    ("responses", {"model": "m", "input": [{"role": "user", "content": [{"type": "input_text"}] * 10_001}]},
+     "input[0].content"),
+])
+def test_arrays_past_their_cap_are_a_400_naming_the_cap(schema, body, where):
+    with pytest.raises(APIError) as caught:
+        VALIDATOR.validate(schema, body)
+    assert caught.value.status == 400 and caught.value.message == f"{where} must have at most 10000 items"
+
+
+def test_an_array_past_its_cap_is_refused_without_reading_its_items():
+    messages = CountingList([{"role": "x"}] * 50_000)
+    assert error_of("chat_completion", {**CHAT, "messages": messages}) == ("invalid_messages", "messages")
+    assert messages.reads == 0
+
+
+def test_a_body_of_many_invalid_items_is_refused_after_reading_a_bounded_number_of_them():
+    messages = CountingList([{"role": "x"}] * 9_999)  # each one wrong, within the cap
+    with pytest.raises(APIError) as caught:
+        VALIDATOR.validate("chat_completion", {**CHAT, "messages": messages})
+    assert caught.value.message.startswith("messages[") and ".role must be one of" in caught.value.message
+    assert messages.reads <= ERRORS_KEPT
+    prompt = CountingList([-1] * 50_000)  # no cap, and in anyOf branches that each fail on every item
+    assert error_of("completion", {**COMPLETION, "prompt": prompt}) == ("invalid_parameter", "prompt")
+    assert prompt.reads <= 4 * ERRORS_KEPT
+
+
+def test_bodies_are_checked_on_a_pooled_thread_not_the_hub(monkeypatch):
+    import _thread
+
+    from phi_api.web.schemas import RequestValidator
+
+    seen = []
+    errors = RequestValidator._errors
+
+    def recorded(self, name, body):
+        seen.append(_thread.get_ident())
+        return errors(self, name, body)
+
+    monkeypatch.setattr(RequestValidator, "_errors", recorded)
+    VALIDATOR.validate("chat_completion", CHAT)
+    with pytest.raises(APIError):
+        VALIDATOR.validate("chat_completion", {**CHAT, "messages": [{"role": "x"}]})
+    assert len(seen) == 2 and _thread.get_ident() not in seen
+
+
+def test_a_large_value_is_never_printed_into_an_error():
+    content = UnprintableList([{"type": "text", "text": "a"}] * 100)  # first tried as a string, then as parts
+    VALIDATOR.validate("chat_completion", {**CHAT, "messages": [{"role": "user", "content": content}]})
+    over = UnprintableList([{"role": "user", "content": "hi"}] * 10_001)
+    assert error_of("chat_completion", {**CHAT, "messages": over}) == ("invalid_messages", "messages")
