@@ -297,9 +297,12 @@ def events(run: Run, keepalive: float | None = KEEPALIVE_SECONDS) -> Iterator[Ev
     silence. A choice that ends without an answer raises its error (see :func:`failure`)."""
     assemblers = [ChoiceAssembler(index, run.plan.tools, run.plan.reasoning) for index in range(len(run.plan.params))]
     for event in run.generation.events(idle_timeout=keepalive):
+        # The engine ends every choice by its timeout, so past the deadline only a client that reads slower than
+        # the answer was made still holds the run (and its slot, and the answer's events): checked at every event,
+        # not only at silences, which never come once the engine is done.
+        if time.monotonic() > run.deadline:
+            raise GenerationTimeoutError("The generation took longer than the server's GENERATION_TIMEOUT.")
         if event is None:
-            if time.monotonic() > run.deadline:  # the engine ends every choice by its timeout: this is a net
-                raise GenerationTimeoutError("The generation took longer than the server's GENERATION_TIMEOUT.")
             yield KEEPALIVE
         elif isinstance(event, TextDelta):
             yield from assemblers[event.index].add(event)

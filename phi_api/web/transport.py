@@ -11,7 +11,10 @@ elsewhere (Flask's test client) these guards do nothing.
   ``STREAM_WRITE_TIMEOUT`` seconds, so a client that stops reading is found
   once the bytes in flight fill the buffers; a client that closed the
   connection is found before the next event is sent (the socket reads as
-  end-of-file), even while a long prompt is still being prefilled.
+  end-of-file), even while a long prompt is still being prefilled. A client
+  that keeps reading, but slower than the answer is made, meets the run's
+  deadline (``GENERATION_TIMEOUT`` and a grace) at its next event: the stream
+  ends with the timeout's error and the slot is given back.
 - Non-streaming answers: the wait for the answer polls the socket the same
   way (:func:`disconnect_probe`), so a client that gave up is found within
   a poll interval and its generation cancelled.

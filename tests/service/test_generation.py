@@ -1,10 +1,16 @@
-"""The one generation path: the error for a generation that gave no answer."""
+"""The one generation path: the error for a generation that gave no answer, and the deadline of a run's events."""
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
+import pytest
+
 from phi_api.engine import Finished
+from phi_api.engine.choice import TextDelta
 from phi_api.errors import ContextLengthExceededError, GenerationTimeoutError, InternalError
-from phi_api.service.generation import failure
+from phi_api.service.generation import events, failure
 
 
 def choice(completion: int, cached: int = 0, ttft: float | None = 0.5, decode: float = 2.0, index: int = 0,
@@ -19,3 +25,18 @@ def test_a_timeout_is_a_timeout_error_a_request_that_no_longer_fits_a_400_and_an
     grammar = failure(Finished("grammar", 1, 0, None, 0.0, "the grammar cannot continue: <the grammar>"))
     assert grammar.status == 400 and "vocabulary" in grammar.message and "<the grammar>" not in grammar.message
     assert isinstance(failure(Finished("error", 1, 0, None, 0.0, "trace")), InternalError)
+
+
+def buffered_run(deadline: float, deltas: int) -> SimpleNamespace:
+    """A run whose engine is done: its answer's events wait for the reader, with no silence between them."""
+    generation = SimpleNamespace(events=lambda idle_timeout: iter([TextDelta("a")] * deltas))
+    return SimpleNamespace(plan=SimpleNamespace(params=[None], tools=None, reasoning=None), generation=generation,
+                           deadline=deadline, observe=lambda finished: None)
+
+
+def test_a_reader_slower_than_the_answer_meets_the_run_s_deadline_at_its_next_event():
+    told = events(buffered_run(time.monotonic() + 3600, 3))
+    assert [event.text for event in told] == ["a", "a", "a"]
+    late = events(buffered_run(time.monotonic() - 1, 3))  # the deadline passed while the events waited
+    with pytest.raises(GenerationTimeoutError):
+        next(late)
