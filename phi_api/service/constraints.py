@@ -18,9 +18,8 @@ from llguidance import LLMatcher, grammar_from
 from phi_api import jsontext
 from phi_api.engine.threads.native import off_hub
 from phi_api.errors import InvalidJSONSchemaError, InvalidParameterError, UnsupportedParameterError
-from phi_api.service.grammar import check_schema_size, strict_violation
+from phi_api.service.grammar import check_schema_size, reason_line, strict_violation
 
-_MAX_REASON_CHARS = 300
 # vLLM's structured_outputs keys phi-api honours -> llguidance's format for them (json is a schema, apart)
 _STRUCTURED = {"regex": "regex", "choice": "choice", "grammar": "grammar"}
 # the older vLLM fields, and llama.cpp's
@@ -54,13 +53,10 @@ def grammar(kind: str, text: Any, param: str) -> Grammar:
         raise InvalidParameterError(f"{param} must be a non-empty list of strings.", param=param)
     if kind != "choice" and not (isinstance(text, str) and text.strip()):
         raise InvalidParameterError(f"{param} must be a non-empty string.", param=param)
-    if kind == "grammar":
-        _check_grammar_size(text, param)
-    # compiled on a pooled thread: a large grammar must not stall the worker's other requests on the hub
-    definition, reason = off_hub(_compile, kind, json.dumps(text) if kind == "choice" else text)
+    # measured and compiled on a pooled thread: a large grammar must not stall the worker's other requests on the hub
+    definition, reason = off_hub(_compile, kind, json.dumps(text) if kind == "choice" else text, param)
     if reason:
-        first_line = reason.strip().splitlines()[0] if reason.strip() else "invalid"
-        raise InvalidParameterError(f"{param} cannot be compiled: {first_line[:_MAX_REASON_CHARS]}", param=param)
+        raise InvalidParameterError(f"{param} cannot be compiled: {reason_line(reason)}", param=param)
     return Grammar(definition, param)
 
 
@@ -78,8 +74,11 @@ def _check_grammar_size(text: str, param: str) -> None:
         check_schema_size(schema, param)
 
 
-def _compile(kind: str, text: str) -> tuple[str, str]:
-    """llguidance's definition of ``text`` of ``kind``, and why it cannot be used ("" when it can)."""
+def _compile(kind: str, text: str, param: str) -> tuple[str, str]:
+    """llguidance's definition of ``text`` of ``kind``, and why it cannot be used ("" when it can), once
+    :func:`_check_grammar_size` lets it try."""
+    if kind == "grammar":
+        _check_grammar_size(text, param)
     try:
         definition = grammar_from(kind, text)  # type: ignore[arg-type]
         return definition, LLMatcher.validate_grammar(definition)

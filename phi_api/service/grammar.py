@@ -104,22 +104,25 @@ def check_json_schema(schema: Any, param: str) -> None:
     """400 ``invalid_parameter`` (with ``param``) unless ``schema`` compiles to a grammar.
 
     A schema the client got wrong (``{"type": "hiccup"}``) must be refused
-    before a stream starts, not found by the engine once the answer is under way. Its size is checked first
-    (:func:`check_schema_size`); it is then compiled on a pooled thread: a large one must not stall the worker's
-    other requests on the hub.
+    before a stream starts, not found by the engine once the answer is under way. Its size is checked
+    (:func:`check_schema_size`) and it is compiled on a pooled thread: both walk the whole schema, and a large one
+    must not stall the worker's other requests on the hub.
     """
-    check_schema_size(schema, param)
-    reason = off_hub(_compile_reason, json.dumps(schema))
+    reason = off_hub(_compile_reason, schema, param)
     if reason:
-        first_line = reason.strip().splitlines()[0] if reason.strip() else "invalid"
-        raise InvalidParameterError(f"{param} is not a valid JSON Schema: {first_line[:_MAX_REASON_CHARS]}",
-                                    param=param)
+        raise InvalidParameterError(f"{param} is not a valid JSON Schema: {reason_line(reason)}", param=param)
 
 
-def _compile_reason(text: str) -> str:
-    """Why llguidance cannot compile the JSON Schema ``text`` ("" when it can)."""
+def reason_line(reason: str) -> str:
+    """llguidance's reason for refusing a grammar, as an error message quotes it: its first line, cut short."""
+    return (reason.strip().splitlines()[0] if reason.strip() else "invalid")[:_MAX_REASON_CHARS]
+
+
+def _compile_reason(schema: Any, param: str) -> str:
+    """Why llguidance cannot compile ``schema`` ("" when it can), once :func:`check_schema_size` lets it try."""
+    check_schema_size(schema, param)
     try:
-        return LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(text))
+        return LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(json.dumps(schema)))
     except (ValueError, TypeError) as exc:  # not JSON Schema at all (llguidance raises for these)
         return str(exc) or type(exc).__name__
 
