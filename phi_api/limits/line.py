@@ -9,7 +9,8 @@ The line is fair across keys: whenever slots may have freed, the waiters are off
 requests their key already runs in this worker (fewest first), then of how long ago their key last got a slot
 (round robin: a key with many waiters takes turns with the others), then of arrival; a waiter whose key is at its
 cap is passed over, not waited for. And one key cannot fill it: when it is full, a newcomer whose key holds fewer
-places than the key holding most takes the newest place of that key, which gets its 429 at once.
+places than the key holding most takes the newest place of that key, which gets its 429 at once. A waiter whose
+client leaves gives up its place within a quarter of a second, so a client that gave up never takes a slot.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from gevent.event import Event
 from phi_api.limits.slots import ConcurrencyLimiter, Limiter, Slot
 
 POLL_SECONDS = 0.02  # how soon a waiter looks again: a slot may free in another worker, which cannot wake it
+GONE_SECONDS = 0.25  # how often a waiter looks whether its client is still there
 
 
 class KeyCaps:
@@ -84,9 +87,11 @@ class WaitingLine:
         self._arrivals = itertools.count()
         self._dispatcher: gevent.Greenlet | None = None
 
-    def acquire(self, key: str, server: Limiter, own: Limiter | None) -> Slot | None:
+    def acquire(self, key: str, server: Limiter, own: Limiter | None,
+                gone: Callable[[], bool] = lambda: False) -> Slot | None:
         """A slot for a request of ``key`` (its own cap ``own`` and the ``server``'s), now or after waiting in
-        line; None: none could be had (429)."""
+        line; None: none could be had (429), or the client left while it waited (``gone``, looked at every
+        :data:`GONE_SECONDS`: a client that gave up leaves the line, rather than holding a place, and then a slot)."""
         take = self._taker(key, server, own)
         slot = take()
         if slot is not None or not self.size or not self._place_for(key):
@@ -94,8 +99,11 @@ class WaitingLine:
         waiter = _Waiter(key, take, next(self._arrivals))
         self._waiting.append(waiter)
         self._wake_dispatcher()
+        deadline = time.monotonic() + self.timeout
         try:
-            waiter.ready.wait(self.timeout)
+            while not waiter.ready.wait(max(0.0, min(GONE_SECONDS, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline or gone():
+                    break
         finally:
             if waiter in self._waiting:
                 self._waiting.remove(waiter)

@@ -47,6 +47,7 @@ class Caller:
     trace_headers: Mapping[str, str] = field(default_factory=dict)
     batch: bool = False
     rate_headers: dict[str, str] = field(default_factory=dict)  # set here: the key's, for the answer whatever it is
+    gone: Callable[[], bool] = lambda: False  # whether the client has left (a waiter in line gives up its place)
 
     def retry_after(self) -> float:
         """Seconds the gate's refusal said to wait (its ``Retry-After`` header; 0 when it said none)."""
@@ -197,7 +198,8 @@ class _Slots:
     def try_acquire(self) -> Slot | None:
         key = self._caller.key
         own = self._gate.caps.limiter(key.name, key.max_concurrent_requests) if key is not None else None
-        return self._gate.line.acquire(key.name if key is not None else "", self._gate.limiter, own)
+        return self._gate.line.acquire(key.name if key is not None else "", self._gate.limiter, own,
+                                       self._caller.gone)
 
 
 def _span(tracing: Tracing, caller: Caller, request: GenerationRequest | EncodeRequest) -> RequestSpan | None:

@@ -105,7 +105,8 @@ def current_caller() -> Caller:
     add a ``priority`` field; the field wins), its trace headers."""
     tracing = get_resources().tracing
     caller = Caller(key=current_key(), request_id=current_request_id(), header_priority=header_priority(),
-                    trace_headers=dict(request.headers) if tracing.provider is not None else {})
+                    trace_headers=dict(request.headers) if tracing.provider is not None else {},
+                    gone=disconnect_probe())
     g.rate_headers = caller.rate_headers  # filled by the gate; sent with the answer, whatever it is
     return caller
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -299,3 +300,43 @@ def test_one_key_s_burst_cannot_fill_the_waiting_line(model_path, logs_dir, tmp_
     [(b_status, b_done, _)] = outcomes["team-b"]
     a_done = sorted(done for status, done, _ in outcomes["team-a"] if status == 200)
     assert b_status == 200 and b_done < a_done[-1]  # served before team-a's last waiter
+
+
+def test_a_waiter_whose_client_left_gives_up_its_place_in_line(model_path, logs_dir, tmp_path):
+    """One slot, a line of 1: a request waits in line, and its client closes the connection. Its place is free
+    again at once (before, it kept it until the slot came, and the next request got 429): the next request waits
+    in it and is served."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"name": "team-a", "key": TEAM_A}, {"name": "team-b", "key": TEAM_B}]}))
+    with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1, API_KEYS_FILE=keys,
+                MAX_CONCURRENT_REQUESTS=1, MAX_QUEUED_REQUESTS=1, QUEUE_TIMEOUT=120) as server:
+        running = client(server, TEAM_A).chat.completions.create(
+            model=MODEL_ID, max_tokens=6000, temperature=0, stream=True, extra_body={"ignore_eos": True},
+            messages=[{"role": "user", "content": "Tell a long story."}])
+        chunks = iter(running)
+        next(chunks)  # it holds the slot
+
+        def drain() -> None:
+            try:
+                for _ in chunks:
+                    pass
+            except (openai.APIConnectionError, httpx.HTTPError):  # closed below, while it reads
+                pass
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        body = json.dumps({"model": MODEL_ID, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as ghost:
+            ghost.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TEAM_A}\r\n"
+                           f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+            wait_until(lambda: queued(server) == 1, 60, message="the ghost's request to wait in line")
+        wait_until(lambda: queued(server) == 0, 10, message="the ghost's place to be given up")
+        assert reader.is_alive()  # the running stream still holds the slot: the place was given up, not served
+        outcome: list = []
+        waiter = threading.Thread(target=lambda: outcome.append(client(server, TEAM_B).chat.completions.create(
+            model=MODEL_ID, max_tokens=2, messages=[{"role": "user", "content": "Hi"}])))
+        waiter.start()
+        wait_until(lambda: queued(server) == 1 or not waiter.is_alive(), 60, message="the next request to wait")
+        running.close()  # the slot is given back
+        waiter.join(timeout=120)
+    assert len(outcome) == 1 and outcome[0].usage.completion_tokens >= 1

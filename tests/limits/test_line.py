@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gevent
+import gevent.event
 import pytest
 
 from phi_api.limits.line import KeyCaps, WaitingLine
@@ -37,6 +38,22 @@ def test_a_waiter_past_its_timeout_is_refused(server):
     held = line.acquire("a", server, None)
     assert line.acquire("b", server, None) is None and line.waiting == 0
     held.release()
+
+
+def test_a_waiter_whose_client_left_gives_up_its_place_and_never_takes_the_slot(server):
+    line = WaitingLine(1, 30.0)
+    held = line.acquire("a", server, None)
+    left = gevent.event.Event()
+    ghost = gevent.spawn(line.acquire, "b", server, None, left.is_set)
+    gevent.wait([ghost], timeout=0.1)
+    assert not ghost.ready() and line.waiting == 1
+    left.set()  # its client closes the connection
+    assert ghost.get(timeout=5) is None and line.waiting == 0  # long before the line's 30 s
+    waiter = gevent.spawn(line.acquire, "c", server, None)  # the place is free for another ...
+    gevent.wait([waiter], timeout=0.1)
+    assert not waiter.ready() and line.waiting == 1
+    held.release()
+    assert waiter.get(timeout=5) is not None  # ... which gets the slot
 
 
 def test_slots_go_first_to_the_key_running_least():
