@@ -8,13 +8,14 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from phi_api.errors import InvalidParameterError, MissingParameterError, NotFoundError
+from phi_api.errors import InvalidParameterError, MissingParameterError, NotFoundError, RequestTooLargeError
 from phi_api.web.auth import current_tenant
 from phi_api.web.bodies import read_request
 from phi_api.web.openapi import PAGE_QUERY, operation
 from phi_api.web.paging import limit_arg, list_page, order_arg
 from phi_api.web.resources import get_batches, get_settings
 from phi_api.web.respond import count_request
+from phi_api.web.transport import read_within
 
 bp = Blueprint("batches", __name__)
 
@@ -25,21 +26,33 @@ PURPOSES = ("batch",)
 
 
 @bp.post("/v1/files")
-@operation("Upload a file (purpose batch: a JSONL file of requests)", statuses=(400, 413))
+@operation("Upload a file (purpose batch: a JSONL file of requests)", statuses=(400, 408, 413))
 def upload_file() -> Response:
-    request.max_content_length = int(get_settings().BATCH_FILE_MB * 2**20)
-    purpose = request.form.get("purpose")
-    if not purpose:
-        raise MissingParameterError("purpose is required.", param="purpose")
-    if purpose not in PURPOSES:
-        raise InvalidParameterError(f"purpose must be one of {', '.join(PURPOSES)}: this server keeps files for "
-                                    "batches only.", param="purpose")
-    upload = request.files.get("file")  # werkzeug keeps a large upload in a temporary file, not in memory
-    if upload is None:
-        raise MissingParameterError("file is required (multipart/form-data).", param="file")
-    count_request()  # an upload counts against its key's requests, as a generation does
-    return jsonify(get_batches().add_file(upload.filename or "upload.jsonl", purpose, upload.stream,
-                                          current_tenant().name))
+    settings = get_settings()
+    most = request.max_content_length = int(settings.BATCH_FILE_MB * 2**20)
+    if request.content_length is not None and request.content_length > most:
+        raise RequestTooLargeError(f"The upload is larger than the {settings.BATCH_FILE_MB:g} MB this server takes "
+                                   "in a file (BATCH_FILE_MB).")
+    count_request()  # an upload counts against its key's requests, as a generation does: before it is read
+    owner, store = current_tenant().name, get_batches()
+    # its room in the key's quota held before the body is read: a key's uploads in flight fit in it together
+    reserved = store.reserve_upload(owner, request.content_length, most, settings.UPLOAD_READ_TIMEOUT + 600)
+    try:
+        # werkzeug keeps a large upload in a temporary file, not in memory
+        form, files = read_within(settings.UPLOAD_READ_TIMEOUT, lambda: (request.form, request.files))
+        purpose = form.get("purpose")
+        if not purpose:
+            raise MissingParameterError("purpose is required.", param="purpose")
+        if purpose not in PURPOSES:
+            raise InvalidParameterError(f"purpose must be one of {', '.join(PURPOSES)}: this server keeps files "
+                                        "for batches only.", param="purpose")
+        upload = files.get("file")
+        if upload is None:
+            raise MissingParameterError("file is required (multipart/form-data).", param="file")
+        return jsonify(store.add_file(upload.filename or "upload.jsonl", purpose, upload.stream, owner,
+                                      reserved=reserved))
+    finally:
+        store.release_upload(reserved)
 
 
 @bp.get("/v1/files")

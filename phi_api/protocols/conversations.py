@@ -63,7 +63,7 @@ def deleted(conversation_id: str) -> dict[str, Any]:
 def conversation_history(request: ResponsesRequest, store: ConversationStore,
                          scope: str | None) -> list[dict[str, Any]]:
     """The conversation a response names, as chat messages (404 when it is not there, or not ``scope``'s); 400
-    when the response's items would not fit in it."""
+    when the response's items would not fit in it. Read whole: its key's byte budget (``max_bytes``) bounds it."""
     assert request.conversation_id is not None
     page = store.items(request.conversation_id, scope)
     if page is None:

@@ -23,10 +23,9 @@ REASONING_PARSERS = ("auto", "think", "none")
 
 
 @dataclass(frozen=True)
-class Declared:
-    """The server's settings as declared: each once, with its default, its parser (which checks its bounds) and
-    its description; a new setting is one line here. :class:`phi_api.settings.Settings` adds what derives from
-    them."""
+class Serving:
+    """The first part of the settings (:class:`Declared`): the model, the HTTP server, the engine and the models it
+    serves."""
 
     MODEL_PATH: str = setting("", _stripped, "ONNX Runtime GenAI model folder to serve (or MODEL, or MODELS_FILE; "
                               "`phi-api serve` without any of them prepares the default model)")
@@ -163,6 +162,15 @@ class Declared:
                                             "after its request; it never shortens a model's time nor gives one to a "
                                             "model kept until unloaded (admin keys: any keep_alive)")
     MAX_MODELS: int = setting(4, _integer(1, 64), "Most models the server holds at once; more loads get 400")
+
+
+@dataclass(frozen=True)
+class Declared(Serving):
+    """The server's settings as declared: each once, with its default, its parser (which checks its bounds) and
+    its description; a new setting is one line in its part (:class:`Serving`, or here: the server's state, what
+    each key may keep there, and the waiting line). :class:`phi_api.settings.Settings` adds what derives from
+    them."""
+
     DATA_DIR: str = setting("", _stripped,
                             "Folder of what must last across restarts and upgrades: keys' usage, stored responses, "
                             "the Batch API's files and batches; empty: data/ in phi-api's cache folder")
@@ -180,6 +188,9 @@ class Declared:
                                      "MAX_CONCURRENT_REQUESTS; 0: batches wait")
     BATCH_FILE_MB: float = setting(100.0, _number(0.0, 100_000.0, exclusive_low=True),
                                    "Largest file POST /v1/files takes; larger get 413")
+    UPLOAD_READ_TIMEOUT: float = setting(600.0, _number(0.0, exclusive_low=True),
+                                         "Seconds the body of POST /v1/files may take to arrive; then 408 (its room "
+                                         "in the key's file quota is held meanwhile)")
     FILES_MAX_PER_KEY: int = setting(100, _integer(1, 10_000_000),
                                      "Most files one API key may store (Batch API files; its batches' outputs are "
                                      "written whatever it holds); more get 400 storage_quota_exceeded")
@@ -189,11 +200,17 @@ class Declared:
     RESPONSES_STORE_MAX: int = setting(1000, _integer(0, 10_000_000),
                                        "Most Responses API responses kept for previous_response_id, per API key (one "
                                        "key's never evict another's); 0 keeps none")
+    RESPONSES_STORE_MB_PER_KEY: float = setting(1024.0, _number(0.0, 10_000_000.0, exclusive_low=True),
+                                                "Most megabytes of stored responses (each with its whole conversation) "
+                                                "per API key; past it its oldest go; one larger alone is not kept")
     RESPONSES_STORE_SECONDS: float = setting(30 * 86_400.0, _number(0.0, exclusive_low=True),
                                              "How long a stored Responses API response is kept (OpenAI: 30 days)")
     CONVERSATIONS_MAX_PER_KEY: int = setting(1000, _integer(0, 10_000_000),
                                              "Most Conversations API conversations one API key keeps (they last until "
                                              "deleted); past it, creating one is a 400")
+    CONVERSATIONS_MB_PER_KEY: float = setting(256.0, _number(0.0, 10_000_000.0, exclusive_low=True),
+                                              "Most megabytes of items one API key keeps in all its conversations; "
+                                              "past it, adding items (or a response that would) is a 400")
     CONVERSATION_ITEMS_MAX: int = setting(10_000, _integer(1, 10_000_000),
                                           "Most items one conversation holds; past it, adding items (or a response "
                                           "that would) is a 400")
@@ -205,6 +222,10 @@ class Declared:
     BACKGROUND_MAX_PER_KEY: int = setting(16, _integer(1, 1_000_000),
                                           "Most background responses one API key may have queued or running; more "
                                           "get 429 until one ends")
+    BACKGROUND_ENDED_MAX_PER_KEY: int = setting(1000, _integer(1, 10_000_000),
+                                                "Most ended background responses (completed, incomplete, failed or "
+                                                "cancelled) one API key keeps for polling; when another ends, its "
+                                                "oldest-ended go (one key's never evict another's)")
     BACKGROUND_EVENTS_MAX: int = setting(20_000, _integer(16, 10_000_000),
                                          "Most events of one streamed background response kept for a client that "
                                          "resumes (starting_after); older ones go, and resuming before them is a 400")

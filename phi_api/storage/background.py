@@ -12,9 +12,11 @@ whose worker died (its lease ran out, or its neighbour on the same machine saw t
 queue when it had not started, and marked failed, never left in progress, when it had: its client may have read part
 of its stream, so it is not run again. Queued ones wait across restarts.
 
-Bounded: at most ``max_active`` queued or running responses a key (more: refused before anything is kept), the
-newest ``max_events`` events of a running response (a resume from before them is refused), events kept
-``events_seconds`` after the response ended, and every row gone ``max_age`` after its response was made.
+Bounded: at most ``max_active`` queued or running responses a key (more: refused before anything is kept), and at
+most ``max_ended`` ended ones a key (when another of the key's ends, its oldest-ended go, with their events; never
+another key's). An ended response keeps its object but not its request body (up to a request's size): it is never
+run again. The newest ``max_events`` events of a running response are kept (a resume from before them is refused),
+events kept ``events_seconds`` after the response ended, and every row gone ``max_age`` after its response was made.
 
 No Flask here: the routes (:mod:`phi_api.api.responses`) and the runner (:mod:`phi_api.background.runner`) use it.
 """
@@ -35,6 +37,7 @@ from phi_api.storage.database import Database, create_tables, mine, off_the_hub,
 ACTIVE = ("queued", "in_progress")
 _QUEUED_AGAIN = {"state": "queued", "claimant": None, "lease_until": None}  # a claimed row given back
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
+_NO_BODY = "{}"  # an ended response's body: it is never run again (the column is NOT NULL in every release's table)
 
 _TABLES = sa.MetaData()
 _RUNS = sa.Table("background_responses", _TABLES, sa.Column("id", sa.String(255), primary_key=True),
@@ -44,6 +47,7 @@ _RUNS = sa.Table("background_responses", _TABLES, sa.Column("id", sa.String(255)
                  sa.Column("claimant", sa.String(255)), sa.Column("lease_until", sa.Float),
                  sa.Column("ended", sa.Float), sa.Column("not_before", sa.Float), owner_column(),
                  sa.Index("background_waiting", "state", "priority"))
+_BY_OWNER_ENDED = sa.Index("background_ended", _RUNS.c.owner, _RUNS.c.ended)  # a key's ended ones, for their bound
 _EVENTS = sa.Table("background_events", _TABLES, sa.Column("response_id", sa.String(255), primary_key=True),
                    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
                    sa.Column("event", sa.Text, nullable=False))
@@ -92,14 +96,15 @@ class BackgroundStore:
     Methods a client's request uses take a ``scope``: the owner whose responses are visible, or None for every
     owner's. The caller makes the objects and events (:mod:`phi_api.protocols.responses`)."""
 
-    def __init__(self, url: str, *, max_active: int, max_events: int, events_seconds: float, max_age: float,
-                 lease: float = 30.0) -> None:
+    def __init__(self, url: str, *, max_active: int, max_ended: int, max_events: int, events_seconds: float,
+                 max_age: float, lease: float = 30.0) -> None:
         self.max_active = max_active
+        self.max_ended = max_ended
         self.max_events = max_events
         self.events_seconds = events_seconds
         self.max_age = max_age
         self.lease = lease
-        self.database = Database(url, "background", (create_tables(_TABLES),), timeout=10)
+        self.database = Database(url, "background", (create_tables(_TABLES), _ended_without_bodies), timeout=10)
 
     # A client's side ------------------------------------------------------------------------------------
 
@@ -158,7 +163,8 @@ class BackgroundStore:
                 return Background(state, response, stream)
             response = cancelled(response)
             db.execute(_RUNS.update().where(_RUNS.c.id == response_id).values(
-                state="cancelled", response=json.dumps(response), ended=time.time()))
+                state="cancelled", response=json.dumps(response), ended=time.time(), body=_NO_BODY))
+            _bound_ended(db, response_id, self.max_ended)
         return Background("cancelled", response, stream)
 
     @off_the_hub
@@ -225,7 +231,10 @@ class BackgroundStore:
         """Record a response's end (its object's ``status``) with its last events; False when the claim was lost
         (it was cancelled or deleted meanwhile: that stands)."""
         with self.database.begin() as db:
-            return _end(db, _held(job), job.id, response, events or [])
+            ended = _end(db, _held(job), job.id, response, events or [])
+            if ended:
+                _bound_ended(db, job.id, self.max_ended)
+        return ended
 
     @off_the_hub
     def release(self, job: Job, not_before: float) -> None:
@@ -240,7 +249,10 @@ class BackgroundStore:
         claim was lost meanwhile."""
         with self.database.begin() as db:
             response = _object(db, job.id)
-            return response is not None and _failed(db, _held(job), job.id, failed(response), job.stream)
+            ended = response is not None and _failed(db, _held(job), job.id, failed(response), job.stream)
+            if ended:
+                _bound_ended(db, job.id, self.max_ended)
+        return ended
 
     @off_the_hub
     def recover(self, alive: Callable[[str], bool],
@@ -254,9 +266,11 @@ class BackgroundStore:
                                         _RUNS.c.stream).where(_RUNS.c.state == "in_progress")
                               .with_for_update(skip_locked=True)).all()
             dead = [row for row in rows if (row[2] or 0.0) < now or not alive(row[1] or "")]
-            lost = sum(_orphaned(db, id_, json.loads(response), bool(stream), failed)
-                       for id_, _, _, response, stream in dead)
-        return Recovered(requeued=len(dead) - lost, failed=lost)
+            lost = [id_ for id_, _, _, response, stream in dead
+                    if _orphaned(db, id_, json.loads(response), bool(stream), failed)]
+            for id_ in lost:
+                _bound_ended(db, id_, self.max_ended)
+        return Recovered(requeued=len(dead) - len(lost), failed=len(lost))
 
     @off_the_hub
     def expire(self) -> None:
@@ -289,7 +303,7 @@ def _end(db: sa.Connection, row: Any, response_id: str, response: dict[str, Any]
     """Record a response's end (``response``, its last ``events``) through ``row``, an update of its row; whether
     the update found it (a claim's, :func:`_held`, finds it only while the claim holds)."""
     ended = db.execute(row.values(state=response["status"], response=jsontext.dumps_in_slices(response),
-                                  ended=time.time(), claimant=None, lease_until=None)).rowcount > 0
+                                  ended=time.time(), claimant=None, lease_until=None, body=_NO_BODY)).rowcount > 0
     if ended:
         _add_events(db, response_id, events)
     return ended
@@ -308,6 +322,26 @@ def _orphaned(db: sa.Connection, response_id: str, response: dict[str, Any], str
         db.execute(row.values(**_QUEUED_AGAIN))
         return False
     return _failed(db, row, response_id, failed(response), stream)
+
+
+def _bound_ended(db: sa.Connection, response_id: str, most: int) -> None:
+    """After ``response_id`` ended: its owner's ended responses past ``most`` go, the oldest-ended first, with their
+    events (queued and running ones, and other owners', stay). On PostgreSQL, ends of one key at the same moment do
+    not see each other: each may leave one over the bound (at most ``max_active`` in all), until the key's next end."""
+    owner = db.scalar(sa.select(_RUNS.c.owner).where(_RUNS.c.id == response_id))
+    ended = sa.and_(_RUNS.c.owner == owner, _RUNS.c.state.in_(TERMINAL))
+    kept = sa.select(_RUNS.c.id).where(ended).order_by(_RUNS.c.ended.desc(), _RUNS.c.id.desc()).limit(most)
+    gone = [id_ for (id_,) in db.execute(sa.select(_RUNS.c.id).where(ended, _RUNS.c.id.not_in(kept)))]
+    if gone:
+        db.execute(_EVENTS.delete().where(_EVENTS.c.response_id.in_(gone)))
+        db.execute(_RUNS.delete().where(_RUNS.c.id.in_(gone)))
+
+
+def _ended_without_bodies(connection: sa.Connection) -> None:
+    """The second step of the schema: the index of each key's ended responses (for their bound), and no request body
+    left in an ended one (an earlier release kept them until the response's age)."""
+    _BY_OWNER_ENDED.create(connection, checkfirst=True)
+    connection.execute(_RUNS.update().where(_RUNS.c.state.in_(TERMINAL)).values(body=_NO_BODY))
 
 
 def _held(job: Job) -> Any:

@@ -89,9 +89,10 @@ class BatchStore(FileStore):
     def __init__(self, url: str, folder: Path | None = None, lease: float = 60.0, quota: Quota = Quota(),
                  longest_line: int | None = None) -> None:
         self.lease, self.longest_line = lease, longest_line  # longest_line: MAX_REQUEST_SIZE_MB (a line is a request)
-        # The third step: files in chunks, their lines kept once, the keys' turns (an earlier release's database).
+        # The third step: files in chunks, their lines kept once, the keys' turns (an earlier release's database);
+        # the fourth: uploads in flight holding their room in their keys' quotas.
         super().__init__(Database(url, "batches", (create_tables(TABLES), _contents_from(folder),
-                                                   create_tables(TABLES))), quota)
+                                                   create_tables(TABLES), create_tables(TABLES))), quota)
 
     @off_the_hub
     def delete_file(self, file_id: str, scope: str | None = None) -> bool:

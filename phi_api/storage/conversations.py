@@ -5,8 +5,10 @@ In the server's database, beside the stored responses (an SQLite file in the dat
 replicas; kept across restarts): each conversation's metadata and its key (by name), and its items (Responses API
 items: messages, function calls and their outputs, reasoning), each with its place in the conversation. A key sees
 only its own conversations: another key's is answered exactly as one that never was. Bounded per key: at most
-``CONVERSATIONS_MAX_PER_KEY`` conversations and ``CONVERSATION_ITEMS_MAX`` items in each; past a bound, a 400 (never
-someone else's data dropped). Conversations do not expire, as at OpenAI: they last until deleted.
+``CONVERSATIONS_MAX_PER_KEY`` conversations, ``CONVERSATION_ITEMS_MAX`` items in each, and
+``CONVERSATIONS_MB_PER_KEY`` of all its items' text (which also bounds what a response naming one conversation
+loads); past a bound, a 400 (never someone else's data dropped). A key's additions take turns, so that two at once
+cannot both pass a bound. Conversations do not expire, as at OpenAI: they last until deleted.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from phi_api.storage.database import Database, create_tables, mine, off_the_hub, owner_column
+from phi_api.storage.responses import take_turns
 
 _TABLES = sa.MetaData()
 _CONVERSATIONS = sa.Table("conversations", _TABLES, sa.Column("id", sa.String(255), primary_key=True),
                           sa.Column("created", sa.Float, nullable=False), sa.Column("metadata", sa.Text),
-                          owner_column())
+                          owner_column(),
+                          sa.Column("bytes", sa.BigInteger))  # its items' text: a key's sum read from small rows
 _ITEMS = sa.Table("conversation_items", _TABLES, sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
                   sa.Column("id", sa.String(255), nullable=False, unique=True),
                   sa.Column("conversation_id", sa.String(255), nullable=False, index=True),
@@ -49,10 +53,11 @@ class ConversationStore:
     kept as given, each with its ``id``; the caller makes ids and items (:mod:`phi_api.protocols.conversations`).
     """
 
-    def __init__(self, url: str, max_per_key: int, max_items: int) -> None:
+    def __init__(self, url: str, max_per_key: int, max_items: int, max_bytes: int = 256 * 2**20) -> None:
         self.max_per_key = max_per_key
         self.max_items = max_items
-        self.database = Database(url, "conversations", (create_tables(_TABLES),), timeout=10)
+        self.max_bytes = max_bytes  # of all of a key's items, as kept (JSON: ASCII)
+        self.database = Database(url, "conversations", (create_tables(_TABLES), _sized), timeout=10)
 
     @off_the_hub
     def create(self, conversation_id: str, metadata: dict[str, str], items: list[dict[str, Any]],
@@ -60,16 +65,19 @@ class ConversationStore:
         """A new conversation of ``owner`` with its first ``items``; when it was made."""
         if len(items) > self.max_items:
             raise ConversationFull(f"A conversation holds at most {self.max_items} items on this server.")
-        created = time.time()
+        created, rows = time.time(), _rows(items)
         with self.database.begin() as db:
+            take_turns(self.database, db, "conversations", owner)
             held = db.scalar(sa.select(sa.func.count()).select_from(_CONVERSATIONS)
                              .where(_CONVERSATIONS.c.owner == owner)) or 0
             if held >= self.max_per_key:
                 raise ConversationFull(f"This key holds {held} conversations, the most this server keeps for one "
                                        "key: delete some first.")
+            self._check_bytes(db, owner, rows)
             db.execute(_CONVERSATIONS.insert().values(id=conversation_id, created=created,
-                                                      metadata=json.dumps(metadata), owner=owner))
-            self._insert(db, conversation_id, items, owner)
+                                                      metadata=json.dumps(metadata), owner=owner,
+                                                      bytes=_size(rows)))
+            _insert(db, conversation_id, rows, owner)
         return created
 
     @off_the_hub
@@ -101,17 +109,22 @@ class ConversationStore:
     @off_the_hub
     def add(self, conversation_id: str, items: list[dict[str, Any]], scope: str | None) -> bool:
         """Append ``items`` to the conversation; whether it was there (for ``scope``)."""
+        rows = _rows(items)
         with self.database.begin() as db:
+            # its row locked: a deletion at once waits, rather than leave these items behind, counted nowhere
             owner = db.scalar(sa.select(_CONVERSATIONS.c.owner).where(_CONVERSATIONS.c.id == conversation_id,
-                                                                      mine(_CONVERSATIONS, scope)))
+                                                                      mine(_CONVERSATIONS, scope)).with_for_update())
             if owner is None:
                 return False
+            take_turns(self.database, db, "conversations", owner)
             held = db.scalar(sa.select(sa.func.count()).select_from(_ITEMS)
                              .where(_ITEMS.c.conversation_id == conversation_id)) or 0
             if held + len(items) > self.max_items:
                 raise ConversationFull(f"The conversation holds {held} items; with {len(items)} more it would pass "
                                        f"the {self.max_items} this server keeps in one.")
-            self._insert(db, conversation_id, items, owner)
+            self._check_bytes(db, owner, rows)
+            _insert(db, conversation_id, rows, owner)
+            _grow(db, conversation_id, _size(rows))
             return True
 
     @off_the_hub
@@ -149,16 +162,59 @@ class ConversationStore:
         with self.database.begin() as db:
             if not self._visible(db, conversation_id, scope):
                 return False
-            return db.execute(_ITEMS.delete().where(_ITEMS.c.id == item_id,
-                                                    _ITEMS.c.conversation_id == conversation_id)).rowcount > 0
+            this = sa.and_(_ITEMS.c.id == item_id, _ITEMS.c.conversation_id == conversation_id)
+            size = db.scalar(sa.select(sa.func.length(_ITEMS.c.item)).where(this))  # ASCII: bytes
+            if size is None:
+                return False
+            db.execute(_ITEMS.delete().where(this))
+            _grow(db, conversation_id, -int(size))
+            return True
+
+    def _check_bytes(self, db: sa.Connection, owner: str, rows: list[tuple[str, str]]) -> None:
+        """ConversationFull when ``rows`` would take ``owner``'s items past the budget (its turn taken first)."""
+        adding = _size(rows)
+        if not adding:
+            return
+        held = db.scalar(sa.select(sa.func.sum(_CONVERSATIONS.c.bytes)).where(_CONVERSATIONS.c.owner == owner)) or 0
+        if held + adding > self.max_bytes:
+            raise ConversationFull(f"This key's conversations hold {_mb(held)} MB; with these items ({_mb(adding)} MB) "
+                                   f"they would pass the {_mb(self.max_bytes)} MB this server keeps for one key: "
+                                   "delete some first.")
 
     @staticmethod
     def _visible(db: sa.Connection, conversation_id: str, scope: str | None) -> bool:
         return db.scalar(sa.select(_CONVERSATIONS.c.id).where(_CONVERSATIONS.c.id == conversation_id,
                                                               mine(_CONVERSATIONS, scope))) is not None
 
-    @staticmethod
-    def _insert(db: sa.Connection, conversation_id: str, items: list[dict[str, Any]], owner: str) -> None:
-        if items:
-            db.execute(_ITEMS.insert(), [{"id": item["id"], "conversation_id": conversation_id,
-                                          "item": json.dumps(item), "owner": owner} for item in items])
+
+def _rows(items: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Each item's id and text as kept (made before a transaction: its size is checked, then it is written)."""
+    return [(item["id"], json.dumps(item)) for item in items]
+
+
+def _size(rows: list[tuple[str, str]]) -> int:
+    return sum(len(text) for _, text in rows)  # JSON with its escapes: ASCII, a byte a character
+
+
+def _grow(db: sa.Connection, conversation_id: str, size: int) -> None:
+    db.execute(_CONVERSATIONS.update().where(_CONVERSATIONS.c.id == conversation_id)
+               .values(bytes=sa.func.coalesce(_CONVERSATIONS.c.bytes, 0) + size))
+
+
+def _sized(connection: sa.Connection) -> None:
+    """The second step of the schema: each conversation's size (its items' text), kept on its row from now on,
+    measured once for the conversations of an earlier release."""
+    create_tables(_TABLES)(connection)  # the column
+    measured = (sa.select(sa.func.coalesce(sa.func.sum(sa.func.length(_ITEMS.c.item)), 0))
+                .where(_ITEMS.c.conversation_id == _CONVERSATIONS.c.id).scalar_subquery())
+    connection.execute(_CONVERSATIONS.update().where(_CONVERSATIONS.c.bytes.is_(None)).values(bytes=measured))
+
+
+def _insert(db: sa.Connection, conversation_id: str, rows: list[tuple[str, str]], owner: str) -> None:
+    if rows:
+        db.execute(_ITEMS.insert(), [{"id": item_id, "conversation_id": conversation_id, "item": text, "owner": owner}
+                                     for item_id, text in rows])
+
+
+def _mb(size: int) -> str:
+    return f"{size / 2**20:.3g}"

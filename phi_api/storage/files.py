@@ -2,10 +2,14 @@
 file is ever held in memory whole), each file owned by a key and counted against its quota, and a batch file's
 request lines parsed once for every batch made from it.
 
-An upload is read from the request's spooled copy on disk and written a chunk at a time, each chunk in a
-transaction of its own (another worker's calls wait for one chunk, not for a whole file); the file becomes visible
-when its last chunk is in, and only if the key's quota (``FILES_MAX_PER_KEY`` files, ``FILES_MAX_MB_PER_KEY`` of
-bytes) still holds it then. A file's lines (``file_lines``) are written at its first batch: later batches of the
+An upload holds its room in the key's quota (``FILES_MAX_PER_KEY`` files, ``FILES_MAX_MB_PER_KEY`` of bytes)
+before its body is read: a :class:`Reservation` of the bytes its request declares (or of what room is left, for a
+body of unknown length), counted with the stored files by every worker and replica, so a key's uploads in flight,
+their spooled copies and their chunks included, never pass its quota together. The upload is then read from the
+request's spooled copy on disk and written a chunk at a time, each chunk in a transaction of its own (another
+worker's calls wait for one chunk, not for a whole file); the file becomes visible when its last chunk is in, and
+its reservation goes with the same transaction. A reservation left by a worker that died lapses at its deadline, and
+its chunks go with it. A file's lines (``file_lines``) are written at its first batch: later batches of the
 same file refer to them instead of copying them, and they stay while a batch that needs them runs, even if the file
 is deleted meanwhile.
 """
@@ -37,6 +41,9 @@ CONTENTS = sa.Table("file_contents", TABLES, sa.Column("id", sa.String(64), prim
                     sa.Column("data", sa.LargeBinary))  # a file of an earlier release: its bytes in one row
 CHUNKS = sa.Table("file_chunks", TABLES, sa.Column("id", sa.String(64), primary_key=True),
                   sa.Column("seq", sa.Integer, primary_key=True), sa.Column("data", sa.LargeBinary))
+UPLOADS = sa.Table("file_uploads", TABLES, sa.Column("id", sa.String(64), primary_key=True), owner_column(),
+                   sa.Column("bytes", sa.BigInteger, nullable=False),
+                   sa.Column("until", sa.Float, nullable=False))  # an upload in flight: its room in the quota
 FILE_LINES = sa.Table("file_lines", TABLES, sa.Column("file_id", sa.String(64), primary_key=True),
                       sa.Column("line", sa.Integer, primary_key=True), sa.Column("custom_id", sa.Text),
                       sa.Column("url", sa.Text), sa.Column("body", sa.Text))
@@ -50,6 +57,15 @@ class Quota:
     bytes: int | None = None
 
 
+@dataclass(frozen=True)
+class Reservation:
+    """Room held in a key's quota for one upload in flight: the id its file will have, and at most how many bytes it
+    may hold (None: no bound)."""
+
+    file_id: str
+    bytes: int | None
+
+
 class FileStore:
     """Files in ``database``, each owned by the key (by name) that made it; reading methods take a ``scope``: the
     owner whose files are visible, or None for every owner's."""
@@ -59,31 +75,61 @@ class FileStore:
         self.quota = quota
 
     def add_file(self, filename: str, purpose: str, data: bytes | IO[bytes], owner: str = "",
-                 counted: bool = True) -> dict[str, Any]:
+                 counted: bool = True, reserved: Reservation | None = None) -> dict[str, Any]:
         """Keep ``data`` (bytes, or a binary stream read a chunk at a time) as a new file of ``owner``, within its
-        quota unless not ``counted`` (what the server writes for a key: a batch's output); its file object."""
+        quota unless not ``counted`` (what the server writes for a key: a batch's output), in the room ``reserved``
+        for it if any (one is held here otherwise); its file object."""
         stream = io.BytesIO(data) if isinstance(data, bytes) else data
-        room = self._room(owner) if counted else None
-        file_id, size, seq = f"file-{uuid.uuid4().hex[:24]}", 0, 0
+        own = None
+        if reserved is None and counted:
+            reserved = own = self.reserve_upload(owner, len(data) if isinstance(data, bytes) else None, None)
+        try:
+            return self._write(reserved or Reservation(_new_id(), None), filename, purpose, stream, owner, counted)
+        finally:
+            if own is not None:
+                self.release_upload(own)
+
+    def _write(self, reserved: Reservation, filename: str, purpose: str, stream: IO[bytes], owner: str,
+               counted: bool) -> dict[str, Any]:
+        size, seq = 0, 0
         try:
             while chunk := stream.read(CHUNK_BYTES):
                 size += len(chunk)
-                if room is not None and size > room:  # a first look (the sure one is _publish's)
+                if reserved.bytes is not None and size > reserved.bytes:
                     raise QuotaError(f"This file would take this key's stored files past {self.quota.bytes} bytes "
                                      "(FILES_MAX_MB_PER_KEY): delete some first.", "file")
-                self._put_chunk(file_id, seq, chunk)
+                self._put_chunk(reserved.file_id, seq, chunk)
                 seq += 1
-            return self._publish(file_id, filename, purpose, size, owner, counted)
+            return self._publish(reserved.file_id, filename, purpose, size, owner, counted)
         except BaseException:
-            self._forget_chunks(file_id)
+            self._forget_chunks(reserved.file_id)
             raise
 
     @off_the_hub
-    def _room(self, owner: str) -> int | None:
-        """The bytes ``owner`` may still store (None: no bound), if it may store one more file at all."""
-        with self.database.read() as db:
-            stored = _within(db, self.quota, owner, 0)
-        return None if self.quota.bytes is None else self.quota.bytes - stored
+    def reserve_upload(self, owner: str, declared: int | None, most: int | None,
+                       seconds: float = 3600.0) -> Reservation:
+        """Hold room in ``owner``'s quota for one upload of ``declared`` bytes (None: unknown; then whatever room is
+        left, up to ``most``) for ``seconds`` at most; :class:`QuotaError` if the quota, counting the uploads in
+        flight, has no such room. Give it back with :meth:`release_upload` (a published file takes it over)."""
+        now = time.time()
+        with self.database.begin() as db:
+            self.lock_owner(db, owner)
+            _forget_lapsed(db, now)
+            stored = _within(db, self.quota, owner, declared or 0)
+            room = None if self.quota.bytes is None else self.quota.bytes - stored
+            size = declared if declared is not None else min((b for b in (room, most) if b is not None), default=None)
+            if size is not None and size <= 0:
+                _within(db, self.quota, owner, 1)  # no room left: its error
+            reservation = Reservation(_new_id(), size)
+            db.execute(UPLOADS.insert().values(id=reservation.file_id, owner=owner, bytes=size or 0,
+                                               until=now + seconds))
+        return reservation
+
+    @off_the_hub
+    def release_upload(self, reservation: Reservation) -> None:
+        """Give back an upload's room (nothing if its file was published: the file holds the room now)."""
+        with self.database.begin() as db:
+            db.execute(UPLOADS.delete().where(UPLOADS.c.id == reservation.file_id))
 
     @off_the_hub
     def _put_chunk(self, file_id: str, seq: int, chunk: bytes) -> None:
@@ -101,6 +147,10 @@ class FileStore:
         with self.database.begin() as db:
             if counted:
                 self.lock_owner(db, owner)
+                if not db.execute(UPLOADS.delete().where(UPLOADS.c.id == file_id)).rowcount:
+                    # it lapsed, and its chunks may be gone with it: nothing half-written is published
+                    raise QuotaError("The upload took longer than its room in this key's quota is held: upload it "
+                                     "again.", "file")
                 _within(db, self.quota, owner, size)
             return write_file_row(db, file_id, filename, purpose, size, owner)
 
@@ -208,9 +258,13 @@ def write_lines(db: sa.Connection, file_id: str, requests: list[Request]) -> int
 
 
 def _within(db: sa.Connection, quota: Quota, owner: str, size: int) -> int:
-    """The bytes ``owner`` stores; :class:`QuotaError` unless it may store one more file of ``size`` bytes."""
-    count, stored = db.execute(sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(FILES.c.bytes), 0))
-                               .where(FILES.c.owner == owner)).one()
+    """The bytes ``owner`` stores or holds for its uploads in flight; :class:`QuotaError` unless it may store one
+    more file of ``size`` bytes."""
+    count, stored = 0, 0
+    for table, live in ((FILES, sa.true()), (UPLOADS, UPLOADS.c.until >= time.time())):
+        files, held = db.execute(sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(table.c.bytes), 0))
+                                 .where(table.c.owner == owner, live)).one()
+        count, stored = count + files, stored + held
     if quota.files is not None and count + 1 > quota.files:
         raise QuotaError(f"This key stores {count} files, as many as a key may (FILES_MAX_PER_KEY): delete some "
                          "first.", "file")
@@ -218,6 +272,17 @@ def _within(db: sa.Connection, quota: Quota, owner: str, size: int) -> int:
         raise QuotaError(f"This file would take this key's stored files past {quota.bytes} bytes "
                          "(FILES_MAX_MB_PER_KEY): delete some first.", "file")
     return int(stored)
+
+
+def _forget_lapsed(db: sa.Connection, now: float) -> None:
+    """Uploads whose room lapsed (their worker died): their reservations and the chunks they wrote."""
+    lapsed = sa.select(UPLOADS.c.id).where(UPLOADS.c.until < now)
+    db.execute(CHUNKS.delete().where(CHUNKS.c.id.in_(lapsed)))
+    db.execute(UPLOADS.delete().where(UPLOADS.c.until < now))
+
+
+def _new_id() -> str:
+    return f"file-{uuid.uuid4().hex[:24]}"
 
 
 def write_file_row(db: sa.Connection, file_id: str, filename: str, purpose: str, size: int,
@@ -231,7 +296,7 @@ def write_file_row(db: sa.Connection, file_id: str, filename: str, purpose: str,
 
 def write_file(db: sa.Connection, filename: str, purpose: str, data: bytes, owner: str) -> dict[str, Any]:
     """A new file made by the server inside a transaction (a batch's output): its chunks and row; its object."""
-    file_id = f"file-{uuid.uuid4().hex[:24]}"
+    file_id = _new_id()
     for seq, start in enumerate(range(0, len(data), CHUNK_BYTES)):
         db.execute(CHUNKS.insert().values(id=file_id, seq=seq, data=data[start:start + CHUNK_BYTES]))
     return write_file_row(db, file_id, filename, purpose, len(data), owner)

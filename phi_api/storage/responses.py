@@ -4,8 +4,11 @@ In the server's database (an SQLite file in the data folder, or PostgreSQL share
 and upgrades): each stored response's object, the key (by name) that made it, and the conversation it ends (its
 predecessors' messages, its own input and its output, as chat messages), so that a follow-up is answered from the
 conversation whichever worker or replica takes it. A key sees and continues only its own responses. Bounded per
-key, so that one key never evicts another's: at most ``RESPONSES_STORE_MAX`` responses a key (its oldest go first),
-none older than ``RESPONSES_STORE_SECONDS``.
+key, so that one key never evicts another's: at most ``RESPONSES_STORE_MAX`` responses a key and
+``RESPONSES_STORE_MB_PER_KEY`` of their text (each response's object and conversation, in UTF-8 bytes: a chain of
+follow-ups stores its whole history again at every link), its oldest going first; none older than
+``RESPONSES_STORE_SECONDS``. A response whose own text is past the whole budget is not stored: a follow-up naming it
+is answered as one naming an evicted response (``previous_response_not_found``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ _TABLES = sa.MetaData()
 _RESPONSES = sa.Table("responses", _TABLES, sa.Column("id", sa.String(255), primary_key=True),
                       sa.Column("created", sa.Float), sa.Column("response", sa.Text), sa.Column("messages", sa.Text),
                       owner_column())
+# each response's size (its object's and its conversation's text, in UTF-8 bytes), in rows small enough that a key's
+# sum is read without reading its responses
+_SIZES = sa.Table("response_sizes", _TABLES, sa.Column("id", sa.String(255), primary_key=True),
+                  sa.Column("created", sa.Float), owner_column(), sa.Column("bytes", sa.BigInteger, nullable=False),
+                  sa.Index("response_sizes_owner", "owner", "created"))
 
 
 class ResponseStore:
@@ -31,25 +39,44 @@ class ResponseStore:
     Reading methods take a ``scope``: the owner whose responses are visible, or None for every owner's.
     """
 
-    def __init__(self, url: str, max_items: int, max_age: float) -> None:
+    def __init__(self, url: str, max_items: int, max_age: float, max_bytes: int = 2**30) -> None:
         self.max_items = max_items
         self.max_age = max_age
-        self.database = Database(url, "responses", (create_tables(_TABLES),), timeout=10)
+        self.max_bytes = max_bytes  # of each owner's responses and conversations, in UTF-8
+        self.database = Database(url, "responses", (create_tables(_TABLES), _sized), timeout=10)
 
     @off_the_hub
-    def put(self, response: dict[str, Any], messages: list[dict[str, Any]], owner: str = "") -> None:
+    def put(self, response: dict[str, Any], messages: list[dict[str, Any]], owner: str = "") -> bool:
         """Keep ``response`` (its ``id``) of ``owner`` and the conversation it ends; the owner's oldest beyond the
-        bound, and everyone's past the age, go."""
+        bounds, and everyone's past the age, go. Whether it was kept: not when its own text is past the owner's
+        whole budget (nothing else then goes)."""
         # in slices: a response with log-probabilities may be large, and the C encoder keeps the interpreter's lock
-        row = {"created": time.time(), "response": jsontext.dumps_in_slices(response), "messages": json.dumps(messages),
-               "owner": owner}
+        text, conversation = jsontext.dumps_in_slices(response), json.dumps(messages)
+        size = utf8_size(text) + utf8_size(conversation)
+        if size > self.max_bytes:
+            return False
+        row = {"created": time.time(), "response": text, "messages": conversation, "owner": owner}
+        sized = {"created": row["created"], "owner": owner, "bytes": size}
         with self.database.begin() as db:
-            statement = self.database.upsert(_RESPONSES).values(id=response["id"], **row)
-            db.execute(statement.on_conflict_do_update(index_elements=["id"], set_=row))
-            db.execute(_RESPONSES.delete().where(_RESPONSES.c.created < time.time() - self.max_age))
-            kept = (sa.select(_RESPONSES.c.id).where(_RESPONSES.c.owner == owner)
-                    .order_by(_RESPONSES.c.created.desc()).limit(self.max_items))
-            db.execute(_RESPONSES.delete().where(_RESPONSES.c.owner == owner, _RESPONSES.c.id.not_in(kept)))
+            take_turns(self.database, db, "responses", owner)  # two of the owner's at once: the later trims both
+            for table, values in ((_RESPONSES, row), (_SIZES, sized)):
+                statement = self.database.upsert(table).values(id=response["id"], **values)
+                db.execute(statement.on_conflict_do_update(index_elements=["id"], set_=values))
+            for table in (_RESPONSES, _SIZES):
+                db.execute(table.delete().where(table.c.created < time.time() - self.max_age))
+            gone = sa.select(_SIZES.c.id).where(_SIZES.c.owner == owner, _SIZES.c.id.not_in(self._kept(owner)))
+            db.execute(_RESPONSES.delete().where(_RESPONSES.c.owner == owner, _RESPONSES.c.id.in_(gone)))
+            db.execute(_SIZES.delete().where(_SIZES.c.owner == owner, _SIZES.c.id.not_in(self._kept(owner))))
+        return True
+
+    def _kept(self, owner: str) -> sa.Select:
+        """The ids of the owner's newest responses within both bounds: counted from the newest, the first past
+        either bound goes, and every older one with it (a smaller, older one is not kept in a newer one's place)."""
+        newest_first = (_SIZES.c.created.desc(), _SIZES.c.id.desc())  # a total order: running sums
+        ranked = (sa.select(_SIZES.c.id, sa.func.row_number().over(order_by=newest_first).label("place"),
+                            sa.func.sum(_SIZES.c.bytes).over(order_by=newest_first).label("held"))
+                  .where(_SIZES.c.owner == owner).subquery())
+        return sa.select(ranked.c.id).where(ranked.c.place <= self.max_items, ranked.c.held <= self.max_bytes)
 
     def response(self, response_id: str, scope: str | None = None) -> dict[str, Any] | None:
         """The stored response object, or None (also for another owner's)."""
@@ -65,8 +92,11 @@ class ResponseStore:
     def delete(self, response_id: str, scope: str | None = None) -> bool:
         """Forget a response; whether it was there (for ``scope``)."""
         with self.database.begin() as db:
-            return db.execute(_RESPONSES.delete().where(_RESPONSES.c.id == response_id,
+            gone = db.execute(_RESPONSES.delete().where(_RESPONSES.c.id == response_id,
                                                         mine(_RESPONSES, scope))).rowcount > 0
+            if gone:
+                db.execute(_SIZES.delete().where(_SIZES.c.id == response_id))
+            return gone
 
     @off_the_hub
     def _row(self, response_id: str, column: sa.Column, scope: str | None) -> str | None:
@@ -74,3 +104,31 @@ class ResponseStore:
             return db.scalar(sa.select(column).where(_RESPONSES.c.id == response_id,
                                                      _RESPONSES.c.created >= time.time() - self.max_age,
                                                      mine(_RESPONSES, scope)))
+
+
+def utf8_size(text: str) -> int:
+    """The bytes of ``text`` in UTF-8 (an ASCII string, as JSON with its escapes is, is not encoded to be measured)."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def _sized(connection: sa.Connection) -> None:
+    """The second step of the schema: each response's size in its own small row (``response_sizes``), measured
+    once for the responses of an earlier release (their text in UTF-8 bytes, as :func:`utf8_size` counts)."""
+    create_tables(_TABLES)(connection)
+
+    def octets(column: sa.Column) -> Any:  # SQLite 3.40 has no octet_length: a blob's length is its bytes
+        if connection.dialect.name == "sqlite":
+            return sa.func.coalesce(sa.func.length(sa.cast(column, sa.LargeBinary)), 0)
+        return sa.func.coalesce(sa.func.octet_length(column), 0)
+
+    measured = sa.select(_RESPONSES.c.id, _RESPONSES.c.created, _RESPONSES.c.owner,
+                         octets(_RESPONSES.c.response) + octets(_RESPONSES.c.messages)
+                         ).where(_RESPONSES.c.id.not_in(sa.select(_SIZES.c.id)))
+    connection.execute(_SIZES.insert().from_select(["id", "created", "owner", "bytes"], measured))
+
+
+def take_turns(database: Database, db: sa.Connection, store: str, owner: str) -> None:
+    """Make the checks of ``owner``'s bounds in ``store`` take turns across workers and replicas until the
+    transaction ends (SQLite: its write lock, taken at ``BEGIN IMMEDIATE``, already does)."""
+    if not database.is_sqlite:
+        db.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:owner))"), {"owner": f"{store}:{owner}"})

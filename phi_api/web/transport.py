@@ -5,8 +5,9 @@ elsewhere (Flask's test client) these guards do nothing.
 
 - Headers: gunicorn's gevent worker gives a request ``keepalive`` seconds to
   arrive (``gunicorn.conf.py``), and limits their size and number.
-- Body: it must arrive within ``REQUEST_READ_TIMEOUT`` seconds, or 408. It is
-  read before a concurrency slot is taken, so a slow body never holds one.
+- Body: it must arrive within ``REQUEST_READ_TIMEOUT`` seconds (an upload's
+  within ``UPLOAD_READ_TIMEOUT``), or 408. It is read before a concurrency slot
+  is taken, so a slow body never holds one.
 - Streams: the send buffer is made small and each write must finish within
   ``STREAM_WRITE_TIMEOUT`` seconds, so a client that stops reading is found
   once the bytes in flight fill the buffers; a client that closed the
@@ -27,7 +28,7 @@ import select
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import gevent
 from flask import Response, request
@@ -35,6 +36,7 @@ from flask import Response, request
 from phi_api.errors import RequestTimeoutError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Bytes the kernel may hold for a stream (Linux doubles it). A token event is
 # ~200 bytes: a reader that stops is found after at most a few hundred tokens.
@@ -48,10 +50,16 @@ def _client_socket() -> Any:
 
 def read_body(timeout: float) -> bytes:
     """The request body, which must arrive within ``timeout`` seconds (else 408, and no more reading)."""
+    return read_within(timeout, lambda: request.get_data(cache=False))  # honours MAX_CONTENT_LENGTH (413)
+
+
+def read_within(timeout: float, read: Callable[[], T]) -> T:
+    """What ``read`` makes of the request body (the body read whole), which must arrive within ``timeout`` seconds
+    (else 408, and no more reading)."""
     deadline = gevent.Timeout(timeout)
     try:
         with deadline:
-            return request.get_data(cache=False)  # honours MAX_CONTENT_LENGTH (413)
+            return read()
     except gevent.Timeout as exc:
         if exc is not deadline:
             raise

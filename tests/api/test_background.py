@@ -1,8 +1,10 @@
 """Background responses with a fake engine: queued at once, run by a worker's job (the runner's one step, called here),
-polled, streamed and resumed from the store, cancelled, bounded per key, and refused where they cannot be; every
-object and event checked against OpenAI's published schemas."""
+polled, streamed and resumed from the store, cancelled, bounded per key (queued and running ones, and ended ones),
+and refused where they cannot be; every object and event checked against OpenAI's published schemas."""
 
 from __future__ import annotations
+
+import json
 
 from phi_api.background.job import run_job
 from phi_api.web.resources import get_background, get_limiter, get_resources
@@ -139,6 +141,32 @@ def test_each_key_has_a_bound_and_the_server_may_refuse_them_all(make_app):
     off, _ = scripted(make_app, b"ok", BACKGROUND_CONCURRENCY=0)
     refused = create(off, input="Hi", background=True)
     assert refused.status_code == 400 and refused.get_json()["error"]["param"] == "background"
+
+
+def answered(client, method: str, path: str, response_id: str) -> tuple[int, dict]:
+    """The status and body of an answer about ``response_id``, its id written ``ID`` (to compare two ids' answers)."""
+    answer = client.open(path.format(response_id), method=method)
+    return answer.status_code, json.loads(answer.get_data(as_text=True).replace(response_id, "ID"))
+
+
+def test_an_ended_response_past_its_key_s_bound_is_not_found_as_one_never_made(make_app):
+    app_client, _ = scripted(make_app, b"ok", BACKGROUND_ENDED_MAX_PER_KEY=1)
+    app = app_client.application
+    completed = create(app_client, input="Hi", background=True).get_json()["id"]
+    run_next(app)
+    polled = app_client.get(f"/v1/responses/{completed}").get_json()
+    cancelled = create(app_client, input="Hi", background=True).get_json()["id"]
+    app_client.post(f"/v1/responses/{cancelled}/cancel")  # the key's second ended one: the completed one goes
+    assert get_background(app).get(completed) is None
+    # ... but a completed response is also a stored one (for previous_response_id): kept as long as those are
+    assert app_client.get(f"/v1/responses/{completed}").get_json() == polled
+    other = create(app_client, input="Hi", background=True).get_json()["id"]
+    app_client.post(f"/v1/responses/{other}/cancel")  # the cancelled one goes: it was never a stored response
+    for method, path in (("GET", "/v1/responses/{}"), ("GET", "/v1/responses/{}?stream=true"),
+                         ("POST", "/v1/responses/{}/cancel"), ("DELETE", "/v1/responses/{}")):
+        gone = answered(app_client, method, path, cancelled)
+        assert gone[0] == 404 and gone == answered(app_client, method, path, "resp_never_made"), (method, path)
+    assert app_client.get(f"/v1/responses/{other}").get_json()["status"] == "cancelled"
 
 
 def test_what_the_body_gets_wrong_is_a_400_before_anything_is_queued(make_app):

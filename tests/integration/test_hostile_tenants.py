@@ -2,7 +2,7 @@
 limits), through the official clients: each test is one hole found that way, and fails on the code before its fix.
 
 Keys: team-a (1 request a minute), team-b (50 tokens a day), team-c (no limits), team-d (1 request a minute, for
-batches), team-e (no limits; 3 files, 1 MB), ops (admin, kept in the keys file as its SHA-256 only).
+batches), team-e and team-f (no limits; 3 files, 1 MB each), ops (admin, kept in the keys file as its SHA-256 only).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import http.client
 import io
 import json
 import re
+import socket
 import stat
 import threading
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from tests.support.faults import FAIL_START_SEED
 from tests.support.server import Server, wait_until
 
 TEAM_A, TEAM_B, TEAM_C = "sk-hostile-team-a", "sk-hostile-team-b", "sk-hostile-team-c"
-TEAM_D, TEAM_E, OPS = "sk-hostile-team-d", "sk-hostile-team-e", "sk-hostile-ops"
+TEAM_D, TEAM_E, TEAM_F, OPS = "sk-hostile-team-d", "sk-hostile-team-e", "sk-hostile-team-f", "sk-hostile-ops"
 DOCUMENT = " ".join(f"Entry {i}: the ferry to island {i} leaves at {6 + i % 12} o'clock with {i % 4} crates."
                     for i in range(40))  # ~900 tokens
 
@@ -43,6 +44,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
         {"name": "team-c", "key": TEAM_C},
         {"name": "team-d", "key": TEAM_D, "requests_per_minute": 1},
         {"name": "team-e", "key": TEAM_E},
+        {"name": "team-f", "key": TEAM_F},
         {"name": "ops", "key_sha256": hashlib.sha256(OPS.encode()).hexdigest(), "admin": True}]}))
     return {"keys": keys, "data": root / "data"}
 
@@ -51,7 +53,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 def server(model_path, logs_dir, folders) -> Iterator[Server]:
     with Server(logs_dir, app="tests.support.faulty_wsgi:app", MODEL_PATH=model_path, MODEL_ID=MODEL_ID,
                 WEB_CONCURRENCY=1, API_KEYS_FILE=folders["keys"], DATA_DIR=folders["data"], BATCH_CONCURRENCY=1,
-                FILES_MAX_PER_KEY=3, FILES_MAX_MB_PER_KEY=1) as running:
+                FILES_MAX_PER_KEY=3, FILES_MAX_MB_PER_KEY=1, UPLOAD_READ_TIMEOUT=3) as running:
         yield running
 
 
@@ -201,6 +203,44 @@ def test_uploads_count_as_requests_and_a_key_s_files_have_a_quota(server):
         e.files.create(file=("big.jsonl", io.BytesIO(b"{}\n" * 400_000)), purpose="batch")  # 1.2 MB
     assert size.value.code == "storage_quota_exceeded"
     assert len(e.files.list().data) == 2  # nothing of it was kept
+
+
+def upload_headers(server: Server, key: str, length: int) -> socket.socket:
+    """A connection that has sent an upload's headers, declaring ``length`` bytes of body, and none of the body."""
+    connection = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    connection.sendall((f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                        "Content-Type: multipart/form-data; boundary=b\r\n"
+                        f"Content-Length: {length}\r\n\r\n").encode())
+    return connection
+
+
+def answer_of(connection: socket.socket) -> tuple[int, str]:
+    """The status and body the server answered on ``connection`` (within its timeout: else the test fails)."""
+    response = http.client.HTTPResponse(connection)  # type: ignore[arg-type]
+    response.begin()
+    return response.status, response.read().decode()
+
+
+def test_an_upload_s_room_in_its_key_s_quota_is_held_before_its_body_is_read(server):
+    with upload_headers(server, TEAM_F, 2 * 2**20) as connection:  # more than its 1 MB: refused unread
+        status, body = answer_of(connection)
+    assert status == 400 and json.loads(body)["error"]["code"] == "storage_quota_exceeded"
+    f = client(server, TEAM_F)
+    with upload_headers(server, TEAM_F, 700_000) as slow:  # in flight, its body never sent
+        try:
+            f.files.create(file=("f.jsonl", io.BytesIO(b"{}\n" * 150_000)), purpose="batch")  # 450 KB
+            taken = True
+        except openai.BadRequestError as refused:
+            assert refused.code == "storage_quota_exceeded"
+            taken = False
+        if taken:  # the SDK's upload reserved first: the slow one is refused at once, not when its body is in
+            status, body = answer_of(slow)
+            assert status == 400 and json.loads(body)["error"]["code"] == "storage_quota_exceeded"
+        else:  # the slow one held the room; it ends at UPLOAD_READ_TIMEOUT (3 s) with a 408, giving it back
+            assert answer_of(slow)[0] == 408
+    if not taken:
+        f.files.create(file=("f.jsonl", io.BytesIO(b"{}\n" * 150_000)), purpose="batch")
+    assert [file.bytes for file in f.files.list()] == [450_000]
 
 
 def test_a_path_cannot_forge_a_log_line_or_reach_a_terminal(server):

@@ -1,14 +1,16 @@
 """The background responses' store: a queue claimed once, a claim that stops when cancelled or deleted, events kept
-for resuming and bounded, owners kept apart, and responses of a worker that died marked failed, never left running."""
+for resuming and bounded, owners kept apart, responses of a worker that died marked failed, never left running, and
+ended ones kept without their request bodies and bounded per key (on SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
+import sqlalchemy as sa
 
 from phi_api.storage.background import BackgroundFull, BackgroundStore, EventsGone, Job
-from phi_api.storage.database import sqlite_url
 
 
 def queued(number: int, stream: bool = False) -> tuple[dict, dict]:
@@ -30,9 +32,19 @@ def failed(response: dict) -> dict:
 
 
 @pytest.fixture
-def store(tmp_path):
-    return BackgroundStore(sqlite_url(tmp_path / "responses.sqlite3"), max_active=2, max_events=16,
-                           events_seconds=3600, max_age=3600, lease=30)
+def make_store(database_url):
+    """A store on each engine's database, with small bounds unless told others."""
+
+    def make(**bounds: float) -> BackgroundStore:
+        return BackgroundStore(database_url, **{"max_active": 2, "max_ended": 2, "max_events": 16,
+                                                "events_seconds": 3600, "max_age": 3600, "lease": 30, **bounds})
+
+    return make
+
+
+@pytest.fixture
+def store(make_store):
+    return make_store()
 
 
 def put(store: BackgroundStore, number: int, owner: str = "team", priority: int = 0, stream: bool = False) -> None:
@@ -143,9 +155,8 @@ def test_a_response_whose_worker_died_is_marked_failed_with_a_last_event(store):
     assert not store.finish(claims[0], ended("completed"))  # its worker, were it alive, could not undo that
 
 
-def test_a_lease_that_ran_out_is_a_dead_worker(tmp_path):
-    store = BackgroundStore(sqlite_url(tmp_path / "r.sqlite3"), max_active=2, max_events=16, events_seconds=3600,
-                            max_age=3600, lease=-1.0)  # a lease that has run out once taken
+def test_a_lease_that_ran_out_is_a_dead_worker(make_store):
+    store = make_store(lease=-1.0)  # a lease that has run out once taken
     put(store, 1)
     store.start(store.claim("far-away"))
     assert store.recover(lambda claimant: True, failed) == (0, 1) and store.get("resp_1").state == "failed"
@@ -172,9 +183,8 @@ def test_a_cancelled_response_cannot_start(store):
     assert not store.start(job) and store.get("resp_1").state == "cancelled"
 
 
-def test_events_go_after_their_time_and_responses_after_their_age(tmp_path):
-    store = BackgroundStore(sqlite_url(tmp_path / "r.sqlite3"), max_active=2, max_events=16, events_seconds=-1.0,
-                            max_age=3600, lease=30)  # events past their time as soon as their response ends
+def test_events_go_after_their_time_and_responses_after_their_age(make_store):
+    store = make_store(events_seconds=-1.0)  # events past their time as soon as their response ends
     put(store, 1, stream=True)
     store.finish(store.claim("w"), ended("completed"), events(2, 3))
     assert len(store.events("resp_1", -1)) == 4
@@ -183,3 +193,68 @@ def test_events_go_after_their_time_and_responses_after_their_age(tmp_path):
     store.max_age = -1.0
     store.expire()
     assert store.get("resp_1") is None
+
+
+def rows(store: BackgroundStore, query: str) -> dict:
+    """The database's rows for ``query`` (two columns: a key, a value), as they are kept."""
+    with store.database.read() as db:
+        return dict(db.execute(sa.text(query)).all())
+
+
+def bodies(store: BackgroundStore) -> dict[str, dict]:
+    return {id_: json.loads(body) for id_, body in rows(store, "SELECT id, body FROM background_responses").items()}
+
+
+def test_an_ended_response_keeps_no_request_body_however_it_ended(make_store):
+    store = make_store(max_active=8, max_ended=8)
+    for number in range(1, 6):
+        put(store, number, stream=number == 5)
+    store.cancel("resp_1", failed)  # cancelled while queued
+    finished, failing, cancelled = (store.claim("worker") for _ in range(3))
+    dying = store.claim("dead-worker")
+    assert all(store.start(job) for job in (finished, failing, cancelled, dying))
+    assert store.finish(finished, ended("completed")) and store.fail(failing, failed)
+    store.cancel(cancelled.id, failed)  # cancelled while running
+    assert store.recover(lambda claimant: claimant != "dead-worker", failed) == (0, 1)
+    put(store, 6)  # still queued: its body is what its worker will run
+    assert bodies(store) == {**{f"resp_{number}": {} for number in range(1, 6)}, "resp_6": queued(6)[1]}
+    assert store.get(finished.id).response["output"] == [{"type": "message"}]  # its object stays whole
+    assert {store.get(f"resp_{number}").state for number in range(1, 6)} == {"completed", "failed", "cancelled"}
+
+
+def test_a_key_keeps_its_newest_ended_responses_and_never_evicts_another_key_s(store):
+    put(store, 9, owner="other")
+    store.cancel("resp_9", failed)  # ended before any of team's
+    put(store, 1, stream=True)
+    put(store, 2)
+    store.cancel("resp_2", failed)  # ended before resp_1, though made after it
+    first = store.claim("w")
+    assert first.id == "resp_1" and store.add_events(first, events(2, 3)) and store.finish(first, ended("completed"))
+    put(store, 3)
+    store.cancel("resp_3", failed)  # team's third ended one: its oldest-ended goes
+    assert store.get("resp_2") is None and store.get("resp_1").state == "completed"
+    assert store.get("resp_3").state == "cancelled" and store.get("resp_9", "other").state == "cancelled"
+    put(store, 4, priority=5)
+    put(store, 5)
+    assert store.fail(store.claim("w"), failed)  # resp_5 (the sooner priority): resp_1 goes, and its events
+    assert store.get("resp_1") is None and store.get("resp_5").state == "failed"
+    assert store.get("resp_4").state == "queued"  # queued or running ones are not counted, nor dropped
+    assert rows(store, "SELECT response_id, COUNT(*) FROM background_events GROUP BY response_id") == {}
+    assert set(bodies(store)) == {"resp_3", "resp_4", "resp_5", "resp_9"}
+
+
+def test_an_earlier_release_s_ended_responses_lose_their_bodies_at_the_upgrade(make_store):
+    store = make_store()
+    put(store, 1)
+    put(store, 2)
+    store.cancel("resp_1", failed)
+    with store.database.begin() as db:  # as an earlier release left it: an ended response with its body
+        db.execute(sa.text("UPDATE background_responses SET body = :body WHERE id = 'resp_1'"),
+                   {"body": json.dumps(queued(1)[1])})
+        db.execute(sa.text("DROP INDEX IF EXISTS background_ended"))
+        db.execute(sa.text("UPDATE schema_versions SET version = 1 WHERE store = 'background'"))
+    upgraded = make_store()
+    assert upgraded.get("resp_1").state == "cancelled"  # its first use migrates it
+    assert bodies(upgraded) == {"resp_1": {}, "resp_2": queued(2)[1]}
+    with upgraded.database.read() as db:
+        assert "background_ended" in {index["name"] for index in sa.inspect(db).get_indexes("background_responses")}

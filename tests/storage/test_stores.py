@@ -150,3 +150,49 @@ def test_an_upload_is_read_a_chunk_at_a_time_and_a_batch_refers_to_its_file_s_li
     assert store.claim("host:1:x").body == {"model": "m", "prompt": "0"}
     other = store.create_batch(source, "/v1/chat/completions", "24h", None, "team-a")
     assert other["status"] == "failed" and other["errors"]["data"][0]["code"] == "mismatched_endpoint"
+
+
+def said(size: int, text: str = "x") -> list[dict]:
+    """A conversation of one message whose text is ``size`` characters of ``text``."""
+    return [{"role": "user", "content": text * size}]
+
+
+def test_a_key_s_responses_are_bounded_by_their_bytes_its_oldest_going_first_on_either_engine(database_url):
+    store = ResponseStore(database_url, max_items=100, max_age=3600, max_bytes=3500)
+    store.put(response(0), said(3000), "team-b")
+    for number in range(1, 6):
+        store.put(response(number), said(1000), "team-a")  # some 1,070 bytes each: three fit
+    assert [store.response(f"resp_{number}", "team-a") is not None for number in range(1, 6)] == \
+        [False, False, True, True, True]
+    assert store.messages("resp_0", "team-b") == said(3000)  # team-a's many never evicted team-b's one
+
+
+def test_a_response_past_the_key_s_whole_budget_is_not_stored_and_evicts_nothing_on_either_engine(database_url):
+    store = ResponseStore(database_url, max_items=10, max_age=3600, max_bytes=2000)
+    assert store.put(response(1), said(100), "team-a")
+    big = {**response(2), "output_text": "é" * 1200}  # 1,200 characters, but 2,400 bytes in UTF-8
+    assert store.put(big, [], "team-a") is False
+    assert store.response("resp_2", "team-a") is None and store.messages("resp_2", "team-a") is None
+    assert store.messages("resp_1", "team-a") == said(100)
+    assert not store.put(response(3), said(2000), "team-a")  # its conversation alone is past the budget
+    assert store.response("resp_3", None) is None and store.response("resp_1", "team-a") is not None
+
+
+def test_a_key_s_byte_bound_holds_for_puts_at_once_on_either_engine(database_url):
+    start = threading.Barrier(4)
+    held: list[int] = []  # the key's responses, seen after each put
+
+    def worker(number: int) -> None:
+        mine = ResponseStore(database_url, max_items=100, max_age=3600, max_bytes=3500)  # its own connections
+        start.wait()
+        for index in range(10):
+            mine.put(response(10 * number + index), said(1000), "team-a")  # some 1,070 bytes each: three fit
+            with mine.database.read() as db:
+                held.append(db.scalar(sa.text("SELECT count(*) FROM responses WHERE owner = 'team-a'")))
+
+    threads = [threading.Thread(target=worker, args=(number,)) for number in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(held) == 40 and max(held) == 3 and held[-1] == 3
