@@ -8,7 +8,13 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from phi_api.errors import InvalidParameterError, MissingParameterError, NotFoundError, RequestTooLargeError
+from phi_api.errors import (
+    InvalidParameterError,
+    MissingParameterError,
+    NotFoundError,
+    RequestTooLargeError,
+    UnsupportedMediaTypeError,
+)
 from phi_api.web.auth import current_tenant
 from phi_api.web.bodies import read_request
 from phi_api.web.openapi import PAGE_QUERY, operation
@@ -20,23 +26,28 @@ from phi_api.web.transport import read_within
 bp = Blueprint("batches", __name__)
 
 PURPOSES = ("batch",)
+FORM_BYTES = 64 * 1024  # a multipart body's parts beside the file: boundaries, headers, the purpose
 
 
 # Files ----------------------------------------------------------------------------------------------
 
 
 @bp.post("/v1/files")
-@operation("Upload a file (purpose batch: a JSONL file of requests)", statuses=(400, 408, 413))
+@operation("Upload a file (purpose batch: a JSONL file of requests)", statuses=(400, 408, 413, 415))
 def upload_file() -> Response:
     settings = get_settings()
     most = request.max_content_length = int(settings.BATCH_FILE_MB * 2**20)
     if request.content_length is not None and request.content_length > most:
         raise RequestTooLargeError(f"The upload is larger than the {settings.BATCH_FILE_MB:g} MB this server takes "
                                    "in a file (BATCH_FILE_MB).")
+    if request.mimetype != "multipart/form-data":  # another form (urlencoded) is parsed whole, in pure Python
+        raise UnsupportedMediaTypeError("POST /v1/files takes multipart/form-data (a purpose and a file).")
     count_request()  # an upload counts against its key's requests, as a generation does: before it is read
     owner, store = current_tenant().name, get_batches()
     # its room in the key's quota held before the body is read: a key's uploads in flight fit in it together
     reserved = store.reserve_upload(owner, request.content_length, most, settings.UPLOAD_READ_TIMEOUT + 600)
+    if request.content_length is None and reserved.bytes is not None:  # chunked: spooled no further than its room
+        request.max_content_length = min(most, reserved.bytes + FORM_BYTES)
     try:
         # werkzeug keeps a large upload in a temporary file, not in memory
         form, files = read_within(settings.UPLOAD_READ_TIMEOUT, lambda: (request.form, request.files))

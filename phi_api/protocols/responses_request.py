@@ -161,6 +161,11 @@ class ResponsesRequest:
         system = [{"role": "system", "content": self.instructions}] if self.instructions else []
         return system + list(history or []) + list(self.input)
 
+    @property
+    def truncates(self) -> bool:
+        """Whether the history's oldest messages may go when it does not fit (``truncation: "auto"``)."""
+        return given(self.body, "truncation") == "auto"
+
     def chat(self, history: list[dict[str, Any]] | None) -> ChatRequest:
         """The chat the engine is asked for."""
         if not self.conversation(history):
@@ -169,7 +174,7 @@ class ResponsesRequest:
                 "tool_choice": self.tool_choice, "parallel_tool_calls": given(self.body, "parallel_tool_calls", True),
                 "response_format": self.response_format}
         # With truncation "auto" the history's oldest messages may go when the context is full (OpenAI's rule)
-        truncatable = len(history or []) if given(self.body, "truncation") == "auto" else 0
+        truncatable = len(history or []) if self.truncates else 0
         return ChatRequest(model=self.model, messages=tuple(body["messages"]), sampling=self.sampling,
                            prompt_param="conversation" if self.conversation_id else "input", truncatable=truncatable,
                            stream=self.stream, **output_fields(body["response_format"]),

@@ -53,10 +53,13 @@ class ConversationStore:
     kept as given, each with its ``id``; the caller makes ids and items (:mod:`phi_api.protocols.conversations`).
     """
 
-    def __init__(self, url: str, max_per_key: int, max_items: int, max_bytes: int = 256 * 2**20) -> None:
+    def __init__(self, url: str, max_per_key: int, max_items: int, max_bytes: int = 256 * 2**20,
+                 max_conversation: int = 10 * 2**20) -> None:
         self.max_per_key = max_per_key
         self.max_items = max_items
         self.max_bytes = max_bytes  # of all of a key's items, as kept (JSON: ASCII)
+        # of one conversation's items (MAX_REQUEST_SIZE_MB: a response naming it reads no more than a request carries)
+        self.max_conversation = max_conversation
         self.database = Database(url, "conversations", (create_tables(_TABLES), _sized), timeout=10)
 
     @off_the_hub
@@ -73,7 +76,7 @@ class ConversationStore:
             if held >= self.max_per_key:
                 raise ConversationFull(f"This key holds {held} conversations, the most this server keeps for one "
                                        "key: delete some first.")
-            self._check_bytes(db, owner, rows)
+            self._check_bytes(db, owner, rows, 0)
             db.execute(_CONVERSATIONS.insert().values(id=conversation_id, created=created,
                                                       metadata=json.dumps(metadata), owner=owner,
                                                       bytes=_size(rows)))
@@ -122,7 +125,8 @@ class ConversationStore:
             if held + len(items) > self.max_items:
                 raise ConversationFull(f"The conversation holds {held} items; with {len(items)} more it would pass "
                                        f"the {self.max_items} this server keeps in one.")
-            self._check_bytes(db, owner, rows)
+            own = db.scalar(sa.select(_CONVERSATIONS.c.bytes).where(_CONVERSATIONS.c.id == conversation_id)) or 0
+            self._check_bytes(db, owner, rows, own)
             _insert(db, conversation_id, rows, owner)
             _grow(db, conversation_id, _size(rows))
             return True
@@ -170,11 +174,16 @@ class ConversationStore:
             _grow(db, conversation_id, -int(size))
             return True
 
-    def _check_bytes(self, db: sa.Connection, owner: str, rows: list[tuple[str, str]]) -> None:
-        """ConversationFull when ``rows`` would take ``owner``'s items past the budget (its turn taken first)."""
+    def _check_bytes(self, db: sa.Connection, owner: str, rows: list[tuple[str, str]], own: int) -> None:
+        """ConversationFull when ``rows`` would take their conversation (``own`` bytes so far) past its bound, or
+        ``owner``'s items past the budget (its turn taken first)."""
         adding = _size(rows)
         if not adding:
             return
+        if own + adding > self.max_conversation:
+            raise ConversationFull(f"The conversation holds {_mb(own)} MB; with these items ({_mb(adding)} MB) it "
+                                   f"would pass the {_mb(self.max_conversation)} MB one request may carry "
+                                   "(MAX_REQUEST_SIZE_MB), which a response naming it reads.")
         held = db.scalar(sa.select(sa.func.sum(_CONVERSATIONS.c.bytes)).where(_CONVERSATIONS.c.owner == owner)) or 0
         if held + adding > self.max_bytes:
             raise ConversationFull(f"This key's conversations hold {_mb(held)} MB; with these items ({_mb(adding)} MB) "

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from phi_api import jsontext
 from phi_api.storage.database import Database, create_tables, mine, off_the_hub, owner_column
 
+_LEADING = ("system", "developer")  # the messages truncation keeps at a conversation's start
 _TABLES = sa.MetaData()
 _RESPONSES = sa.Table("responses", _TABLES, sa.Column("id", sa.String(255), primary_key=True),
                       sa.Column("created", sa.Float), sa.Column("response", sa.Text), sa.Column("messages", sa.Text),
@@ -39,19 +40,27 @@ class ResponseStore:
     Reading methods take a ``scope``: the owner whose responses are visible, or None for every owner's.
     """
 
-    def __init__(self, url: str, max_items: int, max_age: float, max_bytes: int = 2**30) -> None:
+    def __init__(self, url: str, max_items: int, max_age: float, max_bytes: int = 2**30,
+                 max_conversation: int = 10 * 2**20) -> None:
         self.max_items = max_items
         self.max_age = max_age
         self.max_bytes = max_bytes  # of each owner's responses and conversations, in UTF-8
+        # of one response's conversation (MAX_REQUEST_SIZE_MB: a follow-up reads no more than one request may carry)
+        self.max_conversation = max_conversation
         self.database = Database(url, "responses", (create_tables(_TABLES), _sized), timeout=10)
 
     @off_the_hub
-    def put(self, response: dict[str, Any], messages: list[dict[str, Any]], owner: str = "") -> bool:
-        """Keep ``response`` (its ``id``) of ``owner`` and the conversation it ends; the owner's oldest beyond the
-        bounds, and everyone's past the age, go. Whether it was kept: not when its own text is past the owner's
-        whole budget (nothing else then goes)."""
+    def put(self, response: dict[str, Any], messages: list[dict[str, Any]], owner: str = "",
+            trim: bool = False) -> bool:
+        """Keep ``response`` (its ``id``) of ``owner`` and the conversation it ends (past ``max_conversation``
+        bytes, its oldest messages after the leading system ones go if it may be ``trim``-med, as ``truncation:
+        "auto"`` drops them when reading it); the owner's oldest beyond the bounds, and everyone's past the age, go.
+        Whether it was kept: not when its conversation is too long and may not be trimmed, or its text is past the
+        owner's whole budget (nothing else then goes)."""
         # in slices: a response with log-probabilities may be large, and the C encoder keeps the interpreter's lock
-        text, conversation = jsontext.dumps_in_slices(response), json.dumps(messages)
+        text, conversation = jsontext.dumps_in_slices(response), _within_bytes(messages, self.max_conversation, trim)
+        if conversation is None:
+            return False
         size = utf8_size(text) + utf8_size(conversation)
         if size > self.max_bytes:
             return False
@@ -104,6 +113,24 @@ class ResponseStore:
             return db.scalar(sa.select(column).where(_RESPONSES.c.id == response_id,
                                                      _RESPONSES.c.created >= time.time() - self.max_age,
                                                      mine(_RESPONSES, scope)))
+
+
+def _within_bytes(messages: list[dict[str, Any]], most: int, trim: bool) -> str | None:
+    """``messages`` as kept (JSON), at most ``most`` bytes: whole, or without their oldest after the leading system
+    ones if ``trim`` allows; None when they do not fit."""
+    sizes = [utf8_size(json.dumps(message)) + 2 for message in messages]  # with the list's separator
+    excess = sum(sizes) - most
+    if excess <= 0:
+        return json.dumps(messages)
+    if not trim:
+        return None
+    start = next((index for index, message in enumerate(messages) if message.get("role") not in _LEADING),
+                 len(messages))
+    end = start
+    while excess > 0 and end < len(messages):
+        excess -= sizes[end]
+        end += 1
+    return json.dumps(messages[:start] + messages[end:]) if excess <= 0 else None
 
 
 def utf8_size(text: str) -> int:

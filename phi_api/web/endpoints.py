@@ -67,7 +67,8 @@ def response(body: dict[str, Any], needs: Needs, identity: Identity | None = Non
     def keep(answered: dict[str, Any]) -> None:
         extend(answered)
         if request.store and store.max_items:
-            store.put(answered, list(history or []) + list(request.input) + output_messages(answered), needs.owner)
+            store.put(answered, list(history or []) + list(request.input) + output_messages(answered), needs.owner,
+                      trim=request.truncates)
 
     return Reading(request.chat(history), lambda run: ResponseRenderer(request, run, keep, identity))
 

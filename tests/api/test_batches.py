@@ -259,6 +259,21 @@ def test_uploads_need_a_batch_purpose_a_file_and_a_size_within_the_limit(make_ap
     assert client.get("/v1/batches/batch_nope").status_code == 404
 
 
+def test_an_upload_is_multipart_and_a_chunked_one_is_cut_at_its_room_not_spooled_whole(make_app, engine, tmp_path):
+    app = make_app(engine, BATCH_DIR=str(tmp_path), FILES_MAX_MB_PER_KEY=0.1)  # ~105 KB of room
+    client = app.test_client()
+    form = client.post("/v1/files", data=b"purpose=batch&" + b"a&" * 50_000,
+                       content_type="application/x-www-form-urlencoded")
+    assert form.status_code == 415  # refused unparsed (werkzeug parses such a form whole, in pure Python)
+    body = (b"--b\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--b\r\n"
+            b"Content-Disposition: form-data; name=\"file\"; filename=\"f.jsonl\"\r\n\r\n"
+            + b"{}\n" * 100_000 + b"\r\n--b--\r\n")  # 300 KB, its length unknown to the server
+    chunked = client.post("/v1/files", input_stream=io.BytesIO(body), content_type="multipart/form-data; boundary=b",
+                          headers={"Transfer-Encoding": "chunked"}, environ_overrides={"wsgi.input_terminated": True})
+    assert chunked.status_code == 413  # cut while read: its room and the form's parts, not BATCH_FILE_MB
+    assert client.get("/v1/files").get_json()["data"] == []
+
+
 def test_a_line_the_server_cannot_take_now_goes_back_to_the_queue(app):
     client = app.test_client()
     batch = create(client, jsonl(line("a")))

@@ -4,6 +4,7 @@ gets a 400 while nothing it holds is dropped."""
 
 from __future__ import annotations
 
+from phi_api.web.resources import get_store
 from tests.support.fakes import fake_engine, text_pieces
 
 
@@ -44,3 +45,35 @@ def test_conversations_past_their_key_s_budget_are_refused_with_a_400_and_nothin
     assert answer.status_code == 400 and answer.get_json()["error"]["param"] == "conversation"
     kept = client.get(f"/v1/conversations/{conversation}/items").get_json()["data"]
     assert [item["content"][0]["text"][:1] for item in kept] == ["x"]
+
+
+def test_a_stored_history_holds_what_one_request_may_carry_trimmed_only_where_truncation_allows(make_app):
+    """A chain of follow-ups stores its whole history at every link: past MAX_REQUEST_SIZE_MB (what a follow-up
+    would read), ``truncation: "auto"`` keeps its newest messages (its oldest would be dropped when read anyway), and
+    without it the response is answered but not kept."""
+    client = client_of(make_app, MAX_REQUEST_SIZE_MB=0.005)  # 5,242 bytes
+    first = create(client, input="a " * 1000, truncation="auto").get_json()["id"]
+    second = create(client, input="b " * 1000, truncation="auto", previous_response_id=first).get_json()["id"]
+    third = create(client, input="c " * 1000, truncation="auto", previous_response_id=second).get_json()["id"]
+    history = get_store(client.application).messages(third)
+    texts = [str(message["content"])[:1] for message in history if message["role"] == "user"]
+    assert texts == ["b", "c"]  # the oldest went, the newest stayed
+    kept = create(client, input="d", truncation="auto", previous_response_id=third)
+    assert kept.status_code == 200, kept.get_data(as_text=True)
+    first = create(client, input="a " * 1000).get_json()["id"]
+    second = create(client, input="b " * 1000, previous_response_id=first).get_json()["id"]
+    third = create(client, input="c " * 1000, previous_response_id=second)
+    assert third.status_code == 200  # answered, but its history (past the bound) not kept
+    gone = create(client, input="d", previous_response_id=third.get_json()["id"])
+    assert gone.status_code == 400 and gone.get_json()["error"]["code"] == "previous_response_not_found"
+
+
+def test_a_conversation_holds_at_most_what_one_request_may_carry(make_app):
+    client = client_of(make_app, MAX_REQUEST_SIZE_MB=0.01)  # 10,485 bytes
+    conversation = client.post("/v1/conversations", json={"items": [said("x " * 2000)]}).get_json()["id"]
+    added = client.post(f"/v1/conversations/{conversation}/items", json={"items": [said("y " * 2000)]})
+    assert added.status_code == 200, added.get_data(as_text=True)
+    refused = client.post(f"/v1/conversations/{conversation}/items", json={"items": [said("z " * 2000)]})
+    assert refused.status_code == 400 and "MAX_REQUEST_SIZE_MB" in refused.get_json()["error"]["message"]
+    other = client.post("/v1/conversations", json={"items": [said("w " * 2000)]})
+    assert other.status_code == 200  # the bound is one conversation's, not the key's
