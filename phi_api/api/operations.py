@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
+from phi_api import jsontext
 from phi_api.engine import Engine
+from phi_api.engine.threads.native import off_hub
 from phi_api.service import prompts
 from phi_api.web.auth import is_admin
 from phi_api.web.bodies import read_request
 from phi_api.web.openapi import operation
 from phi_api.web.resources import get_document, get_metrics, get_models
+from phi_api.web.respond import count_request
 
 bp = Blueprint("operations", __name__)
 KEY_SERIES = b"phi_api_key_"  # the per-key series (telemetry.metrics), and their HELP and TYPE lines
@@ -53,6 +56,7 @@ def metrics() -> Response:
 def tokenize() -> Response:
     """Text, or chat messages (through the chat template), to token ids."""
     body = read_request("tokenize")
+    count_request()  # as an upload is: tokenizing is work the server does for the key
     engine = _engine_for(body)
     if "messages" in body:
         tokens = prompts.chat_prompt(engine, body["messages"],
@@ -61,8 +65,10 @@ def tokenize() -> Response:
     else:
         param = "prompt" if "prompt" in body else "content"
         tokens = prompts.text_tokens(engine, body[param], param, must_fit=False)
-    return jsonify({"tokens": [int(token) for token in tokens], "count": len(tokens),
-                    "max_model_len": engine.info.context_length})
+    answer = {"count": len(tokens), "max_model_len": engine.info.context_length}
+    # made and encoded on a pooled thread: a long text's answer is megabytes of JSON
+    return Response(off_hub(lambda: jsontext.dumps_in_slices({"tokens": tokens.tolist(), **answer})),
+                    mimetype="application/json")
 
 
 @bp.post("/detokenize")

@@ -15,6 +15,9 @@ from phi_api.telemetry.metrics import Metrics
 log = logging.getLogger("phi_api.access")
 
 
+# the methods counted by name: any other (a client may send any token) is "other", so no client adds series
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
 def count_requests(app: Flask, metrics: Metrics) -> None:
     """Count every request: by route (the URL rule, not the raw path), method and status; and a key's requests
     answered with an error, by key name and status."""
@@ -31,7 +34,8 @@ def count_requests(app: Flask, metrics: Metrics) -> None:
             return response
         route = request.url_rule.rule if request.url_rule is not None else "unmatched"
         status = response.status_code
-        metrics.requests.labels(route, request.method, str(status)).inc()
+        method = request.method if request.method in METHODS else "other"  # any token is a method to gunicorn
+        metrics.requests.labels(route, method, str(status)).inc()
         if status == 429:
             metrics.rate_limited.inc()
         key = g.get("api_key")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import gevent
@@ -114,6 +115,25 @@ def test_tokenize_text_and_messages_and_back(client):
     assert bare["count"] == len("<user>hi")
     back = client.post("/detokenize", json={"tokens": [1, 2, 3]}).get_json()
     assert back == {"prompt": "Hello, world", "content": "Hello, world"}
+
+
+def test_a_method_no_route_knows_is_counted_as_other_and_adds_no_series(make_app):
+    client = make_app().test_client()
+    for method in ("FOO1", "BAR2", "BAZ3"):  # gunicorn passes any token as a method
+        client.open("/v1/models", method=method).close()
+    methods = {dict(labels)["method"] for (name, labels), _ in samples(client).items()
+               if name == "phi_api_requests_total"}
+    assert "other" in methods and not methods & {"FOO1", "BAR2", "BAZ3"}
+
+
+def test_tokenizing_counts_against_the_key_s_requests(make_app, tmp_path):
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"name": "team-a", "key": "sk-team-a-1", "requests_per_minute": 2}]}))
+    client = make_app(API_KEYS_FILE=str(keys)).test_client()
+    answers = [client.post("/tokenize", json={"prompt": "hello"}, headers={"Authorization": "Bearer sk-team-a-1"})
+               for _ in range(3)]
+    assert [answer.status_code for answer in answers] == [200, 200, 429]
+    assert answers[0].get_json()["tokens"] and answers[0].get_json()["count"] == len(answers[0].get_json()["tokens"])
 
 
 def test_tokenize_errors(client):

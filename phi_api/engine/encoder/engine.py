@@ -76,7 +76,7 @@ class EncoderEngine:
 
     def pairs(self, pairs: list[tuple[str, str]]) -> list[Tokens]:
         """Each (query, document) pair's tokens (off the hub)."""
-        return off_hub(self._tokens().pairs, pairs)
+        return off_hub(self._tokens().pairs, pairs, self.info.context_length)
 
     def token_ids(self, ids: list[int]) -> Tokens:
         """Ids a client gave, as they are."""

@@ -36,11 +36,22 @@ class EncoderTokenizer:
         """Each text's tokens, special tokens included (``[CLS] text [SEP]`` for BERT)."""
         return [Tokens(np.asarray(one.ids, dtype=np.int64)) for one in self._tokenizer.encode_batch(texts)]
 
-    def pairs(self, pairs: list[tuple[str, str]]) -> list[Tokens]:
-        """Each (query, document) pair's tokens and types, as a cross-encoder reads them."""
-        encoded = self._tokenizer.encode_batch(pairs)
+    def pairs(self, pairs: list[tuple[str, str]], most: int | None = None) -> list[Tokens]:
+        """Each (query, document) pair's tokens and types, as a cross-encoder reads them (each side tokenized
+        alone, then the two joined with the special tokens, as ``encode`` does a pair), each side cut to ``most``
+        tokens (None: not cut): a pair is held to ``most`` (the model's length) afterwards, and what either side
+        holds past it can neither stay in a cut pair nor make a pair fit. A query asked with many documents is
+        tokenized once, not once with each (a long query and 2,048 documents were tens of millions of tokens)."""
+        queries = list(dict.fromkeys(query for query, _ in pairs))
+        sides = dict(zip(queries, self._tokenizer.encode_batch(queries, add_special_tokens=False), strict=True))
+        documents = self._tokenizer.encode_batch([document for _, document in pairs], add_special_tokens=False)
+        if most is not None:
+            for side in (*sides.values(), *documents):
+                side.truncate(most)
+        joined = [self._tokenizer.post_process(sides[query], document)
+                  for (query, _), document in zip(pairs, documents, strict=True)]
         return [Tokens(np.asarray(one.ids, dtype=np.int64), np.asarray(one.type_ids, dtype=np.int64))
-                for one in encoded]
+                for one in joined]
 
     def ids(self, ids: list[int]) -> Tokens:
         """Token ids a client gave (OpenAI's embeddings take them), as they are: no special tokens added."""
