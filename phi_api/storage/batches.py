@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,10 +37,10 @@ from phi_api.storage.files import (
     FILES,
     TABLES,
     FileStore,
+    FileWriter,
     Quota,
     page,
     requests_of,
-    write_file,
 )
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
@@ -272,10 +272,12 @@ class BatchStore(FileStore):
                 _LINES.c.batch_id == batch_id, _LINES.c.state.in_(("pending", "running"))))
             if left or batch["status"] in TERMINAL:
                 return
-            rows = db.execute(sa.select(_LINES.c.custom_id, _LINES.c.state, _LINES.c.result, _LINES.c.ok)
-                              .where(_LINES.c.batch_id == batch_id).order_by(_LINES.c.line)).all()
             owner = db.scalar(sa.select(_BATCHES.c.owner).where(_BATCHES.c.id == batch_id)) or ""
-            _save(db, _finalize(db, batch, [tuple(row) for row in rows], owner))
+            # the lines' answers read a few at a time: a batch's output may be far larger than memory
+            rows = db.execute(sa.select(_LINES.c.custom_id, _LINES.c.state, _LINES.c.result, _LINES.c.ok)
+                              .where(_LINES.c.batch_id == batch_id).order_by(_LINES.c.line)
+                              .execution_options(yield_per=8))
+            _save(db, _finalize(db, batch, (tuple(row) for row in rows), owner))
             _forget_unused_lines(db, batch["input_file_id"])
 
 
@@ -324,26 +326,23 @@ def _contents_from(folder: Path | None) -> Migration:
     return step
 
 
-def _finalize(db: sa.Connection, batch: dict[str, Any], rows: list[tuple], owner: str) -> dict[str, Any]:
-    """The batch ended: its output and error files written, its status and times set."""
+def _finalize(db: sa.Connection, batch: dict[str, Any], rows: Iterable[tuple], owner: str) -> dict[str, Any]:
+    """The batch ended: its output and error files written (a line at a time), its status and times set."""
     now = int(time.time())
-    status = {"cancelling": "cancelled"}.get(batch["status"], "completed")
-    if any(state == "expired" for _, state, _, _ in rows):
-        status = "expired"
-    output: list[str] = []
-    errors: list[str] = []
+    files = {"output_file_id": FileWriter(db), "error_file_id": FileWriter(db)}
+    expired = 0
     for custom_id, state, result, ok in rows:
         if state == "done":
-            (output if ok else errors).append(result)
+            files["output_file_id" if ok else "error_file_id"].add(result.encode() + b"\n")
         elif state in ("expired", "cancelled"):
-            errors.append(json.dumps(_unrun(custom_id, state)))
-    counts = batch["request_counts"]
-    counts["failed"] += sum(1 for _, state, _, _ in rows if state == "expired")
+            files["error_file_id"].add(json.dumps(_unrun(custom_id, state)).encode() + b"\n")
+        expired += state == "expired"
+    status = "expired" if expired else {"cancelling": "cancelled"}.get(batch["status"], "completed")
+    batch["request_counts"]["failed"] += expired
     batch.update(finalizing_at=now, status=status, **{f"{status}_at": now})
-    for key, lines in (("output_file_id", output), ("error_file_id", errors)):
-        if lines:
-            batch[key] = write_file(db, f"batch_{batch['id']}_{key[:-8]}.jsonl", "batch_output",
-                                     "".join(line + "\n" for line in lines).encode(), owner)["id"]
+    for key, writer in files.items():
+        if writer.size:
+            batch[key] = writer.close(f"batch_{batch['id']}_{key[:-8]}.jsonl", "batch_output", owner)["id"]
     return batch
 
 

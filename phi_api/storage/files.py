@@ -294,12 +294,30 @@ def write_file_row(db: sa.Connection, file_id: str, filename: str, purpose: str,
     return file_object(row)
 
 
-def write_file(db: sa.Connection, filename: str, purpose: str, data: bytes, owner: str) -> dict[str, Any]:
-    """A new file made by the server inside a transaction (a batch's output): its chunks and row; its object."""
-    file_id = _new_id()
-    for seq, start in enumerate(range(0, len(data), CHUNK_BYTES)):
-        db.execute(CHUNKS.insert().values(id=file_id, seq=seq, data=data[start:start + CHUNK_BYTES]))
-    return write_file_row(db, file_id, filename, purpose, len(data), owner)
+class FileWriter:
+    """A new file the server writes inside a transaction a piece at a time (a batch's output, however large): its
+    bytes go to chunks as they fill, never held whole."""
+
+    def __init__(self, db: sa.Connection) -> None:
+        self.db, self.file_id, self.size, self._seq, self._pending = db, _new_id(), 0, 0, bytearray()
+
+    def add(self, data: bytes) -> None:
+        self._pending += data
+        self.size += len(data)
+        while len(self._pending) >= CHUNK_BYTES:
+            self._flush(CHUNK_BYTES)
+
+    def close(self, filename: str, purpose: str, owner: str) -> dict[str, Any]:
+        """The file, its last chunk written: its object."""
+        while self._pending:
+            self._flush(CHUNK_BYTES)
+        return write_file_row(self.db, self.file_id, filename, purpose, self.size, owner)
+
+    def _flush(self, most: int) -> None:
+        chunk = bytes(self._pending[:most])
+        del self._pending[:most]
+        self.db.execute(CHUNKS.insert().values(id=self.file_id, seq=self._seq, data=chunk))
+        self._seq += 1
 
 
 def file_object(row: Any) -> dict[str, Any]:

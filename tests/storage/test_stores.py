@@ -97,6 +97,27 @@ def test_two_workers_claiming_at_once_take_each_line_once_on_either_engine(datab
     assert done["status"] == "completed" and done["request_counts"] == {"total": 30, "completed": 30, "failed": 0}
 
 
+def test_a_batch_s_output_larger_than_a_chunk_is_written_a_line_at_a_time_on_either_engine(database_url):
+    from phi_api.storage.files import CHUNK_BYTES
+
+    store = BatchStore(database_url)
+    data = b"".join(json.dumps({"custom_id": f"l{index}", "method": "POST", "url": "/v1/embeddings",
+                                "body": {"input": "x"}}).encode() + b"\n" for index in range(7))
+    made = store.create_batch(store.add_file("in.jsonl", "batch", data)["id"], "/v1/embeddings", "24h", None)
+    answers = {}
+    while (taken := store.claim("host:1:x")) is not None:
+        answers[taken.custom_id] = "v" * (CHUNK_BYTES // 3 + taken.line)  # 7 of them: some 2.3 chunks
+        store.finish(taken, 200 if taken.line != 4 else 500, {"data": answers[taken.custom_id]}, None)
+    done = store.batch(made["id"])
+    assert done["status"] == "completed" and done["request_counts"]["completed"] == 6
+    output = [json.loads(line) for line in store.content(done["output_file_id"]).splitlines()]
+    errors = [json.loads(line) for line in store.content(done["error_file_id"]).splitlines()]
+    assert [line["custom_id"] for line in output] == ["l0", "l1", "l2", "l4", "l5", "l6"]
+    assert [line["response"]["body"]["data"] for line in output] == [answers[line["custom_id"]] for line in output]
+    assert [line["custom_id"] for line in errors] == ["l3"]
+    assert store.file(done["output_file_id"])["bytes"] == len(store.content(done["output_file_id"]))
+
+
 def test_a_key_s_limit_holds_for_workers_admitting_at_once_on_either_engine(database_url):
     key = Key("k", "secret-key", requests_per_minute=10)
     start = threading.Barrier(4)
