@@ -273,12 +273,16 @@ class BatchStore(FileStore):
             if left or batch["status"] in TERMINAL:
                 return
             owner = db.scalar(sa.select(_BATCHES.c.owner).where(_BATCHES.c.id == batch_id)) or ""
-            # the lines' answers read a few at a time: a batch's output may be far larger than memory
-            rows = db.execute(sa.select(_LINES.c.custom_id, _LINES.c.state, _LINES.c.result, _LINES.c.ok)
-                              .where(_LINES.c.batch_id == batch_id).order_by(_LINES.c.line)
-                              .execution_options(yield_per=8))
-            _save(db, _finalize(db, batch, (tuple(row) for row in rows), owner))
+            _save(db, _finalize(db, batch, _answers(db, batch_id), owner))
             _forget_unused_lines(db, batch["input_file_id"])
+
+
+def _answers(db: sa.Connection, batch_id: str) -> Iterable[tuple]:
+    """The batch's lines (custom id, state, answer, whether it is a success) in order, read a few at a time: a
+    batch's output may be far larger than memory."""
+    rows = db.execute(sa.select(_LINES.c.custom_id, _LINES.c.state, _LINES.c.result, _LINES.c.ok)
+                      .where(_LINES.c.batch_id == batch_id).order_by(_LINES.c.line).execution_options(yield_per=8))
+    return (tuple(row) for row in rows)
 
 
 def _forget_unused_lines(db: sa.Connection, file_id: str) -> None:
