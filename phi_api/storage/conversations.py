@@ -21,7 +21,6 @@ from typing import Any
 import sqlalchemy as sa
 
 from phi_api.storage.database import Database, create_tables, mine, off_the_hub, owner_column
-from phi_api.storage.responses import take_turns
 
 _TABLES = sa.MetaData()
 _CONVERSATIONS = sa.Table("conversations", _TABLES, sa.Column("id", sa.String(255), primary_key=True),
@@ -70,7 +69,7 @@ class ConversationStore:
             raise ConversationFull(f"A conversation holds at most {self.max_items} items on this server.")
         created, rows = time.time(), _rows(items)
         with self.database.begin() as db:
-            take_turns(self.database, db, "conversations", owner)
+            self.database.take_turns(db, "conversations", owner)
             held = db.scalar(sa.select(sa.func.count()).select_from(_CONVERSATIONS)
                              .where(_CONVERSATIONS.c.owner == owner)) or 0
             if held >= self.max_per_key:
@@ -119,7 +118,7 @@ class ConversationStore:
                                                                       mine(_CONVERSATIONS, scope)).with_for_update())
             if owner is None:
                 return False
-            take_turns(self.database, db, "conversations", owner)
+            self.database.take_turns(db, "conversations", owner)
             held = db.scalar(sa.select(sa.func.count()).select_from(_ITEMS)
                              .where(_ITEMS.c.conversation_id == conversation_id)) or 0
             if held + len(items) > self.max_items:

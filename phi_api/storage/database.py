@@ -122,6 +122,12 @@ class Database:
         with self.engine().connect().execution_options(read_only=True) as connection:
             yield connection
 
+    def take_turns(self, db: sa.Connection, store: str, owner: str) -> None:
+        """Make the checks of ``owner``'s bounds in ``store`` take turns across workers and replicas until the
+        transaction ``db`` ends (SQLite: its write lock, taken at ``BEGIN IMMEDIATE``, already does)."""
+        if not self.is_sqlite:
+            db.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:owner))"), {"owner": f"{store}:{owner}"})
+
     def upsert(self, table: sa.Table) -> Any:
         """``INSERT`` into ``table`` with this dialect's ``ON CONFLICT`` clauses."""
         return (sqlite.insert(table) if self.is_sqlite else postgresql.insert(table))

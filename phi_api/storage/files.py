@@ -113,13 +113,14 @@ class FileStore:
         flight, has no such room. Give it back with :meth:`release_upload` (a published file takes it over)."""
         now = time.time()
         with self.database.begin() as db:
-            self.lock_owner(db, owner)
+            self.database.take_turns(db, "files", owner)
             _forget_lapsed(db, now)
             stored = _within(db, self.quota, owner, declared or 0)
             room = None if self.quota.bytes is None else self.quota.bytes - stored
             size = declared if declared is not None else min((b for b in (room, most) if b is not None), default=None)
-            if size is not None and size <= 0:
-                _within(db, self.quota, owner, 1)  # no room left: its error
+            if declared is None and room is not None and room <= 0:  # a body of unknown length needs some room
+                raise QuotaError(f"This key's stored files and uploads in flight fill its {self.quota.bytes} bytes "
+                                 "(FILES_MAX_MB_PER_KEY): delete some first.", "file")
             reservation = Reservation(_new_id(), size)
             db.execute(UPLOADS.insert().values(id=reservation.file_id, owner=owner, bytes=size or 0,
                                                until=now + seconds))
@@ -146,18 +147,13 @@ class FileStore:
                  counted: bool) -> dict[str, Any]:
         with self.database.begin() as db:
             if counted:
-                self.lock_owner(db, owner)
+                self.database.take_turns(db, "files", owner)
                 if not db.execute(UPLOADS.delete().where(UPLOADS.c.id == file_id)).rowcount:
                     # it lapsed, and its chunks may be gone with it: nothing half-written is published
                     raise QuotaError("The upload took longer than its room in this key's quota is held: upload it "
                                      "again.", "file")
                 _within(db, self.quota, owner, size)
             return write_file_row(db, file_id, filename, purpose, size, owner)
-
-    def lock_owner(self, db: sa.Connection, owner: str) -> None:
-        """Make ``owner``'s quota checks take turns across replicas (SQLite's write lock already does)."""
-        if not self.database.is_sqlite:
-            db.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:owner))"), {"owner": "files:" + owner})
 
     @off_the_hub
     def file(self, file_id: str, scope: str | None = None) -> dict[str, Any] | None:

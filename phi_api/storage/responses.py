@@ -67,7 +67,7 @@ class ResponseStore:
         row = {"created": time.time(), "response": text, "messages": conversation, "owner": owner}
         sized = {"created": row["created"], "owner": owner, "bytes": size}
         with self.database.begin() as db:
-            take_turns(self.database, db, "responses", owner)  # two of the owner's at once: the later trims both
+            self.database.take_turns(db, "responses", owner)  # two of the owner's at once: the later trims both
             for table, values in ((_RESPONSES, row), (_SIZES, sized)):
                 statement = self.database.upsert(table).values(id=response["id"], **values)
                 db.execute(statement.on_conflict_do_update(index_elements=["id"], set_=values))
@@ -153,9 +153,3 @@ def _sized(connection: sa.Connection) -> None:
                          ).where(_RESPONSES.c.id.not_in(sa.select(_SIZES.c.id)))
     connection.execute(_SIZES.insert().from_select(["id", "created", "owner", "bytes"], measured))
 
-
-def take_turns(database: Database, db: sa.Connection, store: str, owner: str) -> None:
-    """Make the checks of ``owner``'s bounds in ``store`` take turns across workers and replicas until the
-    transaction ends (SQLite: its write lock, taken at ``BEGIN IMMEDIATE``, already does)."""
-    if not database.is_sqlite:
-        db.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:owner))"), {"owner": f"{store}:{owner}"})
