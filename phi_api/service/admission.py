@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import overload
 
 from phi_api.engine import Finished
-from phi_api.errors import KeyRateLimitError, KeyRequestTooLargeError, PermissionDeniedError
+from phi_api.errors import ClientClosedRequestError, KeyRateLimitError, KeyRequestTooLargeError, PermissionDeniedError
 from phi_api.limits.keys import Key, Keys
 from phi_api.limits.line import KeyCaps, WaitingLine
 from phi_api.limits.slots import Limiter, Slot, Unlimited
@@ -198,8 +198,11 @@ class _Slots:
     def try_acquire(self) -> Slot | None:
         key = self._caller.key
         own = self._gate.caps.limiter(key.name, key.max_concurrent_requests) if key is not None else None
-        return self._gate.line.acquire(key.name if key is not None else "", self._gate.limiter, own,
+        slot = self._gate.line.acquire(key.name if key is not None else "", self._gate.limiter, own,
                                        self._caller.gone)
+        if slot is None and self._caller.gone():  # it left while it waited: a 499 in the log and metrics, not a 429
+            raise ClientClosedRequestError("The client closed the connection while the request waited in line.")
+        return slot
 
 
 def _span(tracing: Tracing, caller: Caller, request: GenerationRequest | EncodeRequest) -> RequestSpan | None:

@@ -119,7 +119,7 @@ def _embed_inputs(engine: EncoderEngine, request: EmbedRequest) -> list[Tokens]:
         return engine.texts(list(request.texts))
     vocabulary = engine.vocab_size
     for ids in request.token_ids:
-        if any(not 0 <= one < vocabulary for one in ids):
+        if ids and not (0 <= min(ids) and max(ids) < vocabulary):  # min and max run in C: a 16 MB body is quick
             raise InvalidParameterError(f"Token ids must be from 0 to {vocabulary - 1} for this model.",
                                         param=request.input_param)
     return [engine.token_ids(list(ids)) for ids in request.token_ids]

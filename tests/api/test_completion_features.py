@@ -89,6 +89,26 @@ def test_a_streamed_echo_carries_the_prompt_s_logprobs_first(make_app):
     assert offsets == [0, 4, 6, 10]
 
 
+def test_a_streamed_echo_s_prompt_lists_are_made_on_a_pooled_thread_not_the_hub(make_app, monkeypatch):
+    import _thread
+
+    from phi_api.protocols.openai.shapes import CompletionShape
+
+    made_on = []
+    lists = CompletionShape._prompt_lists
+
+    def recorded(self, index, records):
+        made_on.append(_thread.get_ident())
+        return lists(self, index, records)
+
+    monkeypatch.setattr(CompletionShape, "_prompt_lists", recorded)
+    client = make_app(fake_engine([1, 2, 3, 0], PIECES)).test_client()
+    body = {"model": "test-model", "prompt": [1, 2], "echo": True, "logprobs": 1, "max_tokens": 2, "stream": True}
+    events = parse_sse(client.post("/v1/completions", json=body).get_data(as_text=True))[:-1]
+    assert events[0]["choices"][0]["logprobs"]["tokens"] == ["upon", " a"]
+    assert len(made_on) == 1 and _thread.get_ident() not in made_on
+
+
 @pytest.mark.parametrize("extreme", [{"temperature": 5e-324}, {"temperature": 1e-45, "top_p": 0.5},
                                      {"repetition_penalty": 1e-40, "temperature": 1.0}])
 def test_extreme_sampling_values_still_answer(client, extreme):

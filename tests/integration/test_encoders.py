@@ -102,6 +102,10 @@ def test_token_ids_are_embedded_as_given(sdk, served):
                         json={"model": EMBEDDER, "input": [101, 3000, 102]}).json()  # [CLS] paris [SEP]
     assert ids["usage"]["prompt_tokens"] == 3 == text.usage.prompt_tokens
     assert np.dot(ids["data"][0]["embedding"], text.data[0].embedding) >= 0.99999
+    for outside in ([[101, 3000, 102], [101, 30522]], [[30521], [102, 40000]]):  # MiniLM's vocabulary: 30,522 ids
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.embeddings.create(model=EMBEDDER, input=outside)
+        assert "from 0 to 30521" in refused.value.body["message"] and refused.value.body["param"] == "input"
 
 
 def test_what_the_model_cannot_do_is_refused_by_name(sdk):

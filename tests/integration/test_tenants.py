@@ -268,6 +268,14 @@ def queued(server: Server) -> float:
                                                      re.MULTILINE))
 
 
+def answered(server: Server, status: str) -> float:
+    """The chat route's requests answered with ``status``, by the server's metrics."""
+    text = requests.get(server.url + "/metrics", headers={"Authorization": f"Bearer {TEAM_B}"}, timeout=30).text
+    pattern = (r'^phi_api_requests_total\{[^}]*route="/v1/chat/completions"[^}]*status="' + status
+               + r'"[^}]*\} (\S+)$')
+    return sum(float(value) for value in re.findall(pattern, text, re.MULTILINE))
+
+
 def test_one_key_s_burst_cannot_fill_the_waiting_line(model_path, logs_dir, tmp_path):
     """One slot, a line of 3: team-a's burst of 5 takes the slot and the line (its fifth gets 429); team-b's one
     request still gets a place, the newest of team-a's, and is served before team-a's older waiters."""
@@ -331,6 +339,8 @@ def test_a_waiter_whose_client_left_gives_up_its_place_in_line(model_path, logs_
                            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
             wait_until(lambda: queued(server) == 1, 60, message="the ghost's request to wait in line")
         wait_until(lambda: queued(server) == 0, 10, message="the ghost's place to be given up")
+        wait_until(lambda: answered(server, "499") == 1, 10, message="the ghost counted as a client that left")
+        assert answered(server, "429") == 0  # not as a request refused for want of a slot
         assert reader.is_alive()  # the running stream still holds the slot: the place was given up, not served
         outcome: list = []
         waiter = threading.Thread(target=lambda: outcome.append(client(server, TEAM_B).chat.completions.create(
