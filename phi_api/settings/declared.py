@@ -192,11 +192,13 @@ class Declared(Serving):
                                          "Seconds the body of POST /v1/files may take to arrive; then 408 (its room "
                                          "in the key's file quota is held meanwhile)")
     FILES_MAX_PER_KEY: int = setting(100, _integer(1, 10_000_000),
-                                     "Most files one API key may store (Batch API files; its batches' outputs are "
-                                     "written whatever it holds); more get 400 storage_quota_exceeded")
+                                     "Most files one API key may store (Batch API files; its batches' output "
+                                     "files are written whatever it holds); more get 400 storage_quota_exceeded")
     FILES_MAX_MB_PER_KEY: float = setting(1024.0, _number(0.0, 10_000_000.0, exclusive_low=True),
-                                          "Most megabytes of files one API key may store; an upload past it gets "
-                                          "400 storage_quota_exceeded")
+                                          "Most megabytes of files one API key may store, its running batches' "
+                                          "answers included; an upload past it gets 400 storage_quota_exceeded, a "
+                                          "batch's answers past it are not kept (nor its lines not yet run: its "
+                                          "error file says so)")
     RESPONSES_STORE_MAX: int = setting(1000, _integer(0, 10_000_000),
                                        "Most Responses API responses kept for previous_response_id, per API key (one "
                                        "key's never evict another's); 0 keeps none")

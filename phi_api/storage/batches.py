@@ -21,23 +21,24 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from phi_api import jsontext
 from phi_api.errors import BatchError
-from phi_api.storage.database import Database, Migration, create_tables, mine, off_the_hub, owner_column
+from phi_api.storage import batch_output
+from phi_api.storage.batch_output import OVER_QUOTA
+from phi_api.storage.batch_tables import BATCHES, LINES, TURNS
+from phi_api.storage.database import Database, Migration, create_tables, mine, off_the_hub
 from phi_api.storage.files import (
     CONTENTS,
     FILE_LINES,
     FILES,
     TABLES,
     FileStore,
-    FileWriter,
     Quota,
     page,
     requests_of,
@@ -46,23 +47,6 @@ from phi_api.storage.files import (
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
 WINDOWS = {"24h": 86_400}  # completion_window: OpenAI accepts only 24h
 TERMINAL = ("completed", "failed", "expired", "cancelled")
-
-_BATCHES = sa.Table("batches", TABLES, sa.Column("id", sa.String(64), primary_key=True),
-                    sa.Column("object", sa.Text), sa.Column("created_at", sa.Float),
-                    owner_column())
-_LINES = sa.Table("lines", TABLES, sa.Column("batch_id", sa.String(64), primary_key=True),
-                  sa.Column("line", sa.Integer, primary_key=True), sa.Column("custom_id", sa.Text),
-                  sa.Column("body", sa.Text),  # an earlier release's copy; now the file's lines hold it
-                  sa.Column("state", sa.String(16)),
-                  sa.Column("owner", sa.String(255)),  # the worker that claimed it (not the key: see batches.owner)
-                  sa.Column("result", sa.Text), sa.Column("ok", sa.Integer), sa.Column("lease_until", sa.Float),
-                  sa.Column("file_id", sa.String(64)),  # whose file_lines hold its request
-                  sa.Index("pending", "state", "batch_id", "line"))
-# Each key's turn at the runners: lines are claimed round robin between keys, and a key whose limits refused a line
-# rests until its window opens again.
-_TURNS = sa.Table("batch_turns", TABLES, sa.Column("owner", sa.String(255), primary_key=True),
-                  sa.Column("last_claim", sa.Float), sa.Column("rest_until", sa.Float))
-
 
 @dataclass(frozen=True)
 class Line:
@@ -90,9 +74,11 @@ class BatchStore(FileStore):
                  longest_line: int | None = None) -> None:
         self.lease, self.longest_line = lease, longest_line  # longest_line: MAX_REQUEST_SIZE_MB (a line is a request)
         # The third step: files in chunks, their lines kept once, the keys' turns (an earlier release's database);
-        # the fourth: uploads in flight holding their room in their keys' quotas.
+        # the fourth: uploads in flight holding their room in their keys' quotas; the fifth: the answers batches hold.
         super().__init__(Database(url, "batches", (create_tables(TABLES), _contents_from(folder),
-                                                   create_tables(TABLES), create_tables(TABLES))), quota)
+                                                   *[create_tables(TABLES)] * 3)), quota)
+
+    answers_held = staticmethod(batch_output.answers_held)
 
     @off_the_hub
     def delete_file(self, file_id: str, scope: str | None = None) -> bool:
@@ -119,26 +105,26 @@ class BatchStore(FileStore):
         with self.database.begin() as db:
             total, errors = requests_of(db, input_file_id, endpoint, self.longest_line)
             batch = _new_batch(input_file_id, endpoint, window, metadata, total, errors)
-            db.execute(_BATCHES.insert().values(id=batch["id"], object=json.dumps(batch), created_at=time.time(),
+            db.execute(BATCHES.insert().values(id=batch["id"], object=json.dumps(batch), created_at=time.time(),
                                                 owner=owner))
             if not errors:
                 numbers = sa.select(sa.literal(batch["id"]), FILE_LINES.c.line, FILE_LINES.c.custom_id,
                                     sa.literal("pending"), FILE_LINES.c.file_id).where(
                     FILE_LINES.c.file_id == input_file_id)
-                db.execute(_LINES.insert().from_select(["batch_id", "line", "custom_id", "state", "file_id"], numbers))
+                db.execute(LINES.insert().from_select(["batch_id", "line", "custom_id", "state", "file_id"], numbers))
         return batch
 
     @off_the_hub
     def batch(self, batch_id: str, scope: str | None = None) -> dict[str, Any] | None:
         with self.database.read() as db:
-            found = db.scalar(sa.select(_BATCHES.c.object).where(_BATCHES.c.id == batch_id, mine(_BATCHES, scope)))
+            found = db.scalar(sa.select(BATCHES.c.object).where(BATCHES.c.id == batch_id, mine(BATCHES, scope)))
         return json.loads(found) if found else None
 
     @off_the_hub
     def batches(self, limit: int, after: str | None, scope: str | None = None) -> tuple[list[dict], bool]:
         with self.database.read() as db:
-            rows = db.scalars(sa.select(_BATCHES.c.object).where(mine(_BATCHES, scope))
-                              .order_by(_BATCHES.c.created_at.desc())).all()
+            rows = db.scalars(sa.select(BATCHES.c.object).where(mine(BATCHES, scope))
+                              .order_by(BATCHES.c.created_at.desc())).all()
         return page([json.loads(row) for row in rows], limit, after)
 
     @off_the_hub
@@ -147,7 +133,7 @@ class BatchStore(FileStore):
         if self.batch(batch_id, scope) is None:
             raise BatchError(f"No batch with id '{batch_id}'.", None)
         with self.database.begin() as db:  # lines, then the batch: the order every transaction locks them in
-            db.execute(_LINES.update().where(_LINES.c.batch_id == batch_id, _LINES.c.state == "pending")
+            db.execute(LINES.update().where(LINES.c.batch_id == batch_id, LINES.c.state == "pending")
                        .values(state="cancelled"))
             batch = _batch_in(db, batch_id)
             if batch["status"] in TERMINAL or batch["status"] == "finalizing":  # (the lines' update rolls back)
@@ -165,25 +151,25 @@ class BatchStore(FileStore):
         key whose turn it is (the key that has waited longest since its last line, round robin), its oldest
         batch's first; never of a key resting (:meth:`rest`). None when none waits."""
         now = time.time()
-        waiting = sa.or_(_LINES.c.state == "pending", sa.and_(_LINES.c.state == "running", _LINES.c.lease_until < now))
-        awake = sa.or_(_TURNS.c.rest_until.is_(None), _TURNS.c.rest_until <= now)
-        body = sa.func.coalesce(_LINES.c.body, FILE_LINES.c.body)
+        waiting = sa.or_(LINES.c.state == "pending", sa.and_(LINES.c.state == "running", LINES.c.lease_until < now))
+        awake = sa.or_(TURNS.c.rest_until.is_(None), TURNS.c.rest_until <= now)
+        body = sa.func.coalesce(LINES.c.body, FILE_LINES.c.body)
         with self.database.begin() as db:
             row = db.execute(
-                sa.select(_LINES.c.batch_id, _LINES.c.line, _LINES.c.custom_id, body, _BATCHES.c.owner)
-                .join(_BATCHES, _BATCHES.c.id == _LINES.c.batch_id)
-                .outerjoin(_TURNS, _TURNS.c.owner == _BATCHES.c.owner)
-                .outerjoin(FILE_LINES, sa.and_(FILE_LINES.c.file_id == _LINES.c.file_id,
-                                               FILE_LINES.c.line == _LINES.c.line))
+                sa.select(LINES.c.batch_id, LINES.c.line, LINES.c.custom_id, body, BATCHES.c.owner)
+                .join(BATCHES, BATCHES.c.id == LINES.c.batch_id)
+                .outerjoin(TURNS, TURNS.c.owner == BATCHES.c.owner)
+                .outerjoin(FILE_LINES, sa.and_(FILE_LINES.c.file_id == LINES.c.file_id,
+                                               FILE_LINES.c.line == LINES.c.line))
                 .where(waiting, awake)
-                .order_by(sa.func.coalesce(_TURNS.c.last_claim, 0.0), _BATCHES.c.created_at, _LINES.c.line).limit(1)
-                .with_for_update(of=_LINES, skip_locked=True)).first()
+                .order_by(sa.func.coalesce(TURNS.c.last_claim, 0.0), BATCHES.c.created_at, LINES.c.line).limit(1)
+                .with_for_update(of=LINES, skip_locked=True)).first()
             if row is None:
                 return None
             batch_id, number, custom_id, text, key = row
-            db.execute(_LINES.update().where(_LINES.c.batch_id == batch_id, _LINES.c.line == number)
+            db.execute(LINES.update().where(LINES.c.batch_id == batch_id, LINES.c.line == number)
                        .values(state="running", owner=claimant, lease_until=now + self.lease))
-            turn = self.database.upsert(_TURNS).values(owner=key, last_claim=now, rest_until=None)
+            turn = self.database.upsert(TURNS).values(owner=key, last_claim=now, rest_until=None)
             db.execute(turn.on_conflict_do_update(index_elements=["owner"], set_={"last_claim": now}))
             batch = _batch_in(db, batch_id)
             if batch["status"] == "validating":
@@ -197,7 +183,7 @@ class BatchStore(FileStore):
         limits refused it: the key's next window): the runners serve the other keys meanwhile."""
         with self.database.begin() as db:
             db.execute(_held(line).values(state="pending", owner=None, lease_until=None))
-            turn = self.database.upsert(_TURNS).values(owner=line.owner, last_claim=time.time(), rest_until=until)
+            turn = self.database.upsert(TURNS).values(owner=line.owner, last_claim=time.time(), rest_until=until)
             db.execute(turn.on_conflict_do_update(index_elements=["owner"], set_={"rest_until": until}))
 
     @off_the_hub
@@ -213,16 +199,16 @@ class BatchStore(FileStore):
         """Record a line's answer (``status_code`` and ``body``), or why it has none (``error``); False (nothing
         recorded) when the claim was lost meanwhile: the line's answer is the one of the claim that holds it."""
         ok = status_code is not None and 200 <= status_code < 300
-        result = {"id": f"batch_req_{uuid.uuid4().hex[:24]}", "custom_id": line.custom_id,
-                  "response": None if status_code is None else
-                  {"status_code": status_code, "request_id": request_id, "body": body},
-                  "error": error}
         with self.database.begin() as db:
-            text = jsontext.dumps_in_slices(result)  # in slices: an answer with log-probabilities may be large
-            if not db.execute(_held(line).values(state="done", result=text, ok=int(ok))).rowcount:
+            text = batch_output.answer_text(line.custom_id, status_code, body, request_id, error)
+            self.database.take_turns(db, "files", line.owner)
+            kept = batch_output.fits(db, self.quota, line.owner, len(text))
+            if not db.execute(_held(line).values(state="done" if kept else OVER_QUOTA, result=text if kept else None,
+                                                 ok=int(ok))).rowcount:
                 return False
+            batch_output.held_or_refused(db, line.batch_id, len(text) if kept else None)
             batch = _batch_in(db, line.batch_id)
-            batch["request_counts"]["completed" if ok else "failed"] += 1
+            batch["request_counts"]["completed" if ok else "failed"] += kept  # an answer not kept counts at the end
             _save(db, batch)
         self.settle(line.batch_id)
         return True
@@ -237,9 +223,9 @@ class BatchStore(FileStore):
     def recover(self, alive: Callable[[str], bool]) -> int:
         """Put back in the queue the lines claimed by workers that are no longer ``alive(claimant)``; how many."""
         with self.database.begin() as db:
-            claimants = db.scalars(sa.select(_LINES.c.owner).distinct().where(_LINES.c.state == "running")).all()
+            claimants = db.scalars(sa.select(LINES.c.owner).distinct().where(LINES.c.state == "running")).all()
             dead = [claimant for claimant in claimants if not alive(claimant)]
-            return sum(db.execute(_LINES.update().where(_LINES.c.state == "running", _LINES.c.owner == claimant)
+            return sum(db.execute(LINES.update().where(LINES.c.state == "running", LINES.c.owner == claimant)
                                   .values(state="pending", owner=None, lease_until=None)).rowcount
                        for claimant in dead)
 
@@ -247,19 +233,19 @@ class BatchStore(FileStore):
     def queued_lines(self) -> dict[str, int]:
         """How many lines of every batch wait (``pending``) and run (``running``) now (for /metrics)."""
         with self.database.read() as db:
-            rows = db.execute(sa.select(_LINES.c.state, sa.func.count()).where(
-                _LINES.c.state.in_(("pending", "running"))).group_by(_LINES.c.state)).all()
+            rows = db.execute(sa.select(LINES.c.state, sa.func.count()).where(
+                LINES.c.state.in_(("pending", "running"))).group_by(LINES.c.state)).all()
         return {state: int(count) for state, count in rows}
 
     @off_the_hub
     def expire(self, now: float) -> None:
         """Batches past their completion window: their lines not yet taken will not run."""
         with self.database.read() as db:
-            rows = db.scalars(sa.select(_BATCHES.c.object)).all()
+            rows = db.scalars(sa.select(BATCHES.c.object)).all()
         for batch in (json.loads(row) for row in rows):
             if batch["status"] in ("validating", "in_progress") and now > batch["expires_at"]:
                 with self.database.begin() as db:
-                    db.execute(_LINES.update().where(_LINES.c.batch_id == batch["id"], _LINES.c.state == "pending")
+                    db.execute(LINES.update().where(LINES.c.batch_id == batch["id"], LINES.c.state == "pending")
                                .values(state="expired"))
                 self.settle(batch["id"])
 
@@ -268,37 +254,29 @@ class BatchStore(FileStore):
         """When no line of the batch waits or runs any more: write its output and error files, and end it."""
         with self.database.begin() as db:
             batch = _batch_in(db, batch_id)
-            left = db.scalar(sa.select(sa.func.count()).select_from(_LINES).where(
-                _LINES.c.batch_id == batch_id, _LINES.c.state.in_(("pending", "running"))))
+            left = db.scalar(sa.select(sa.func.count()).select_from(LINES).where(
+                LINES.c.batch_id == batch_id, LINES.c.state.in_(("pending", "running"))))
             if left or batch["status"] in TERMINAL:
                 return
-            owner = db.scalar(sa.select(_BATCHES.c.owner).where(_BATCHES.c.id == batch_id)) or ""
-            _save(db, _finalize(db, batch, _answers(db, batch_id), owner))
+            owner = db.scalar(sa.select(BATCHES.c.owner).where(BATCHES.c.id == batch_id)) or ""
+            _save(db, batch_output.finalize(db, batch, owner))
             _forget_unused_lines(db, batch["input_file_id"])
-
-
-def _answers(db: sa.Connection, batch_id: str) -> Iterable[tuple]:
-    """The batch's lines (custom id, state, answer, whether it is a success) in order, read a few at a time: a
-    batch's output may be far larger than memory."""
-    rows = db.execute(sa.select(_LINES.c.custom_id, _LINES.c.state, _LINES.c.result, _LINES.c.ok)
-                      .where(_LINES.c.batch_id == batch_id).order_by(_LINES.c.line).execution_options(yield_per=8))
-    return (tuple(row) for row in rows)
 
 
 def _forget_unused_lines(db: sa.Connection, file_id: str) -> None:
     """Drop a deleted file's kept lines once no batch waits on them."""
     if db.scalar(sa.select(FILES.c.id).where(FILES.c.id == file_id)) is not None:
         return
-    open_lines = sa.select(_LINES.c.line).where(_LINES.c.file_id == file_id,
-                                                _LINES.c.state.in_(("pending", "running"))).limit(1)
+    open_lines = sa.select(LINES.c.line).where(LINES.c.file_id == file_id,
+                                                LINES.c.state.in_(("pending", "running"))).limit(1)
     if db.scalar(open_lines) is None:
         db.execute(FILE_LINES.delete().where(FILE_LINES.c.file_id == file_id))
 
 
 def _held(line: Line) -> Any:
     """An update of ``line`` while ``line``'s claim holds it."""
-    return _LINES.update().where(_LINES.c.batch_id == line.batch_id, _LINES.c.line == line.line,
-                                 _LINES.c.state == "running", _LINES.c.owner == line.claimant)
+    return LINES.update().where(LINES.c.batch_id == line.batch_id, LINES.c.line == line.line,
+                                 LINES.c.state == "running", LINES.c.owner == line.claimant)
 
 
 def _new_batch(input_file_id: str, endpoint: str, window: str, metadata: dict | None, total: int,
@@ -330,40 +308,13 @@ def _contents_from(folder: Path | None) -> Migration:
     return step
 
 
-def _finalize(db: sa.Connection, batch: dict[str, Any], rows: Iterable[tuple], owner: str) -> dict[str, Any]:
-    """The batch ended: its output and error files written (a line at a time), its status and times set."""
-    now = int(time.time())
-    files = {"output_file_id": FileWriter(db), "error_file_id": FileWriter(db)}
-    expired = 0
-    for custom_id, state, result, ok in rows:
-        if state == "done":
-            files["output_file_id" if ok else "error_file_id"].add(result.encode() + b"\n")
-        elif state in ("expired", "cancelled"):
-            files["error_file_id"].add(json.dumps(_unrun(custom_id, state)).encode() + b"\n")
-        expired += state == "expired"
-    status = "expired" if expired else {"cancelling": "cancelled"}.get(batch["status"], "completed")
-    batch["request_counts"]["failed"] += expired
-    batch.update(finalizing_at=now, status=status, **{f"{status}_at": now})
-    for key, writer in files.items():
-        if writer.size:
-            batch[key] = writer.close(f"batch_{batch['id']}_{key[:-8]}.jsonl", "batch_output", owner)["id"]
-    return batch
-
-
 def _batch_in(db: sa.Connection, batch_id: str) -> dict[str, Any]:
     """The batch's object, its row locked until the transaction ends (its counts are read, then written)."""
-    found = db.scalar(sa.select(_BATCHES.c.object).where(_BATCHES.c.id == batch_id).with_for_update())
+    found = db.scalar(sa.select(BATCHES.c.object).where(BATCHES.c.id == batch_id).with_for_update())
     if found is None:
         raise BatchError(f"No batch with id '{batch_id}'.", None)
     return json.loads(found)
 
 
 def _save(db: sa.Connection, batch: dict[str, Any]) -> None:
-    db.execute(_BATCHES.update().where(_BATCHES.c.id == batch["id"]).values(object=json.dumps(batch)))
-
-
-def _unrun(custom_id: str, state: str) -> dict[str, Any]:
-    message = {"expired": "This request could not be executed before the completion window expired.",
-               "cancelled": "This request was not executed: the batch was cancelled."}[state]
-    return {"id": f"batch_req_{uuid.uuid4().hex[:24]}", "custom_id": custom_id, "response": None,
-            "error": {"code": f"batch_{state}", "message": message}}
+    db.execute(BATCHES.update().where(BATCHES.c.id == batch["id"]).values(object=json.dumps(batch)))

@@ -74,6 +74,11 @@ class FileStore:
         self.database = database
         self.quota = quota
 
+    @staticmethod
+    def answers_held(db: sa.Connection, owner: str) -> int:
+        """The bytes of answers ``owner``'s running batches hold (files alone run none)."""
+        return 0
+
     def add_file(self, filename: str, purpose: str, data: bytes | IO[bytes], owner: str = "",
                  counted: bool = True, reserved: Reservation | None = None) -> dict[str, Any]:
         """Keep ``data`` (bytes, or a binary stream read a chunk at a time) as a new file of ``owner``, within its
@@ -115,8 +120,8 @@ class FileStore:
         with self.database.begin() as db:
             self.database.take_turns(db, "files", owner)
             _forget_lapsed(db, now)
-            stored = _within(db, self.quota, owner, declared or 0)
-            room = None if self.quota.bytes is None else self.quota.bytes - stored
+            held = _within(db, self.quota, owner, declared or 0, self.answers_held(db, owner))
+            room = None if self.quota.bytes is None else self.quota.bytes - held
             size = declared if declared is not None else min((b for b in (room, most) if b is not None), default=None)
             if declared is None and room is not None and room <= 0:  # a body of unknown length needs some room
                 raise QuotaError(f"This key's stored files and uploads in flight fill its {self.quota.bytes} bytes "
@@ -152,7 +157,7 @@ class FileStore:
                     # it lapsed, and its chunks may be gone with it: nothing half-written is published
                     raise QuotaError("The upload took longer than its room in this key's quota is held: upload it "
                                      "again.", "file")
-                _within(db, self.quota, owner, size)
+                _within(db, self.quota, owner, size, self.answers_held(db, owner))
             return write_file_row(db, file_id, filename, purpose, size, owner)
 
     @off_the_hub
@@ -253,21 +258,28 @@ def write_lines(db: sa.Connection, file_id: str, requests: list[Request]) -> int
     return len(requests)
 
 
-def _within(db: sa.Connection, quota: Quota, owner: str, size: int) -> int:
-    """The bytes ``owner`` stores or holds for its uploads in flight; :class:`QuotaError` unless it may store one
-    more file of ``size`` bytes."""
-    count, stored = 0, 0
+def stored(db: sa.Connection, owner: str) -> tuple[int, int]:
+    """The files ``owner`` stores or uploads now, and their bytes (an upload's: the room it holds)."""
+    count, size = 0, 0
     for table, live in ((FILES, sa.true()), (UPLOADS, UPLOADS.c.until >= time.time())):
         files, held = db.execute(sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(table.c.bytes), 0))
                                  .where(table.c.owner == owner, live)).one()
-        count, stored = count + files, stored + held
+        count, size = count + files, size + held
+    return int(count), int(size)
+
+
+def _within(db: sa.Connection, quota: Quota, owner: str, size: int, answers: int) -> int:
+    """The bytes ``owner`` stores, holds for its uploads in flight and in its running batches' ``answers``;
+    :class:`QuotaError` unless it may store one more file of ``size`` bytes."""
+    count, stored_bytes = stored(db, owner)
+    stored_bytes += answers
     if quota.files is not None and count + 1 > quota.files:
         raise QuotaError(f"This key stores {count} files, as many as a key may (FILES_MAX_PER_KEY): delete some "
                          "first.", "file")
-    if quota.bytes is not None and stored + size > quota.bytes:
-        raise QuotaError(f"This file would take this key's stored files past {quota.bytes} bytes "
-                         "(FILES_MAX_MB_PER_KEY): delete some first.", "file")
-    return int(stored)
+    if quota.bytes is not None and stored_bytes + size > quota.bytes:
+        raise QuotaError(f"This file would take this key's stored files (and its running batches' answers) past "
+                         f"{quota.bytes} bytes (FILES_MAX_MB_PER_KEY): delete some first.", "file")
+    return stored_bytes
 
 
 def _forget_lapsed(db: sa.Connection, now: float) -> None:

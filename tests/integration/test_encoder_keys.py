@@ -97,3 +97,29 @@ def test_a_request_its_client_leaves_is_charged_the_inputs_encoded_before(keyed)
     charged = after["prompt_tokens"] - before["prompt_tokens"]
     assert after["requests"] == before["requests"] + 1
     assert 0 < charged < inputs * each and charged % each == 0  # whole inputs encoded, not the request's tokens
+
+
+def test_a_batch_s_answers_past_its_key_s_file_quota_are_not_kept(embedding_model_path, logs_dir, tmp_path):
+    """Each answer (384 floats as JSON: ~8 KB) holds room in its key's 30 KB quota as it comes: the answers that fit
+    are in the output file, the rest (and the lines not yet run) in the error file as storage_quota_exceeded."""
+    (tmp_path / "keys.json").write_text(json.dumps({"keys": [{"name": "team-a", "key": KEYS["team-a"]}]}))
+    (tmp_path / "models.json").write_text(json.dumps({"models": [{"id": EMBEDDER, "path": embedding_model_path}]}))
+    with Server(logs_dir, MODELS_FILE=str(tmp_path / "models.json"), API_KEYS_FILE=str(tmp_path / "keys.json"),
+                WEB_CONCURRENCY=1, FILES_MAX_MB_PER_KEY=30 / 1024) as server:
+        client = sdk(server, "team-a")
+        lines = [{"custom_id": f"e{index}", "method": "POST", "url": "/v1/embeddings",
+                  "body": {"model": EMBEDDER, "input": f"{index}: {TEXTS[index % 3]}", "encoding_format": "float"}}
+                 for index in range(8)]
+        uploaded = client.files.create(file=("embed.jsonl", io.BytesIO(
+            b"".join(json.dumps(line).encode() + b"\n" for line in lines))), purpose="batch")
+        done = finished(client, client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings",
+                                                      completion_window="24h").id)
+        kept, refused = results(client, done.output_file_id), results(client, done.error_file_id)
+        assert done.request_counts.completed == len(kept) >= 1 and done.request_counts.failed == len(refused) >= 1
+        assert sorted(kept) + sorted(refused) == sorted(line["custom_id"] for line in lines)
+        assert {item["error"]["code"] for item in refused.values()} == {"storage_quota_exceeded"}
+        stored = sum(item.bytes for item in client.files.list().data)
+        assert stored <= 30 * 1024
+        with pytest.raises(openai.BadRequestError) as full:  # the output fills the room it held
+            client.files.create(file=("more.jsonl", io.BytesIO(b"x" * (30 * 1024 - stored + 1))), purpose="batch")
+        assert full.value.body["code"] == "storage_quota_exceeded"
