@@ -16,7 +16,7 @@ from phi_api.web.bodies import read_request
 from phi_api.web.errors import render_errors
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, SSE, operation
 from phi_api.web.resources import get_models
-from phi_api.web.respond import respond
+from phi_api.web.respond import count_request, respond
 
 bp = Blueprint("messages", __name__)
 render_errors(bp, anthropic_body)
@@ -37,6 +37,7 @@ def create_message() -> Response:
 def count_tokens() -> Response:
     """The input tokens the same request would use: system, messages and tools through the chat template."""
     request = MessagesRequest.from_anthropic({**read_request("messages_count_tokens"), "max_tokens": 1})
+    count_request()  # tokenizing is work the server does for the key, as /tokenize's is
     engine = get_models().engine(request.model)
     tokens = prompts.chat_prompt(engine, list(request.chat.messages), request.chat.tools, must_fit=False)
     return jsonify({"input_tokens": len(tokens)})

@@ -76,10 +76,11 @@ def tokenize() -> Response:
 def detokenize() -> Response:
     """Token ids to text (answered as vLLM's ``prompt`` and llama.cpp's ``content``)."""
     body = read_request("detokenize")
+    count_request()  # as /tokenize is
     engine = _engine_for(body)
-    prompts.check_token_ids(engine, body["tokens"], "tokens")
-    text = engine.decode(body["tokens"]) if body["tokens"] else ""
-    return jsonify({"prompt": text, "content": text})
+    text = prompts.detokenized(engine, body["tokens"], "tokens")
+    return Response(off_hub(lambda: jsontext.dumps_in_slices({"prompt": text, "content": text})),
+                    mimetype="application/json")
 
 
 def _engine_for(body: dict) -> Engine:

@@ -158,7 +158,7 @@ def output_fields(response_format: dict[str, Any] | None) -> dict[str, Any]:
         spec = response_format["json_schema"]
         schema = spec.get("schema") or {"type": "object"}
         if spec.get("strict"):
-            violation = strict_violation(schema)
+            violation = off_hub(strict_violation, schema)  # it walks the whole schema
             if violation:
                 raise InvalidJSONSchemaError(f"Invalid schema for response_format '{spec.get('name', '')}': "
                                              f"{violation}", param="response_format")

@@ -23,13 +23,17 @@ _MAX_REASON_CHARS = 300
 MAX_SCHEMA_LEVELS = 1024
 # Each pattern's complement is intersected with the others': 200 patterns take ~1 s of a core, 300 ~7 s.
 MAX_PATTERN_PROPERTIES = 64
+# The patterns one value must match at once (its own, its allOf branches', through references) are intersected, and
+# llguidance's check that the intersection is not empty doubles in time with each: 19 took 0.3 s, 23 took 28 s,
+# 27 ran for minutes and took gigabytes. 12 take ~10 ms (and are refused: it cannot tell); 8 are allowed.
+MAX_PATTERNS_AT_ONCE = 8
 
 
 def json_schema_grammar(schema: Any, param: str) -> tuple[str, str]:
     """The guidance for output matching ``schema`` (given as ``param``), as compact JSON (the schema's own
     ``x-guidance`` options win), with no keys the schema does not declare (:func:`closed`); 400
     ``invalid_parameter`` if it is not a schema llguidance can compile."""
-    schema = closed(schema)
+    schema = off_hub(closed, schema)  # a copy of the whole schema: large ones are made off the hub
     check_json_schema(schema, param)
     options = schema.get("x-guidance", {}) if isinstance(schema, dict) else {}
     body = {**schema, "x-guidance": {**_COMPACT, **options}} if isinstance(schema, dict) else schema
@@ -79,10 +83,9 @@ def strict_violation(schema: Any, context: tuple[str, ...] = ()) -> str | None:
     if isinstance(properties, dict) and properties:
         if schema.get("additionalProperties") is not False:
             return f"{where}, 'additionalProperties' is required to be supplied and to be false."
-        required = schema.get("required")
-        if not isinstance(required, list):
-            required = []
-        missing = [name for name in properties if name not in required]
+        listed = schema.get("required")
+        required = {name for name in listed if isinstance(name, str)} if isinstance(listed, list) else set()
+        missing = [name for name in properties if name not in required]  # (a set: a list made this N x N)
         if missing:
             return (f"{where}, 'required' is required to be supplied and to be an array including every key in "
                     f"properties. Missing '{missing[0]}'.")
@@ -138,6 +141,9 @@ def check_schema_size(schema: Any, param: str) -> None:
     if patterns > MAX_PATTERN_PROPERTIES:
         raise InvalidParameterError(f"{param} has more than {MAX_PATTERN_PROPERTIES} patternProperties.",
                                     param=param)
+    if patterns_at_once(schema) > MAX_PATTERNS_AT_ONCE:
+        raise InvalidParameterError(f"{param} asks one value to match more than {MAX_PATTERNS_AT_ONCE} patterns at "
+                                    "once (a pattern and those of its allOf branches).", param=param)
 
 
 def schema_levels(schema: Any) -> tuple[int, int]:
@@ -175,6 +181,43 @@ def _survey(schema: Any) -> tuple[dict[int, int], set[str], int]:
         stack.append((node, True))
         stack.extend((child, False) for child in children)
     return heights, refs, patterns
+
+
+def patterns_at_once(schema: Any) -> int:
+    """The most ``pattern``s one value of ``schema`` must match at once: a subschema's own, and those of its
+    ``allOf`` branches and of what its local ``$ref`` points to, along every path (counted past
+    :data:`MAX_PATTERNS_AT_ONCE` no further)."""
+    memo: dict[int, int] = {}
+    stack: list[Any] = [schema]
+    most = 0
+    while stack and most <= MAX_PATTERNS_AT_ONCE:
+        node = stack.pop()
+        if isinstance(node, dict):
+            most = max(most, _at_once(schema, node, memo))
+        if isinstance(node, (dict, list)):
+            stack.extend(node.values() if isinstance(node, dict) else node)
+    return most
+
+
+def _at_once(schema: Any, root: dict[str, Any], memo: dict[int, int]) -> int:
+    """:func:`patterns_at_once` of ``root`` (memoized by id; a reference back to a subschema on the path counts 0)."""
+    path: set[int] = set()
+    stack: list[tuple[dict[str, Any], bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        branches, ref = node.get("allOf"), node.get("$ref")
+        joined = [item for item in [*(branches if isinstance(branches, list) else ()),
+                                    _pointed(schema, ref) if isinstance(ref, str) else None]
+                  if isinstance(item, dict)]
+        if done:
+            path.discard(id(node))
+            count = int("pattern" in node) + sum(memo.get(id(item), 0) for item in joined)
+            memo[id(node)] = min(count, MAX_PATTERNS_AT_ONCE + 1)
+        elif id(node) not in memo and id(node) not in path:
+            path.add(id(node))
+            stack.append((node, True))
+            stack.extend((item, False) for item in joined)
+    return memo.get(id(root), 0)
 
 
 def _pointed(schema: Any, ref: str) -> Any:

@@ -151,6 +151,17 @@ def with_prefix(engine: Engine, ids: np.ndarray) -> np.ndarray:
     return np.concatenate([np.array(prefix, dtype=ids.dtype), ids])
 
 
+def detokenized(engine: Engine, tokens: list[int], param: str) -> str:
+    """``tokens`` (given as ``param``) as text; 400 for an id beyond the vocabulary, or more tokens than the model's
+    context holds (a token may be dozens of bytes of text: the answer is bounded as a sequence the model reads)."""
+    longest = engine.info.context_length
+    if len(tokens) > longest:
+        raise InvalidParameterError(f"{param} holds {len(tokens)} tokens; at most {longest} (the model's context "
+                                    "length) are turned back into text at once.", param=param)
+    check_token_ids(engine, tokens, param)
+    return engine.decode(tokens) if tokens else ""
+
+
 def check_token_ids(engine: Engine, tokens: list[int], param: str) -> None:
     """400 if ``tokens`` (given as ``param``) holds an id beyond the model's vocabulary."""
     vocab = engine.info.vocab_size

@@ -22,6 +22,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
+from phi_api.jsontext import too_deep
+
 _DECODER = json.JSONDecoder()
 
 
@@ -111,8 +113,10 @@ def _json_objects(text: str) -> list[dict[str, Any]]:
                         default=-1)) >= 0:
         try:
             value, position = _DECODER.raw_decode(text, start)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON here, or brackets nested past the decoder's depth
             position = start + 1
+            continue
+        if too_deep(value):  # deeper than any call's arguments, and than the answer's encoder could write
             continue
         items = value if isinstance(value, list) else [value]
         found += [item for item in items if isinstance(item, dict)]
@@ -126,7 +130,7 @@ def _mistral_args(body: str) -> list[dict[str, Any]]:
         name, _, arguments = part.partition("[ARGS]")
         try:
             value, _ = _DECODER.raw_decode(arguments.strip())
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if name.strip():
             calls.append({"name": name.strip(), "arguments": value})

@@ -25,6 +25,7 @@ from typing import Any
 from llguidance import LLMatcher
 
 from phi_api import jsontext
+from phi_api.engine.threads.native import off_hub
 from phi_api.errors import InvalidFunctionParametersError, InvalidParameterError
 from phi_api.service.grammar import check_json_schema, json_schema_grammar, strict_violation
 from phi_api.service.tool_formats import FORMATS, ToolFormat
@@ -154,7 +155,9 @@ def example_arguments(schema: dict[str, Any]) -> dict[str, Any]:
     """A value of the right type for each required argument of a function's ``parameters`` schema."""
     found = schema.get("properties")
     properties: dict[str, Any] = found if isinstance(found, dict) else {}
-    required = [name for name in schema.get("required") or [] if isinstance(name, str)]
+    listed = schema.get("required")
+    required = dict.fromkeys(name for name in listed if isinstance(name, str)) if isinstance(listed, list) else {}
+    # (once each: a name listed K times at each of D levels made K**D values)
     return {name: example_value(properties.get(name), name) for name in required}
 
 
@@ -204,7 +207,7 @@ def tool_plan(tools: list[dict[str, Any]], tool_choice: Any = None, parallel: bo
         return None
     functions = tuple(tool["function"] for tool in tools)
     for function in functions:
-        violation = strict_violation(function.get("parameters") or {}) if function.get("strict") else None
+        violation = off_hub(strict_violation, function.get("parameters") or {}) if function.get("strict") else None
         if violation:
             raise InvalidFunctionParametersError(f"Invalid schema for function '{function['name']}': {violation}",
                                                  param="tools")

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from flask import Blueprint, Flask, Response, jsonify
+from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from phi_api.errors import APIError
@@ -24,17 +24,26 @@ def error_response(error: APIError, render: Callable[[APIError], dict[str, Any]]
     return response
 
 
+RENDERERS = "phi_api.renderers"  # app.extensions: each blueprint's renderer, by the blueprint's name
+
+
 def render_errors(target: Flask | Blueprint, render: Callable[[APIError], dict[str, Any]]) -> None:
     """Answer every exception raised while ``target`` serves a request in ``render``'s protocol: ours as they
-    are, everyone else's through :func:`phi_api.web.foreign.from_foreign`, anything unexpected as a generic 500."""
+    are, everyone else's through :func:`phi_api.web.foreign.from_foreign`, anything unexpected as a generic 500.
+    A method a route does not take is refused before any blueprint serves it: in the protocol of the blueprint whose
+    route it is (:func:`_owner_s`)."""
+    if isinstance(target, Blueprint):
+        name = target.name
+        target.record_once(lambda state: state.app.extensions.setdefault(RENDERERS, {}).__setitem__(name, render))
+
     @target.errorhandler(APIError)
     def _api_error(error: APIError) -> Response:
         return error_response(error, render)
 
     @target.errorhandler(HTTPException)
     def _http_error(exc: HTTPException) -> Response:
-        response = error_response(from_foreign(exc), render)
         allowed = getattr(exc, "valid_methods", None)  # MethodNotAllowed's
+        response = error_response(from_foreign(exc), _owner_s(allowed) or render if allowed else render)
         if exc.code == 405 and allowed:
             response.headers["Allow"] = ", ".join(sorted(allowed))
         return response
@@ -49,3 +58,13 @@ def render_errors(target: Flask | Blueprint, render: Callable[[APIError], dict[s
         else:
             log.info("refused: %s: %s", type(exc).__name__, exc)  # the cause, for the log only
         return error_response(error, render)
+
+
+def _owner_s(allowed: list[str]) -> Callable[[APIError], dict[str, Any]] | None:
+    """The renderer of the blueprint whose route this request's path is (with a method it takes), if it has one."""
+    try:
+        endpoint, _ = current_app.url_map.bind_to_environ(request.environ).match(method=sorted(allowed)[0])
+    except HTTPException:
+        return None
+    return current_app.extensions.get(RENDERERS, {}).get(str(endpoint).rpartition(".")[0])
+

@@ -24,6 +24,19 @@ def test_wrong_methods_are_json_405(client, method, path):
     assert response.headers["Allow"]
 
 
+@pytest.mark.parametrize(("method", "path", "shape"), [
+    ("GET", "/v1/messages", {"type": "error", "error": {"type": "invalid_request_error"}}),
+    ("GET", "/api/chat", {}), ("POST", "/api/tags", {})])
+def test_a_wrong_method_is_refused_in_its_route_s_own_protocol(client, method, path, shape):
+    response = client.open(path, method=method)
+    body = response.get_json()
+    assert response.status_code == 405 and response.headers["Allow"] and "Method not allowed" in str(body)
+    if shape:  # Anthropic's
+        assert body["type"] == "error" and body["error"]["type"] == shape["error"]["type"]
+    else:  # Ollama's: the message alone
+        assert isinstance(body["error"], str)
+
+
 @pytest.mark.parametrize("route", list(ROUTES))
 @pytest.mark.parametrize("raw", [b"{bad json", b"", b"\xff\xfe{}", b'{"model": NaN}', b'{"a": "\\ud800"}',
                                  b"[" * 100_000, b'"a string"', b"[1, 2]", b"null",

@@ -6,6 +6,7 @@ import json
 import time
 
 import gevent
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from phi_api.web.resources import get_models
@@ -126,19 +127,25 @@ def test_a_method_no_route_knows_is_counted_as_other_and_adds_no_series(make_app
     assert "other" in methods and not methods & {"FOO1", "BAR2", "BAZ3"}
 
 
-def test_tokenizing_counts_against_the_key_s_requests(make_app, tmp_path):
+@pytest.mark.parametrize(("route", "body"), [
+    ("/tokenize", {"prompt": "hello"}), ("/detokenize", {"tokens": [1, 2, 3]}),
+    ("/v1/messages/count_tokens", {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]})])
+def test_tokenizing_counts_against_the_key_s_requests(make_app, tmp_path, route, body):
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps({"keys": [{"name": "team-a", "key": "sk-team-a-1", "requests_per_minute": 2}]}))
     client = make_app(API_KEYS_FILE=str(keys)).test_client()
-    answers = [client.post("/tokenize", json={"prompt": "hello"}, headers={"Authorization": "Bearer sk-team-a-1"})
-               for _ in range(3)]
+    answers = [client.post(route, json=body, headers={"Authorization": "Bearer sk-team-a-1"}) for _ in range(3)]
     assert [answer.status_code for answer in answers] == [200, 200, 429]
-    assert answers[0].get_json()["tokens"] and answers[0].get_json()["count"] == len(answers[0].get_json()["tokens"])
+    assert answers[0].get_json() == answers[1].get_json()  # (the answer itself, twice)
 
 
 def test_tokenize_errors(client):
     assert client.post("/tokenize", json={}).status_code == 400
     assert client.post("/detokenize", json={"tokens": [10_000]}).get_json()["error"]["param"] == "tokens"
+    longest = client.post("/tokenize", json={"prompt": "x"}).get_json()["max_model_len"]
+    assert client.post("/detokenize", json={"tokens": [1] * longest}).status_code == 200
+    past = client.post("/detokenize", json={"tokens": [1] * (longest + 1)})  # past the context: a 400, not undone
+    assert past.status_code == 400 and past.get_json()["error"]["param"] == "tokens"
 
 
 def test_the_gateway_metrics_show_what_the_engines_hold(make_app):

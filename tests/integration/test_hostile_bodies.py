@@ -105,6 +105,14 @@ HOSTILE = [
      dump({"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": "x"}}),
      JSON_TYPE),
     ("Ollama: array body", OLLAMA_CHAT, b"[]", JSON_TYPE),
+    ("30 patterns one string must match at once", CHAT, dump({**BASE, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "string", "allOf": [{"pattern": f"^.*a.{{{i}}}$"} for i in range(1, 31)]}}}}), JSON_TYPE),
+    ("a strict schema of 120000 properties", CHAT, dump({**BASE, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {
+            "type": "object", "properties": {f"p{i}": {} for i in range(120_000)},
+            "required": [f"p{i}" for i in range(119_999)], "additionalProperties": False}}}}), JSON_TYPE),
+
     ("Ollama: NUL in the prompt", "/api/generate", dump({"model": MODEL_ID, "prompt": "a\u0000b"}), JSON_TYPE),
 ]
 
@@ -135,3 +143,20 @@ def test_after_the_hostile_bodies_the_server_is_whole(server, log_mark):
     assert "Traceback" not in log and " 500 " not in log
     assert "Worker exiting" not in log and "WORKER TIMEOUT" not in log
     print(f"{len(HOSTILE)} hostile bodies refused with a 4xx; the server kept serving")
+
+
+def test_an_answer_of_brackets_nested_past_any_call_is_text_streamed_and_whole(server):
+    """Tools offered, and an answer of 1,200 '[' (what a grammar may force): the call parser finds no call in it
+    (it raised RecursionError: the stream was cut without [DONE], the whole answer a 400 after the work)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    asked = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Brackets, please."}], "max_tokens": 1300,
+             "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+             "extra_body": {"guided_regex": r"\[{1200}"}}
+    whole = client.chat.completions.create(**asked)
+    assert whole.choices[0].message.content == "[" * 1200 and not whole.choices[0].message.tool_calls
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(
+        **asked, stream=True) if chunk.choices)  # the SDK raises if the stream ends without [DONE] or in an error
+    assert streamed == "[" * 1200
+

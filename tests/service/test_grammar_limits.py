@@ -13,8 +13,10 @@ from phi_api.errors import InvalidParameterError
 from phi_api.service.constraints import MAX_GRAMMAR_RULES, grammar
 from phi_api.service.grammar import (
     MAX_PATTERN_PROPERTIES,
+    MAX_PATTERNS_AT_ONCE,
     MAX_SCHEMA_LEVELS,
     check_json_schema,
+    patterns_at_once,
     schema_levels,
 )
 
@@ -94,3 +96,42 @@ def test_a_schema_within_a_grammar_is_held_to_the_same_limits():
         grammar("grammar", text, "guided_grammar")
     small = grammar("grammar", f"start: %json {json.dumps(chain(3))}\n", "guided_grammar")
     assert LLMatcher.validate_grammar(small.definition) == ""
+
+
+def hard(count: int) -> list[str]:
+    """Patterns whose intersection llguidance's emptiness check takes ~2x longer to give up on with each more (what
+    an outside review sent: 23 of them took 28 s of a core, 27 minutes and gigabytes)."""
+    return [f"^.*a.{{{i}}}$" for i in range(1, count + 1)]
+
+
+@pytest.mark.parametrize("shape", ["allOf", "references", "nested"])
+def test_too_many_patterns_one_value_must_match_at_once_are_a_400(shape):
+    def schema(count: int) -> dict:
+        patterns = hard(count)
+        if shape == "allOf":
+            return {"type": "string", "allOf": [{"pattern": pattern} for pattern in patterns]}
+        if shape == "references":
+            return {"type": "string", "allOf": [{"$ref": f"#/$defs/p{i}"} for i in range(count)],
+                    "$defs": {f"p{i}": {"pattern": pattern} for i, pattern in enumerate(patterns)}}
+        nested: dict = {"type": "string", "pattern": patterns[0]}
+        for pattern in patterns[1:]:
+            nested = {"allOf": [nested, {"pattern": pattern}]}
+        return nested
+
+    assert patterns_at_once(schema(MAX_PATTERNS_AT_ONCE)) == MAX_PATTERNS_AT_ONCE
+    with pytest.raises(InvalidParameterError, match="patterns at once"):
+        check_json_schema(schema(30), "response_format")
+    check_json_schema({"type": "string", "allOf": [{"pattern": "^[a-z]+$"}, {"pattern": "^.{2,8}$"}]}, "x")
+
+
+def test_patterns_of_different_values_are_not_counted_together_and_a_cycle_ends():
+    many = {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": pattern}
+                                             for i, pattern in enumerate(hard(40))}}
+    assert patterns_at_once(many) == 1
+    check_json_schema(many, "response_format")
+    looped = {"$defs": {"a": {"pattern": "^a", "allOf": [{"$ref": "#/$defs/b"}]},
+                        "b": {"pattern": "b$", "allOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"}
+    assert 2 <= patterns_at_once(looped) <= MAX_PATTERNS_AT_ONCE + 1
+    shared = {"$defs": {"p": {"pattern": "^x"}}, "allOf": [{"$ref": "#/$defs/p"}] * 3}  # one pattern met 3 ways
+    assert patterns_at_once(shared) == 3
+

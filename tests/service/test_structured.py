@@ -100,3 +100,29 @@ def test_strict_schemas_that_keep_the_rules_are_served(recorded):
     response = chat(client, response_format={"type": "json_schema", "json_schema": {"name": "Person", "strict": True,
                                                                                    "schema": schema}})
     assert response.status_code == 200
+
+
+class CountingRequired(list):
+    """A ``required`` array that counts its reads (a list's ``in`` reads it all: N properties made N x N reads)."""
+
+    reads = 0
+
+    def __iter__(self):
+        for item in super().__iter__():
+            self.reads += 1
+            yield item
+
+    def __contains__(self, item):
+        return any(item == name for name in self)
+
+
+def test_strict_rules_read_required_once_however_many_properties():
+    names = [f"p{i}" for i in range(2000)]
+    required = CountingRequired(names)
+    schema = {"type": "object", "properties": {name: {"type": "string"} for name in names},
+              "required": required, "additionalProperties": False}
+    assert strict_violation(schema) is None
+    assert required.reads <= len(names)
+    required.pop()
+    assert "Missing 'p1999'" in strict_violation(schema)
+

@@ -74,3 +74,12 @@ def test_a_forced_call_s_grammar_writes_the_family_s_markers_around_the_call():
     hermes = generic.__class__(generic.functions, generic.forced, generic.parallel, FORMATS["hermes"])
     cut = hermes.partial_call('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
     assert (cut.name, cut.arguments) == ("get_weather", '{"city": "Pa')
+
+
+@pytest.mark.parametrize("text", ["[" * 1200, "[" * 1200 + "]" * 1200, '{"name": "f", "arguments": ' + "[" * 600
+                                  + "]" * 600 + "}", "[TOOL_CALLS]f[ARGS]" + "[" * 1200])
+def test_an_answer_of_brackets_nested_past_any_call_is_text_not_a_crash(text):
+    for name in ("generic", "mistral"):
+        content, calls = FORMATS[name].split(text)
+        assert calls == []
+

@@ -101,3 +101,17 @@ def test_tool_instructions_show_a_concrete_call_of_the_first_tool_not_placeholde
     jsonschema.validate(arguments, EMAIL["function"]["parameters"])  # every required argument, of its type
     assert arguments["priority"] == "low" and "body" not in arguments  # an enum's first choice; only the required
     assert arguments["to"] == "to" and arguments["meta"] == {"tag": "tag"}  # a string says what it holds
+
+
+def test_an_example_of_arguments_walks_each_required_name_once(monkeypatch):
+    from phi_api.service import tools
+
+    calls = []
+    value = tools.example_value
+    monkeypatch.setattr(tools, "example_value", lambda *args: calls.append(1) or value(*args))
+    level: dict = {"type": "string"}
+    for _ in range(3):  # each level lists its one name 200 times: 200**3 values before
+        level = {"type": "object", "properties": {"a": level}, "required": ["a"] * 200}
+    assert tools.example_arguments(level) == {"a": {"a": {"a": "a"}}}
+    assert len(calls) == 3
+
