@@ -70,37 +70,56 @@ def closed(schema: Any) -> Any:
     return result
 
 
-def strict_violation(schema: Any, context: tuple[str, ...] = ()) -> str | None:
+def strict_violation(schema: Any) -> str | None:
     """Where ``schema`` breaks OpenAI's strict-mode rules, in OpenAI's words: every object that declares
     properties sets ``additionalProperties: false`` and lists every property in ``required``. None when it
-    keeps them."""
-    if isinstance(schema, list):
-        return next(filter(None, (strict_violation(item, context) for item in schema)), None)
-    if not isinstance(schema, dict):
-        return None
-    where = f"In context=({', '.join(repr(part) for part in context)}{',' if len(context) == 1 else ''})"
-    properties = schema.get("properties")
-    if isinstance(properties, dict) and properties:
-        if schema.get("additionalProperties") is not False:
-            return f"{where}, 'additionalProperties' is required to be supplied and to be false."
-        listed = schema.get("required")
-        required = {name for name in listed if isinstance(name, str)} if isinstance(listed, list) else set()
-        missing = [name for name in properties if name not in required]  # (a set: a list made this N x N)
-        if missing:
-            return (f"{where}, 'required' is required to be supplied and to be an array including every key in "
-                    f"properties. Missing '{missing[0]}'.")
-    for key in (*_SUBSCHEMA_MAPS, *_SUBSCHEMA_LISTS):
-        value = schema.get(key)
-        children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-        for name, child in children:
-            found = strict_violation(child, (*context, key, str(name)))
-            if found:
-                return found
-    for key in _SUBSCHEMAS:
-        found = strict_violation(schema.get(key), (*context, key))
-        if found:
-            return found
+    keeps them. A walk without recursion, each subschema's path linked to its parent's and spelled out only for a
+    violation (a path built at every node made a deep schema's walk nodes x depth)."""
+    stack: list[tuple[Any, Any]] = [(schema, None)]  # (subschema, its path: None, or (parent's path, part))
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, list):
+            stack.extend((item, path) for item in reversed(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        broken = _broken_rule(node)
+        if broken:
+            return f"{_where(path)}, {broken}"
+        children: list[tuple[Any, Any]] = []
+        for key in (*_SUBSCHEMA_MAPS, *_SUBSCHEMA_LISTS):
+            value = node.get(key)
+            items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+            children += [(child, ((path, key), str(name))) for name, child in items]
+        children += [(node.get(key), (path, key)) for key in _SUBSCHEMAS]
+        stack.extend(reversed(children))
     return None
+
+
+def _broken_rule(node: dict[str, Any]) -> str | None:
+    """The strict-mode rule one object schema breaks, if any."""
+    properties = node.get("properties")
+    if not isinstance(properties, dict) or not properties:
+        return None
+    if node.get("additionalProperties") is not False:
+        return "'additionalProperties' is required to be supplied and to be false."
+    listed = node.get("required")
+    required = {name for name in listed if isinstance(name, str)} if isinstance(listed, list) else set()
+    missing = next((name for name in properties if name not in required), None)  # (a set: a list made it N x N)
+    if missing is None:
+        return None
+    return f"'required' is required to be supplied and to be an array including every key in properties. Missing " \
+           f"'{missing}'."
+
+
+def _where(path: Any) -> str:
+    """OpenAI's ``In context=(...)`` for a linked path."""
+    parts: list[str] = []
+    while path is not None:
+        path, part = path
+        parts.append(part)
+    parts.reverse()
+    return f"In context=({', '.join(repr(part) for part in parts)}{',' if len(parts) == 1 else ''})"
 
 
 def check_json_schema(schema: Any, param: str) -> None:

@@ -6,7 +6,6 @@ import logging
 
 import pytest
 
-from phi_api.web import bodies
 from tests.api.test_request_errors import ROUTES, assert_error
 
 
@@ -53,13 +52,21 @@ def test_nul_characters_are_refused(client, route):
     assert "NUL" in error["message"]
 
 
-def test_only_a_body_with_a_nul_escape_in_its_text_is_searched_for_nul(client, monkeypatch):
-    searched = []
-    monkeypatch.setattr(bodies, "_has_nul", lambda body: searched.append(body) or False)
-    assert client.post("/v1/completions", json={"model": "test-model", "prompt": "hi"}).status_code == 200
-    escaped = b'{"model": "test-model", "prompt": "a\\\\u0000"}'  # a backslash, then "u0000": no NUL
-    assert client.post("/v1/completions", data=escaped, content_type="application/json").status_code == 200
-    assert [body["prompt"] for body in searched] == ["a\\u0000"]
+@pytest.mark.parametrize(("escaped", "held"), [
+    ("a\\\\u0000", "a\\u0000"),  # an escaped backslash, then the letters u0000: no NUL
+    ("\\ud83d\\ude00", "\U0001f600"),  # an emoji as an escaped surrogate pair: text
+    ("\\\\\\\\\\ud83d\\ude00", "\\\\\U0001f600")])
+def test_escapes_that_only_look_like_a_nul_or_a_lone_surrogate_are_text(client, escaped, held):
+    raw = b'{"prompt": "' + escaped.encode() + b'"}'
+    answer = client.post("/tokenize", data=raw, content_type="application/json")
+    assert answer.status_code == 200
+    assert answer.get_json()["tokens"] == client.post("/tokenize", json={"prompt": held}).get_json()["tokens"]
+
+
+@pytest.mark.parametrize("escaped", ["a\\u0000", "\\\\\\u0000", "\\ud800", "\\\\\\udc00x", "\\ud83d\\ud83d"])
+def test_a_nul_or_a_lone_surrogate_after_escaped_backslashes_is_refused(client, escaped):
+    raw = b'{"model": "test-model", "prompt": "' + escaped.encode() + b'"}'
+    assert client.post("/v1/completions", data=raw, content_type="application/json").status_code == 400
 
 
 def test_a_body_without_content_type_is_read_as_json(client):

@@ -126,3 +126,20 @@ def test_strict_rules_read_required_once_however_many_properties():
     required.pop()
     assert "Missing 'p1999'" in strict_violation(schema)
 
+
+
+def test_a_deep_violation_is_placed_and_only_a_violation_s_path_is_spelled_out(monkeypatch):
+    from phi_api.service import grammar
+
+    spelled = []
+    where = grammar._where
+    monkeypatch.setattr(grammar, "_where", lambda path: spelled.append(path) or where(path))
+    deep: dict = {"anyOf": [{} for _ in range(1000)] + [{"type": "object", "properties": {"a": {}}}]}
+    for _ in range(200):
+        deep = {"type": "array", "items": deep}
+    found = strict_violation(deep)
+    assert found == ("In context=(" + "'items', " * 200 + "'anyOf', '1000'), 'additionalProperties' is required to "
+                     "be supplied and to be false.")
+    assert len(spelled) == 1
+    deep_ok = {"type": "array", "items": {"anyOf": [{} for _ in range(1000)]}}
+    assert strict_violation(deep_ok) is None and len(spelled) == 1
