@@ -88,8 +88,8 @@ def _run(resources: Resources, job: Job, request_id: str, stop: gevent.event.Eve
             store.release(job, time.time() + wait)
             return Outcome("requeued")
         return _failed(store, job, error)
-    renderer = reading.renderer(run)
     try:
+        renderer = reading.renderer(run)  # (within: the run is closed below whatever happens)
         if not store.start(job):
             return Outcome("stopped")
         if job.stream:

@@ -215,9 +215,11 @@ class Run:
         """Stop whatever still runs and give the slot back (idempotent). ``on_close`` is told first, while the ends
         observed are those the request side read; the others are observed when the engine reports them."""
         self.slot.release()
-        for closed in self.on_close:
-            closed()
-        self.generation.close(then=self.observe)
+        try:
+            for closed in self.on_close:
+                closed()
+        finally:  # whatever a callback does, the engine lets the rows go
+            self.generation.close(then=self.observe)
 
 
 @dataclass(frozen=True)

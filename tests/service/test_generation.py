@@ -40,3 +40,23 @@ def test_a_reader_slower_than_the_answer_meets_the_run_s_deadline_at_its_next_ev
     late = events(buffered_run(time.monotonic() - 1, 3))  # the deadline passed while the events waited
     with pytest.raises(GenerationTimeoutError):
         next(late)
+
+
+def test_a_run_s_generation_is_closed_even_when_a_close_callback_fails():
+    from phi_api.service.generation import Run
+
+    closed, released = [], []
+
+    def close(then) -> None:
+        closed.append(then)
+
+    generation = SimpleNamespace(close=close)
+    slot = SimpleNamespace(release=lambda: released.append(1))
+
+    def failing() -> None:
+        raise RuntimeError("a callback's failure")
+
+    run = Run(None, None, None, generation, slot, on_close=[failing])
+    with pytest.raises(RuntimeError):
+        run.close()
+    assert released == [1] and len(closed) == 1  # the slot, and the engine's rows, given back
