@@ -41,6 +41,10 @@ T = TypeVar("T")
 # Bytes the kernel may hold for a stream (Linux doubles it). A token event is
 # ~200 bytes: a reader that stops is found after at most a few hundred tokens.
 STREAM_SEND_BUFFER = 16 * 1024
+# Each write of a stream must finish within STREAM_WRITE_TIMEOUT: a large event (the Responses API echoes a request's
+# tools in its events: megabytes, for a large schema) is written a slice at a time, each with its own deadline, so
+# that a client reading at 64 KB a second or faster keeps its stream.
+STREAM_SLICE = 64 * 1024
 GONE_CHECK_SECONDS = 0.1
 
 
@@ -137,7 +141,11 @@ def _watched(chunks: Iterator[str], sock: Any) -> Iterator[str]:
                 if client_gone(sock):
                     log.info("Client closed the connection; stream stopped")
                     return
-            yield chunk
+            if len(chunk) <= STREAM_SLICE:
+                yield chunk
+                continue
+            for start in range(0, len(chunk), STREAM_SLICE):
+                yield chunk[start:start + STREAM_SLICE]
     finally:
         try:
             sock.settimeout(None)

@@ -236,3 +236,15 @@ def test_an_agent_streamed_to_a_structured_final_output(make_agent):
     assert calls and calls[0] in ("Paris", "London")
     assert isinstance(final_output, Report)
     assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
+
+
+def test_a_stream_of_megabyte_events_reaches_a_client_that_reads(client):
+    """The Responses API echoes the request's tools in its events: a tool of 120,000 properties makes events of ~6 MB.
+    Each write of a stream has STREAM_WRITE_TIMEOUT (1 s) to finish, and such an event took longer through the
+    stream's small send buffer: the stream was cut after its first event. It goes a slice at a time now."""
+    properties = {f"field_{index:06d}": {"type": "string", "description": "x" * 16} for index in range(120_000)}
+    tool = {"type": "function", "name": "wide", "parameters": {"type": "object", "properties": properties}}
+    events = list(client.responses.create(model=MODEL_ID, input="Hi", tools=[tool], tool_choice="none",
+                                          max_output_tokens=4, stream=True))
+    assert events[0].type == "response.created" and events[-1].type in ("response.completed", "response.incomplete")
+    assert len(events[-1].response.tools[0].parameters["properties"]) == 120_000

@@ -39,3 +39,15 @@ def test_a_closed_socket_is_gone(pair):
     server, _ = pair
     server.close()
     assert client_gone(server)
+
+
+def test_a_large_chunk_of_a_stream_is_written_in_slices_each_with_its_own_deadline(pair):
+    from phi_api.web.transport import STREAM_SLICE, _watched
+
+    server, _ = pair
+    large = "".join(chr(ord("a") + index % 26) for index in range(5 * STREAM_SLICE + 7))
+    written = list(_watched(iter(["data: 1\n\n", large, ""]), server))
+    assert written[0] == "data: 1\n\n" and written[-1] == ""
+    assert "".join(written[1:-1]) == large and max(len(piece) for piece in written) <= STREAM_SLICE
+    assert len(written) == 2 + 6
+
