@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
-from phi_api import jsontext
 from phi_api.engine import Engine
-from phi_api.engine.threads.native import off_hub
 from phi_api.service import prompts
 from phi_api.web.auth import is_admin
 from phi_api.web.bodies import read_request
 from phi_api.web.openapi import operation
 from phi_api.web.resources import get_document, get_metrics, get_models
-from phi_api.web.respond import count_request
+from phi_api.web.respond import count_request, json_answer
 
 bp = Blueprint("operations", __name__)
 KEY_SERIES = b"phi_api_key_"  # the per-key series (telemetry.metrics), and their HELP and TYPE lines
@@ -67,8 +65,7 @@ def tokenize() -> Response:
         tokens = prompts.text_tokens(engine, body[param], param, must_fit=False)
     answer = {"count": len(tokens), "max_model_len": engine.info.context_length}
     # made and encoded on a pooled thread: a long text's answer is megabytes of JSON
-    return Response(off_hub(lambda: jsontext.dumps_in_slices({"tokens": tokens.tolist(), **answer})),
-                    mimetype="application/json")
+    return json_answer(lambda: {"tokens": tokens.tolist(), **answer})
 
 
 @bp.post("/detokenize")
@@ -79,8 +76,7 @@ def detokenize() -> Response:
     count_request()  # as /tokenize is
     engine = _engine_for(body)
     text = prompts.detokenized(engine, body["tokens"], "tokens")
-    return Response(off_hub(lambda: jsontext.dumps_in_slices({"prompt": text, "content": text})),
-                    mimetype="application/json")
+    return json_answer(lambda: {"prompt": text, "content": text})
 
 
 def _engine_for(body: dict) -> Engine:

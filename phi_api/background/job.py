@@ -27,6 +27,7 @@ from phi_api.errors import (
     RateLimitError,
     ServiceUnavailableError,
 )
+from phi_api.protocols.contract import streamed
 from phi_api.protocols.response_objects import Identity, failed
 from phi_api.service import admission, generation
 from phi_api.service.admission import Caller
@@ -34,6 +35,7 @@ from phi_api.service.generation import KEEPALIVE
 from phi_api.storage.background import BackgroundStore, Job
 from phi_api.telemetry.logs import bind_request_id, reset_request_id
 from phi_api.web import endpoints
+from phi_api.web.errors import logged
 from phi_api.web.foreign import from_foreign
 from phi_api.web.resources import Resources
 from phi_api.web.respond import built, gate, needs_of, owner_caller
@@ -93,7 +95,7 @@ def _run(resources: Resources, job: Job, request_id: str, stop: gevent.event.Eve
         if not store.start(job):
             return Outcome("stopped")
         if job.stream:
-            return _streamed(store, job, renderer.stream(), stop)
+            return _streamed(store, job, streamed(renderer, logged), stop)
         results = generation.collect(run, stop.is_set)
         response = built(run, lambda: renderer.whole(results))
     except Exception as exc:  # the run's failure (its timeout, the engine's error), or its stop

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from phi_api.engine import Finished
-from phi_api.errors import APIError, UnsupportedParameterError, anthropic_body
+from phi_api.errors import APIError, InvalidRequestError, UnsupportedParameterError, anthropic_body
 from phi_api.protocols.contract import Framing, given
 from phi_api.service.choices import Calls, ChoiceResult, Done, Text, Thinking
 from phi_api.service.generation import KEEPALIVE, Run, events
@@ -67,6 +67,7 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         messages.append({"role": "system", "content": _text_of(_blocks(system), "system")})
     for index, message in enumerate(body["messages"]):
         where = f"messages[{index}]"
+        _check_content(body["messages"], index)
         texts, calls, results = [], [], []
         for block in _blocks(message["content"]):
             kind = block.get("type")
@@ -91,6 +92,29 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 entry["tool_calls"] = calls
             messages.append(entry)
     return messages
+
+
+def _check_content(messages: list[dict[str, Any]], index: int) -> None:
+    """Anthropic's 400s for empty content: a message with none (only a final assistant message, the start of the
+    answer, may be empty), and an empty text block."""
+    content = messages[index]["content"]
+    last_assistant = index == len(messages) - 1 and messages[index]["role"] == "assistant"
+    if not content and not last_assistant:
+        raise InvalidRequestError(f"messages.{index}: all messages must have non-empty content except for the "
+                                  "optional final assistant message", param="messages")
+    if isinstance(content, list) and any(block.get("type") == "text" and not block.get("text") for block in content):
+        raise InvalidRequestError("messages: text content blocks must be non-empty", param="messages")
+    final_text = content if isinstance(content, str) else (content[-1].get("text") if content else None)
+    if last_assistant and isinstance(final_text, str) and final_text != final_text.rstrip():
+        raise InvalidRequestError("messages: final assistant content cannot end with trailing whitespace",
+                                  param="messages")
+
+
+def _prefilled(messages: list[dict[str, Any]]) -> bool:
+    """Whether the chat ends with the assistant's text: the answer's start, which the answer goes on from
+    (Anthropic's prefill); the answer holds only what follows it."""
+    return bool(messages) and messages[-1]["role"] == "assistant" and bool(messages[-1]["content"]) \
+        and not messages[-1].get("tool_calls")
 
 
 def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], Any, bool]:
@@ -134,11 +158,13 @@ class MessagesRequest:
                             top_p=given(body, "top_p"), top_k=given(body, "top_k"),
                             stop=tuple(given(body, "stop_sequences", ())))
         output_format = given(given(body, "output_config", {}), "format")  # structured output
-        chat = ChatRequest(model=body["model"], messages=tuple(chat_messages(body)), sampling=sampling,
+        messages = chat_messages(body)
+        chat = ChatRequest(model=body["model"], messages=tuple(messages), sampling=sampling,
                            stream=bool(given(body, "stream", False)), tools=tool_plan(tools, choice, parallel),
                            output_schema=output_format["schema"] if output_format else None,
                            output_param="output_config.format", cache_salt=given(body, "cache_salt"),
-                           thinking_budget=_budget(given(body, "thinking", {})))
+                           thinking_budget=_budget(given(body, "thinking", {})),
+                           continue_final=_prefilled(messages))
         return cls(body["model"], chat, chat.stream)
 
 
@@ -169,33 +195,35 @@ class MessageRenderer:
         return self.message(content, result.ended)
 
     def stream(self) -> Iterator[Any]:
-        """Anthropic's events, each ``(type, data)`` (and ``KEEPALIVE``, for which a ``ping`` is sent); a failure
-        ends it with an ``error`` event."""
+        """Anthropic's events, each ``(type, data)`` (and ``KEEPALIVE``, for which a ``ping`` is sent)."""
         yield "message_start", {"type": "message_start", "message": self.message([], None)}
         yield "ping", {"type": "ping"}
         blocks = _Blocks()
-        try:
-            for event in events(self.run):
-                if event is KEEPALIVE:
-                    yield "ping", {"type": "ping"}
-                elif isinstance(event, Thinking):
-                    yield from blocks.add("thinking", event.text)
-                elif isinstance(event, Text) and event.text:
-                    yield from blocks.add("text", event.text)
-                elif isinstance(event, Calls):
-                    yield from blocks.close()
-                    for call in event.calls:
-                        yield from _tool_use_events(blocks.count, call)
-                        blocks.count += 1
-                elif isinstance(event, Done):
-                    yield from blocks.close()
-                    yield "message_delta", {"type": "message_delta",
-                                            "delta": {"stop_reason": _stop_reason(event),
-                                                      "stop_sequence": _stop_sequence(event)},
-                                            "usage": {"output_tokens": event.finished.completion_tokens}}
-                    yield "message_stop", {"type": "message_stop"}
-        except APIError as error:
-            yield "error", anthropic_body(error)
+        for event in events(self.run):
+            if event is KEEPALIVE:
+                yield "ping", {"type": "ping"}
+            elif isinstance(event, Thinking):
+                yield from blocks.add("thinking", event.text)
+            elif isinstance(event, Text) and event.text:
+                yield from blocks.add("text", event.text)
+            elif isinstance(event, Calls):
+                yield from blocks.close()
+                for call in event.calls:
+                    yield from _tool_use_events(blocks.count, call)
+                    blocks.count += 1
+            elif isinstance(event, Done):
+                yield from blocks.close()
+                yield "message_delta", {"type": "message_delta",
+                                        "delta": {"stop_reason": _stop_reason(event),
+                                                  "stop_sequence": _stop_sequence(event)},
+                                        # the whole count, as Anthropic's API now sends it: the cache's share
+                                        # of the prompt is known only once the prompt is read
+                                        "usage": _usage(self.run.generation.prompt_tokens, event.finished, 0)}
+                yield "message_stop", {"type": "message_stop"}
+
+    def failed(self, error: APIError) -> tuple[str, dict[str, Any]]:
+        """The ``error`` event that ends a stream that failed."""
+        return "error", anthropic_body(error)
 
 
 class _Blocks:

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from phi_api.errors import APIError
 from phi_api.service.choices import ChoiceResult
 from phi_api.service.encoding import EncodeRun
 from phi_api.service.generation import Run
@@ -33,13 +34,24 @@ class Framing(enum.Enum):
 
 class Renderer(Protocol):
     """A protocol's answer for one run: whole, or streamed (objects, ``(name, object)`` pairs for named events,
-    and ``KEEPALIVE`` in silences; a failure ends a stream with the protocol's error object)."""
+    and ``KEEPALIVE`` in silences), and the event that ends a stream that failed (:func:`streamed`)."""
 
     framing: ClassVar[Framing]
     run: Run
 
     def whole(self, results: list[ChoiceResult]) -> dict[str, Any]: ...
     def stream(self) -> Iterator[Any]: ...
+    def failed(self, error: APIError) -> Any: ...
+
+
+def streamed(renderer: Renderer, mapped: Callable[[Exception], APIError]) -> Iterator[Any]:
+    """``renderer``'s stream, ended by its :meth:`Renderer.failed` event when anything fails on the way: the
+    engine's errors, and any other exception as ``mapped`` (the web layer's one table of foreign exceptions) makes
+    it. Headers are sent by then: the protocol's own error event is all a client can still be told."""
+    try:
+        yield from renderer.stream()
+    except Exception as exc:  # mapped to the tree: an unexpected one is a generic 500, its cause logged by ``mapped``
+        yield renderer.failed(mapped(exc))
 
 
 @dataclass(frozen=True)

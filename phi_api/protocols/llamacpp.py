@@ -72,18 +72,18 @@ class InfillReply:
         return self.final(result, result.text)
 
     def stream(self) -> Iterator[Any]:
-        """The objects of a stream (and ``KEEPALIVE``): pieces, then the last one; a failure ends it with the error
-        object."""
+        """The objects of a stream (and ``KEEPALIVE``): pieces, then the last one."""
         result = ChoiceResult(0)
-        try:
-            for event in events(self.run):
-                if event is KEEPALIVE:
-                    yield KEEPALIVE
-                elif isinstance(event, Text):
-                    if event.text:
-                        yield self.part(event.text)
-                elif isinstance(event, Done):
-                    result.take(event)
-                    yield self.final(result, "")
-        except APIError as error:
-            yield openai_body(error)
+        for event in events(self.run):
+            if event is KEEPALIVE:
+                yield KEEPALIVE
+            elif isinstance(event, Text):
+                if event.text:
+                    yield self.part(event.text)
+            elif isinstance(event, Done):
+                result.take(event)
+                yield self.final(result, "")
+
+    def failed(self, error: APIError) -> dict[str, Any]:
+        """The error object that ends a stream that failed."""
+        return openai_body(error)

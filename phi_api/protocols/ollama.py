@@ -210,24 +210,25 @@ class Reply:
         return self.final(result, result.text if not result.calls else "", result.reasoning)
 
     def stream(self) -> Iterator[dict[str, Any]]:
-        """The objects of a stream: fragments, then the last one; a failure ends it with Ollama's error."""
+        """The objects of a stream: fragments, then the last one."""
         result = ChoiceResult(0)
-        try:
-            for event in events(self.run):
-                if event is KEEPALIVE:
-                    yield self.part("")  # an empty fragment: the client ignores it, a gone client is noticed
-                elif isinstance(event, Text):
-                    if event.text:
-                        yield self.part(event.text)
-                elif isinstance(event, Thinking):
-                    yield self.part("", event.text)
-                elif isinstance(event, Done):
-                    result.take(event)
-                    yield self.final(result, "")
-                else:
-                    result.take(event)
-        except APIError as error:
-            yield ollama_body(error)
+        for event in events(self.run):
+            if event is KEEPALIVE:
+                yield self.part("")  # an empty fragment: the client ignores it, a gone client is noticed
+            elif isinstance(event, Text):
+                if event.text:
+                    yield self.part(event.text)
+            elif isinstance(event, Thinking):
+                yield self.part("", event.text)
+            elif isinstance(event, Done):
+                result.take(event)
+                yield self.final(result, "")
+            else:
+                result.take(event)
+
+    def failed(self, error: APIError) -> dict[str, Any]:
+        """Ollama's error object, which ends a stream that failed."""
+        return ollama_body(error)
 
 
 def _call(call: ToolCall) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from phi_api.engine import Finished
+from phi_api.errors import APIError, openai_body
 from phi_api.protocols.contract import Framing
 from phi_api.service.choices import ChoiceResult, Done
 from phi_api.service.generation import KEEPALIVE, Run, cached_tokens, events
@@ -61,3 +62,7 @@ class BenchReport:
             elif isinstance(event, Done):
                 ended.append(event.finished)
         yield {"metrics": metrics(ended)}
+
+    def failed(self, error: APIError) -> dict[str, Any]:
+        """The error object that ends a bench that failed."""
+        return openai_body(error)

@@ -43,6 +43,7 @@ class ResponseRenderer:
         self.id = self.identity.id
         # a background response's run goes on from the events told when it was queued (queued_response())
         self._sequence = len(QUEUED_EVENTS) if self.identity.background else 0
+        self._output: list[dict[str, Any]] = []  # a stream's items done so far (a failed response holds them)
 
     # The whole response ---------------------------------------------------------------------------------
 
@@ -65,48 +66,48 @@ class ResponseRenderer:
     # The stream ------------------------------------------------------------------------------------------
 
     def stream(self) -> Iterator[Any]:
-        """The documented events, each ``(type, data)`` with its ``sequence_number`` (and ``KEEPALIVE``); a
-        failure ends it with ``response.failed``. The finished response is kept before ``response.completed``. A
-        background response told ``response.created`` when it was queued
-        (:func:`phi_api.protocols.response_objects.queued_response`)."""
+        """The documented events, each ``(type, data)`` with its ``sequence_number`` (and ``KEEPALIVE``). The
+        finished response is kept before ``response.completed``. A background response told ``response.created``
+        when it was queued (:func:`phi_api.protocols.response_objects.queued_response`)."""
         if not self.identity.background:
             yield self._event("response.created", response=self.response("in_progress", []))
         yield self._event("response.in_progress", response=self.response("in_progress", []))
-        output: list[dict[str, Any]] = []
+        output = self._output
         message: dict[str, Any] | None = None
         thinking: dict[str, Any] | None = None  # the reasoning item, while the model thinks
         calls: tuple[ToolCall, ...] = ()  # told at the end: only then is it known whether they were cut short
-        try:
-            for event in events(self.run):
-                if event is KEEPALIVE:
-                    yield KEEPALIVE
-                elif isinstance(event, Thinking):
-                    if thinking is None:
-                        thinking = reasoning_item(new_id("rs"), "")
-                        yield self._event("response.output_item.added", output_index=len(output),
-                                          item={**thinking, "content": []})
-                    thinking["content"][0]["text"] += event.text
-                    yield self._event("response.reasoning_text.delta", item_id=thinking["id"],
-                                      output_index=len(output), content_index=0, delta=event.text)
-                    continue
-                if thinking is not None:  # the thinking is over: its item is done
-                    yield from self._close_reasoning(len(output), thinking)
-                    output.append(thinking)
-                    thinking = None
-                if isinstance(event, Text) and event.text:
-                    if message is None:
-                        message = message_item(new_id("msg"), "", "in_progress")
-                        yield from self._open_message(len(output), message)
-                    message["content"][0]["text"] += event.text
-                    yield self._event("response.output_text.delta", item_id=message["id"], output_index=len(output),
-                                      content_index=0, delta=event.text, logprobs=[])
-                elif isinstance(event, Calls):
-                    calls = event.calls
-                elif isinstance(event, Done):
-                    yield from self._finish(event, output, message, calls)
-        except APIError as error:
-            failure = {"code": "server_error", "message": error.message}
-            yield self._event("response.failed", response=self.response("failed", output, error=failure))
+        for event in events(self.run):
+            if event is KEEPALIVE:
+                yield KEEPALIVE
+            elif isinstance(event, Thinking):
+                if thinking is None:
+                    thinking = reasoning_item(new_id("rs"), "")
+                    yield self._event("response.output_item.added", output_index=len(output),
+                                      item={**thinking, "content": []})
+                thinking["content"][0]["text"] += event.text
+                yield self._event("response.reasoning_text.delta", item_id=thinking["id"],
+                                  output_index=len(output), content_index=0, delta=event.text)
+                continue
+            if thinking is not None:  # the thinking is over: its item is done
+                yield from self._close_reasoning(len(output), thinking)
+                output.append(thinking)
+                thinking = None
+            if isinstance(event, Text) and event.text:
+                if message is None:
+                    message = message_item(new_id("msg"), "", "in_progress")
+                    yield from self._open_message(len(output), message)
+                message["content"][0]["text"] += event.text
+                yield self._event("response.output_text.delta", item_id=message["id"], output_index=len(output),
+                                  content_index=0, delta=event.text, logprobs=[])
+            elif isinstance(event, Calls):
+                calls = event.calls
+            elif isinstance(event, Done):
+                yield from self._finish(event, output, message, calls)
+
+    def failed(self, error: APIError) -> tuple[str, dict[str, Any]]:
+        """``response.failed``, which ends a stream that failed, with the items done so far."""
+        failure = {"code": "server_error", "message": error.message}
+        return self._event("response.failed", response=self.response("failed", self._output, error=failure))
 
     def _finish(self, done: Done, output: list[dict[str, Any]], message: dict[str, Any] | None,
                 calls: tuple[ToolCall, ...]) -> Iterator[Any]:

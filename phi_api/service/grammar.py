@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from llguidance import LLMatcher
 
@@ -32,12 +32,18 @@ MAX_PATTERNS_AT_ONCE = 8
 def json_schema_grammar(schema: Any, param: str) -> tuple[str, str]:
     """The guidance for output matching ``schema`` (given as ``param``), as compact JSON (the schema's own
     ``x-guidance`` options win), with no keys the schema does not declare (:func:`closed`); 400
-    ``invalid_parameter`` if it is not a schema llguidance can compile."""
-    schema = off_hub(closed, schema)  # a copy of the whole schema: large ones are made off the hub
-    check_json_schema(schema, param)
+    ``invalid_parameter`` if it is not a schema llguidance can compile. Made in one hop to a pooled thread: each
+    step copies or walks the whole schema."""
+    return "json_schema", off_hub(_grammar_text, schema, param)
+
+
+def _grammar_text(schema: Any, param: str) -> str:
+    """:func:`json_schema_grammar`'s text, made on the thread that calls it."""
+    schema = closed(schema)
+    _refuse_uncompilable(schema, param)
     options = schema.get("x-guidance", {}) if isinstance(schema, dict) else {}
     body = {**schema, "x-guidance": {**_COMPACT, **options}} if isinstance(schema, dict) else schema
-    return "json_schema", json.dumps(body)
+    return json.dumps(body)
 
 
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -130,7 +136,12 @@ def check_json_schema(schema: Any, param: str) -> None:
     (:func:`check_schema_size`) and it is compiled on a pooled thread: both walk the whole schema, and a large one
     must not stall the worker's other requests on the hub.
     """
-    reason = off_hub(_compile_reason, schema, param)
+    off_hub(_refuse_uncompilable, schema, param)
+
+
+def _refuse_uncompilable(schema: Any, param: str) -> None:
+    """:func:`check_json_schema`, on the thread that calls it."""
+    reason = _compile_reason(schema, param)
     if reason:
         raise InvalidParameterError(f"{param} is not a valid JSON Schema: {reason_line(reason)}", param=param)
 
@@ -151,16 +162,18 @@ def _compile_reason(schema: Any, param: str) -> str:
 
 def check_schema_size(schema: Any, param: str) -> None:
     """400 ``invalid_parameter`` when ``schema`` nests too deeply through its references (:func:`schema_levels`
-    over :data:`MAX_SCHEMA_LEVELS`) or holds more than :data:`MAX_PATTERN_PROPERTIES` patterns of property names:
-    what llguidance could not compile within a thread's stack, or would take seconds of a core to."""
-    levels, patterns = schema_levels(schema)
-    if levels > MAX_SCHEMA_LEVELS:
+    over :data:`MAX_SCHEMA_LEVELS`), holds more than :data:`MAX_PATTERN_PROPERTIES` patterns of property names,
+    or asks one value to match more than :data:`MAX_PATTERNS_AT_ONCE` patterns: what llguidance could not compile
+    within a thread's stack, or would take seconds (or minutes) of a core to. One walk of the schema serves all
+    three."""
+    survey = _survey(schema)
+    if _levels(schema, survey) > MAX_SCHEMA_LEVELS:
         raise InvalidParameterError(f"{param} nests too deeply: its levels, counting each definition it references "
                                     f"at its own depth, pass {MAX_SCHEMA_LEVELS}.", param=param)
-    if patterns > MAX_PATTERN_PROPERTIES:
+    if survey.patterns > MAX_PATTERN_PROPERTIES:
         raise InvalidParameterError(f"{param} has more than {MAX_PATTERN_PROPERTIES} patternProperties.",
                                     param=param)
-    if patterns_at_once(schema) > MAX_PATTERNS_AT_ONCE:
+    if _most_at_once(schema, survey.objects) > MAX_PATTERNS_AT_ONCE:
         raise InvalidParameterError(f"{param} asks one value to match more than {MAX_PATTERNS_AT_ONCE} patterns at "
                                     "once (a pattern and those of its allOf branches).", param=param)
 
@@ -169,19 +182,29 @@ def schema_levels(schema: Any) -> tuple[int, int]:
     """An upper bound of how deep a compiler recurses into ``schema``, and its count of ``patternProperties``
     keys. The bound is the schema's own nesting plus, for each local reference it holds (``#``, ``#/$defs/x``), one
     level and the nesting of what the reference points to: a path through the references meets each target once."""
-    heights, refs, patterns = _survey(schema)
-    levels = heights.get(id(schema), 0)
-    for ref in refs:
-        target = _pointed(schema, ref)
-        levels += 1 + (heights.get(id(target), 0) if target is not None else 0)
-    return levels, patterns
+    survey = _survey(schema)
+    return _levels(schema, survey), survey.patterns
 
 
-def _survey(schema: Any) -> tuple[dict[int, int], set[str], int]:
-    """In one walk (no recursion: the schema may nest as deep as the body's limit): every container's height
-    (1 for one holding no container) by its id, the distinct ``$ref`` strings, and the ``patternProperties`` keys."""
-    heights: dict[int, int] = {}
-    refs: set[str] = set()
+def patterns_at_once(schema: Any) -> int:
+    """The most ``pattern``s one value of ``schema`` must match at once: a subschema's own, and those of its
+    ``allOf`` branches and of what its local ``$ref`` points to, along every path (counted past
+    :data:`MAX_PATTERNS_AT_ONCE` no further)."""
+    return _most_at_once(schema, _survey(schema).objects)
+
+
+class _Survey(NamedTuple):
+    """What one walk of a schema finds (:func:`_survey`)."""
+
+    heights: dict[int, int]  # every container's height (1 for one holding no container), by its id
+    refs: set[str]  # the distinct ``$ref`` strings
+    patterns: int  # the ``patternProperties`` keys
+    objects: list[dict[str, Any]]  # every object (dict) in it
+
+
+def _survey(schema: Any) -> _Survey:
+    """Walk ``schema`` once, without recursion (it may nest as deep as the body's limit)."""
+    survey = _Survey({}, set(), 0, [])
     patterns = 0
     stack: list[tuple[Any, bool]] = [(schema, False)]
     while stack:
@@ -190,31 +213,36 @@ def _survey(schema: Any) -> tuple[dict[int, int], set[str], int]:
         if children is None:
             continue
         if done:
-            heights[id(node)] = 1 + max((heights.get(id(child), 0) for child in children), default=0)
+            survey.heights[id(node)] = 1 + max((survey.heights.get(id(child), 0) for child in children), default=0)
             continue
         if isinstance(node, dict):
+            survey.objects.append(node)
             if isinstance(node.get("$ref"), str):
-                refs.add(node["$ref"])
+                survey.refs.add(node["$ref"])
             if isinstance(node.get("patternProperties"), dict):
                 patterns += len(node["patternProperties"])
         stack.append((node, True))
         stack.extend((child, False) for child in children)
-    return heights, refs, patterns
+    return survey._replace(patterns=patterns)
 
 
-def patterns_at_once(schema: Any) -> int:
-    """The most ``pattern``s one value of ``schema`` must match at once: a subschema's own, and those of its
-    ``allOf`` branches and of what its local ``$ref`` points to, along every path (counted past
-    :data:`MAX_PATTERNS_AT_ONCE` no further)."""
+def _levels(schema: Any, survey: _Survey) -> int:
+    """:func:`schema_levels`' bound, from the schema's survey."""
+    levels = survey.heights.get(id(schema), 0)
+    for ref in survey.refs:
+        target = _pointed(schema, ref)
+        levels += 1 + (survey.heights.get(id(target), 0) if target is not None else 0)
+    return levels
+
+
+def _most_at_once(schema: Any, objects: list[dict[str, Any]]) -> int:
+    """:func:`patterns_at_once` over the schema's ``objects`` (memoized across them)."""
     memo: dict[int, int] = {}
-    stack: list[Any] = [schema]
     most = 0
-    while stack and most <= MAX_PATTERNS_AT_ONCE:
-        node = stack.pop()
-        if isinstance(node, dict):
-            most = max(most, _at_once(schema, node, memo))
-        if isinstance(node, (dict, list)):
-            stack.extend(node.values() if isinstance(node, dict) else node)
+    for node in objects:
+        most = max(most, _at_once(schema, node, memo))
+        if most > MAX_PATTERNS_AT_ONCE:
+            break
     return most
 
 

@@ -61,15 +61,30 @@ def _text_content(content: Any, index: int) -> str:
 
 def chat_prompt(engine: Engine, messages: list[dict[str, Any]], plan: ToolPlan | None = None,
                 add_generation_prompt: bool = True, must_fit: bool = True,
-                variables: dict[str, Any] | None = None) -> np.ndarray:
-    """Token ids of the templated conversation (tools included), ending with the assistant's turn; ``variables``:
-    what else the template reads (``chat_template_kwargs``)."""
+                variables: dict[str, Any] | None = None, continue_final: bool = False) -> np.ndarray:
+    """Token ids of the templated conversation (tools included), ending with the assistant's turn, or, with
+    ``continue_final``, within it: right after the last message's text (:func:`continued`); ``variables``: what else
+    the template reads (``chat_template_kwargs``)."""
     knows_tools = engine.info.template_knows_tools
     rendered = template_messages(chat_messages(messages), plan, knows_tools)
     tools = [{"type": "function", "function": f} for f in plan.functions] if plan and knows_tools else None
     # ChatTemplateError: see web.foreign.FOREIGN
-    text = engine.render_chat(rendered, tools, add_generation_prompt, variables or None)
+    text = engine.render_chat(rendered, tools, add_generation_prompt and not continue_final, variables or None)
+    if continue_final:
+        text = continued(text, rendered[-1]["content"])
     return text_tokens(engine, text, "messages", must_fit=must_fit)
+
+
+def continued(text: str, final: str) -> str:
+    """The templated chat ``text`` cut right after its last message's text ``final``, so that the answer goes on
+    from it (as vLLM's ``continue_final_message`` does): templates close every turn, the last one too, with their
+    own marks. Some trim a message's blanks, so the text is found trimmed; 400 if the template changed it more."""
+    final = final.strip()
+    end = text.rfind(final)
+    if not final or end < 0:
+        raise InvalidMessagesError("The model's chat template changes the last message's text, so the answer cannot "
+                                   "continue it.")
+    return text[:end + len(final)]
 
 
 def text_tokens(engine: Engine, text: str, param: str, *, must_fit: bool = True) -> np.ndarray:

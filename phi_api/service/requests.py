@@ -167,6 +167,7 @@ class ChatRequest:
     thinking_budget: int | None = None  # the most tokens a reasoning model may think; None: no limit
     prompt_param: str = "messages"  # what the prompt came as, for errors that name it
     truncatable: int = 0  # the oldest messages after the leading system ones that may go when the context is full
+    continue_final: bool = False  # the last message, the assistant's, is the answer's start (Anthropic's prefill)
 
     def truncated(self, count: int) -> ChatRequest:
         """This chat without the ``count`` oldest of its truncatable messages (the system messages first stay)."""

@@ -50,14 +50,22 @@ def render_errors(target: Flask | Blueprint, render: Callable[[APIError], dict[s
 
     @target.errorhandler(Exception)
     def _unexpected(exc: Exception) -> Response:
-        error = from_foreign(exc)
-        if error.status == 503:  # the database out of reach (web.foreign): an outage, one line per request
-            log.warning("unavailable: %s", type(exc).__name__)
-        elif error.status >= 500:
-            log.exception("Unhandled error while serving the request")
-        else:
-            log.info("refused: %s: %s", type(exc).__name__, exc)  # the cause, for the log only
-        return error_response(error, render)
+        return error_response(logged(exc), render)
+
+
+def logged(exc: Exception) -> APIError:
+    """``exc`` as a member of the error tree (:func:`from_foreign`); anyone else's logged: a traceback for a fault
+    of ours, one line for an outage or a refusal."""
+    error = from_foreign(exc)
+    if isinstance(exc, APIError):  # ours: its message is its whole story
+        return error
+    if error.status == 503:  # the database out of reach (web.foreign): an outage, one line per request
+        log.warning("unavailable: %s", type(exc).__name__)
+    elif error.status >= 500:
+        log.error("Unhandled error while serving the request", exc_info=(type(exc), exc, exc.__traceback__))
+    else:
+        log.info("refused: %s: %s", type(exc).__name__, exc)  # the cause, for the log only
+    return error
 
 
 def _owner_s(allowed: list[str]) -> Callable[[APIError], dict[str, Any]] | None:

@@ -14,13 +14,14 @@ from phi_api import jsontext
 from phi_api.engine.threads.native import off_hub
 from phi_api.errors import AuthenticationError, InvalidParameterError
 from phi_api.limits.keys import Key
-from phi_api.protocols.contract import EncodeReading, Reading
+from phi_api.protocols.contract import EncodeReading, Reading, streamed
 from phi_api.service import admission, encoding, generation
 from phi_api.service.admission import Caller, Gate
 from phi_api.service.requests import GenerationRequest
 from phi_api.telemetry.logs import current_request_id
 from phi_api.web.auth import current_key, current_tenant
 from phi_api.web.endpoints import Needs
+from phi_api.web.errors import logged
 from phi_api.web.framing import framed
 from phi_api.web.resources import Resources, get_resources
 from phi_api.web.transport import disconnect_probe
@@ -37,7 +38,7 @@ def respond(reading: Reading | EncodeReading) -> Response:
     try:
         answer = reading.renderer(run)
         if reading.request.stream:
-            return framed(answer.framing, answer.stream(), on_close=(run.close,))
+            return framed(answer.framing, streamed(answer, logged), on_close=(run.close,))
     except BaseException:  # the run holds a concurrency slot: given back before the error is answered
         run.close()
         raise
@@ -139,16 +140,18 @@ def header_priority() -> int | None:
 def built(run: generation.Run, build: Callable[[], Any]) -> Any:
     """A run's whole answer (``build`` makes it). One with log-probabilities may be large: it is made on a pooled
     thread, while the hub serves the worker's other streams."""
-    if run.request.logprobs is None:
-        return build()
-    run.engine.token_bytes(0)  # the vocabulary's table loaded here first: the thread must not wait on the hub
-    return off_hub(build)
+    return build() if run.request.logprobs is None else run.scored(build)
 
 
 def answer_json(run: generation.Run, build: Callable[[], Any]) -> Response:
     """A run's whole answer as JSON (``build`` makes it); one with log-probabilities made and encoded on a pooled
-    thread, in slices (:func:`phi_api.jsontext.dumps_in_slices`)."""
+    thread (:func:`json_answer`)."""
     if run.request.logprobs is None:
         return jsonify(build())
-    text = built(run, lambda: jsontext.dumps_in_slices(build()) + "\n")
-    return Response(text, mimetype="application/json")
+    return json_answer(build, run.scored)
+
+
+def json_answer(build: Callable[[], Any], maker: Callable[[Callable[[], str]], str] = off_hub) -> Response:
+    """``build``'s answer as JSON, made and encoded by ``maker`` (a pooled thread by default) in slices
+    (:func:`phi_api.jsontext.dumps_in_slices`): an answer of megabytes must not hold the hub."""
+    return Response(maker(lambda: jsontext.dumps_in_slices(build()) + "\n"), mimetype="application/json")

@@ -120,6 +120,12 @@ def test_count_tokens(make_app):
     ({"thinking": {"type": "enabled", "budget_tokens": "x"}}, 400, "invalid_request_error"),
     ({"thinking": {"type": "sometimes"}}, 400, "invalid_request_error"),
     ({"stop_sequences": ["x" * 1001]}, 400, "invalid_request_error"),  # matched on the engine thread, every token
+    # Anthropic refuses empty content but in a final assistant message (the answer's start), and empty text blocks
+    ({"messages": [{"role": "user", "content": []}]}, 400, "invalid_request_error"),
+    ({"messages": [{"role": "user", "content": ""}]}, 400, "invalid_request_error"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]}, 400, "invalid_request_error"),
+    ({"messages": [{"role": "assistant", "content": ""}, {"role": "user", "content": "Hi"}]}, 400,
+     "invalid_request_error"),
 ])
 def test_errors_in_anthropic_s_shape(make_app, body, status, kind):
     client, _ = scripted(make_app, b"ok")
@@ -130,6 +136,44 @@ def test_errors_in_anthropic_s_shape(make_app, body, status, kind):
     assert response.status_code == status
     error = response.get_json()
     assert error["type"] == "error" and error["error"]["type"] == kind and error["error"]["message"]
+
+
+def test_a_final_assistant_message_may_be_empty(make_app):
+    client, _ = scripted(make_app, b"ok")
+    answer = create(client, messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}])
+    assert answer.status_code == 200 and answer.get_json()["content"][0]["text"] == "ok"
+
+
+def test_a_final_assistant_message_is_the_answer_s_start(make_app):
+    """Anthropic's prefill: the prompt stops within the assistant's turn, right after its text, and the answer holds
+    only what follows."""
+    client, engine = scripted(make_app, b" 4.")
+    answer = create(client, messages=[{"role": "user", "content": "What is 2+2?"},
+                                      {"role": "assistant", "content": [{"type": "text", "text": "The answer is"}]}])
+    assert answer.status_code == 200 and answer.get_json()["content"][0]["text"] == " 4."
+    assert engine.model.rendered[-1] == "<user>What is 2+2?<assistant>The answer is"
+    create(client, messages=[{"role": "user", "content": "What is 2+2?"}])
+    assert engine.model.rendered[-1] == "<user>What is 2+2?<assistant>"  # no prefill: the turn opened, empty
+
+
+def test_a_stream_s_usage_is_the_whole_answer_s(make_app):
+    """message_delta carries the whole usage, as Anthropic's does: the share of the prompt read from the cache is
+    known only once the prompt is read, after message_start."""
+    engine = fake_engine([1, 2, 3, 0], text_pieces(b"a", b"b", b"c"), prefix_cache="on")
+    client = make_app(engine).test_client()
+    long = [{"role": "user", "content": "Tell me about it. " * 8}]
+    create(client, messages=long)
+    whole = create(client, messages=long).get_json()["usage"]
+    streamed = parse_named_sse(create(client, messages=long, stream=True).get_data(as_text=True))
+    usage = dict(next(data for name, data in streamed if name == "message_start")["message"]["usage"])
+    usage.update(next(data for name, data in streamed if name == "message_delta")["usage"])  # as the SDK adds them
+    assert whole["cache_read_input_tokens"] > 0 and usage == whole
+
+
+def test_a_prefill_ending_in_blanks_is_refused_as_anthropic_does(make_app):
+    client, _ = scripted(make_app, b"ok")
+    answer = create(client, messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "So "}])
+    assert answer.status_code == 400 and "trailing whitespace" in answer.get_json()["error"]["message"]
 
 
 def test_thinking_and_cache_control_are_accepted_without_effect(make_app):

@@ -54,6 +54,11 @@ def reference(reference_model):
         def tokens(self, text: str) -> int:
             return len(tokenizer.encode(text))
 
+        def continued_tokens(self, messages, start: str) -> int:
+            """The chat with the assistant's turn opened and ``start`` written in it."""
+            prompt = tokenizer.apply_chat_template(json.dumps(messages), add_generation_prompt=True)
+            return len(tokenizer.encode(prompt + start))
+
     return Reference()
 
 

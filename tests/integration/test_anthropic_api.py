@@ -59,6 +59,17 @@ def test_create_with_exact_usage(claude, reference):
     assert prompt_tokens(message.usage) == reference.chat_tokens([{"role": "system", "content": SYSTEM}, *QUESTION])
 
 
+def test_a_final_assistant_message_is_continued(claude, reference):
+    """Anthropic's prefill: the prompt stops right after the assistant's text (the template's end of its turn is left
+    out), and the answer holds what follows."""
+    start = "The capital of France is"
+    messages = [{"role": "system", "content": SYSTEM}, *QUESTION]
+    message = create(claude, system=SYSTEM, messages=[*QUESTION, {"role": "assistant", "content": start}],
+                     max_tokens=8)
+    assert prompt_tokens(message.usage) == reference.continued_tokens(messages, start)
+    assert prompt_tokens(message.usage) < reference.chat_tokens([*messages, {"role": "assistant", "content": start}])
+
+
 def test_the_raw_stream_is_anthropic_s_events(server):
     body = {"model": MODEL_ID, "system": SYSTEM, "messages": QUESTION, "max_tokens": 16, "temperature": 0,
             "stream": True}

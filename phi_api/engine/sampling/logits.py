@@ -88,7 +88,8 @@ class LogitsEditor:
             ids = np.fromiter(self._seen, dtype=np.int64, count=len(self._seen))
             ids = ids[ids < logits.size]
             picked = logits[ids]
-            logits[ids] = np.where(picked > 0, picked / self._repetition, picked * self._repetition)
+            with np.errstate(over="ignore", divide="ignore"):  # a vanishing penalty: +inf (drawn as the limit), quietly
+                logits[ids] = np.where(picked > 0, picked / self._repetition, picked * self._repetition)
 
     def apply_min_p(self, logits: np.ndarray) -> None:
         """Drop the tokens whose probability at the request's temperature is below ``min_p`` times the most

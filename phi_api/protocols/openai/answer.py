@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 from phi_api.engine import Finished
-from phi_api.engine.threads.native import off_hub
 from phi_api.errors import APIError, openai_body
 from phi_api.protocols.contract import Framing
 from phi_api.protocols.openai.shapes import Envelope, Shape
@@ -52,7 +51,7 @@ class Answer:
                                   usage=usage(finished), metrics=metrics(finished))
 
     def stream(self) -> Iterator[Any]:
-        """The stream's chunks (and ``KEEPALIVE``); a failure ends it with the error object."""
+        """The stream's chunks (and ``KEEPALIVE``)."""
         shape, run = self.shape, self.shape.run
         include_usage = run.request.include_usage
         extra = {"usage": None} if include_usage else {}
@@ -64,35 +63,33 @@ class Answer:
             for choice in shape.opening(index):
                 yield chunk(choice)
         finished = []
-        try:
-            for event in events(run):
-                if event is KEEPALIVE:
-                    yield KEEPALIVE
-                elif isinstance(event, Text):
-                    yield chunk(shape.chunk_text(event))
-                elif isinstance(event, Calls):
-                    for choice in shape.chunk_calls(event):
-                        yield chunk(choice)
-                elif isinstance(event, Thinking):
-                    for choice in shape.chunk_thinking(event):
-                        yield chunk(choice)
-                elif isinstance(event, Prompt):
-                    yield from _prompt_chunks(run, shape, chunk, event)
-                else:
-                    finished.append(event.finished)
-                    last = len(finished) == len(run.plan.params) and not include_usage
-                    # The very last chunk also carries the request's metrics (OpenArc's).
-                    yield chunk(shape.chunk_done(event), **({"metrics": metrics(finished)} if last else {}))
-        except APIError as error:
-            yield openai_body(error)
-            return
+        for event in events(run):
+            if event is KEEPALIVE:
+                yield KEEPALIVE
+            elif isinstance(event, Text):
+                yield chunk(shape.chunk_text(event))
+            elif isinstance(event, Calls):
+                for choice in shape.chunk_calls(event):
+                    yield chunk(choice)
+            elif isinstance(event, Thinking):
+                for choice in shape.chunk_thinking(event):
+                    yield chunk(choice)
+            elif isinstance(event, Prompt):
+                yield from _prompt_chunks(run, shape, chunk, event)
+            else:
+                finished.append(event.finished)
+                last = len(finished) == len(run.plan.params) and not include_usage
+                # The very last chunk also carries the request's metrics (OpenArc's).
+                yield chunk(shape.chunk_done(event), **({"metrics": metrics(finished)} if last else {}))
         if include_usage:
             ordered = sorted(finished, key=lambda done: done.index)
             yield self.envelope.wrap(shape.chunk_object, [], usage=usage(ordered), metrics=metrics(ordered))
 
+    def failed(self, error: APIError) -> dict[str, Any]:
+        """The error object that ends a stream that failed."""
+        return openai_body(error)
+
 
 def _prompt_chunks(run: Run, shape: Shape, chunk: Callable[..., dict[str, Any]], event: Prompt) -> list[dict[str, Any]]:
-    """The scored prompt's chunks: a long prompt's lists are seconds of pure Python (45,000 tokens: ~0.9 s), made on
-    a pooled thread, where the hub keeps its turns at the other streams."""
-    run.engine.token_bytes(0)  # the vocabulary's table loaded here first: the thread must not wait on the hub
-    return off_hub(lambda: [chunk(choice) for choice in shape.chunk_prompt(event)])
+    """The scored prompt's chunks, made off the hub (:meth:`Run.scored`)."""
+    return run.scored(lambda: [chunk(choice) for choice in shape.chunk_prompt(event)])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -83,6 +85,16 @@ def test_the_repetition_penalty_divides_positive_and_multiplies_negative_logits_
     logits = np.array([4.0, 4.0, -4.0, 4.0], dtype=np.float32)
     editor(logits)
     assert logits.tolist() == [4.0, 2.0, -8.0, 4.0]  # the prompt's token 1 and the generated token 2
+
+
+def test_a_vanishing_repetition_penalty_pushes_seen_logits_to_infinity_without_a_warning():
+    """numpy's overflow warning goes to stderr past the log's formatter: a line a client's value could cause."""
+    editor = LogitsEditor(SamplingParams(max_tokens=1, repetition_penalty=1e-300), prompt=[1, 2])
+    logits = np.array([4.0, 4.0, -4.0, 4.0], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        editor(logits)
+    assert logits[1] == np.inf and logits[2] == 0 and logits[[0, 3]].tolist() == [4.0, 4.0]  # (-4 x 1e-300: 0)
 
 
 def test_a_penalty_window_penalizes_only_the_last_tokens():
