@@ -4,7 +4,11 @@ as a string), checked without recursion so that no depth a client sends can exha
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any
+
+from phi_api.errors import JSONNumberError
 
 MAX_DEPTH = 256  # objects and arrays within each other; far past any schema or message list a client needs
 
@@ -35,6 +39,41 @@ def loads(text: str) -> Any:
     if too_deep(value):
         raise RecursionError(f"nested more than {MAX_DEPTH} deep")
     return value
+
+
+def strict_loads(text: str) -> Any:
+    """``text`` as the JSON a request may be: as ``json.loads`` (ValueError, RecursionError), and
+    :class:`phi_api.errors.JSONNumberError` for a number that is not finite (NaN, Infinity, 1e309), UnicodeError for
+    a lone surrogate (``\\ud800`` parses, but is not text). Nesting and NUL are the caller's to check
+    (:func:`too_deep`, :func:`holds_nul`)."""
+    value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    # A pair is text (an emoji, escaped), a lone one is not: refused here, not when the prompt is encoded.
+    if ("\\ud" in text or "\\uD" in text) and _SURROGATE_ESCAPE.search(text):
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    return value
+
+
+def holds_nul(text: str) -> bool:
+    """Whether the JSON ``text`` holds a NUL character (which the engine, reading C strings, cannot take)."""
+    return "\\u0000" in text and _NUL_ESCAPE.search(text) is not None  # (the substring first: 50x faster)
+
+
+def _reject_constant(name: str) -> Any:
+    raise JSONNumberError(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise JSONNumberError(text)
+    return value
+
+
+# An escape in JSON text: a backslash after an even number of them (the others escape each other). Strict JSON
+# holds no raw control character, and a backslash only within a string: so a text holds a NUL exactly when it holds
+# the escape \u0000, and a lone surrogate only where it holds a surrogate's escape. Both found in C, no walk.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+_SURROGATE_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u[dD][89a-fA-F]")
 
 
 SLICE = 256  # list items encoded in one call of the C encoder

@@ -101,7 +101,7 @@ def delete_response(response_id: str) -> Response:
 
 def _starting_after() -> int:
     raw = request.args.get("starting_after", "-1").strip()
-    if not (raw.isdigit() or raw == "-1") or int(raw) > MOST_EVENTS:
+    if not ((raw.isascii() and raw.isdigit()) or raw == "-1") or int(raw) > MOST_EVENTS:  # ("²".isdigit())
         raise InvalidParameterError(f"starting_after must be an event's sequence_number (an integer from -1 to "
                                     f"{MOST_EVENTS}).", param="starting_after")
     return int(raw)

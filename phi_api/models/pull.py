@@ -35,6 +35,7 @@ from phi_api.engine.runtime.folder import CONFIG_FILE as GENAI_CONFIG
 from phi_api.errors import PullError
 
 MARKERS = (GENAI_CONFIG, ENCODER_CONFIG)  # what makes a folder a model phi-api serves
+SIZE_SLACK = 1 << 20  # bytes a download may pass what the Hub declared before it is stopped (headers, a resumed block)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ def _pull(source: Source, say: Callable[[str], None], report: Callable[[dict[str
     say(f"pulling {source.repo}{'/' + source.subfolder if source.subfolder else ''} at {source.revision}: "
         f"{len(files)} files, {needed / 2**20:.0f} MB")
     with Watcher(source, files, report):
-        root = Path(snapshot_download(source.repo, revision=source.revision, allow_patterns=source.pattern))
+        root = Path(snapshot_download(source.repo, revision=source.revision, allow_patterns=source.pattern,
+                                      tqdm_class=_bounded(needed + SIZE_SLACK)))
     report({"status": "verifying sha256 digest"})
     _verify(root, files, say)
     folder = root / source.subfolder
@@ -186,12 +188,46 @@ def _files(api: Any, source: Source) -> list[Any]:
     entries = api.list_repo_tree(source.repo, path_in_repo=source.subfolder or None, recursive=True,
                                  revision=source.revision)
     files = [entry for entry in entries if isinstance(entry, RepoFile)]
+    strays = [entry.path for entry in files if not _within(entry.path, source.subfolder)]
+    if strays:  # its files are checked, and removed when they do not match: a name must not lead out of the cache
+        raise PullError(f"the Hub's listing of {source.repo} names a file outside the repository's folder "
+                        f"({strays[0]!r}); nothing was downloaded")
     configs = {f"{source.subfolder}/{name}" if source.subfolder else name for name in MARKERS}
     if not any(entry.path in configs for entry in files):
         where = f"{source.repo}/{source.subfolder}" if source.subfolder else source.repo
         raise PullError(f"{where} is not an ONNX Runtime GenAI model folder: it has no {GENAI_CONFIG} (nor an "
                         f"encoder's {ENCODER_CONFIG})")
     return files
+
+
+def _bounded(most: int) -> type:
+    """snapshot_download's progress bars, which stop the download once more than ``most`` bytes came: the room
+    checked for is what the Hub declared, and a broken or hostile Hub that sends more (or without end) must not fill
+    the disk. (huggingface_hub checks a file's size only once it has it all.)"""
+    from huggingface_hub.utils import tqdm as hub_tqdm
+
+    class Bounded(hub_tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.bytes = kwargs.get("unit") == "B"  # (the bar of files counts files)
+            self.came = 0.0  # (a disabled bar counts nothing itself)
+            super().__init__(*args, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if self.bytes:
+                self.came += n or 0  # a resumed file starts again: n < 0
+                if self.came > most:
+                    raise PullError(f"the Hub sent more than the {most / 2**20:.0f} MB it declared; stopped")
+            return super().update(n)
+
+    return Bounded
+
+
+def _within(path: str, subfolder: str) -> bool:
+    """Whether a listed file's ``path`` is a plain relative path inside the repository's ``subfolder``: no root, no
+    empty, ``.`` or ``..`` part."""
+    parts = path.split("/")
+    inside = not subfolder or parts[:subfolder.count("/") + 1] == subfolder.split("/")
+    return inside and all(part not in ("", ".", "..") for part in parts)
 
 
 def _check_space(needed: int, cache: Path) -> None:
@@ -264,7 +300,7 @@ def in_subprocess(name: str) -> Iterator[dict[str, Any]]:
     """Pull ``name`` in a process of its own (``python -m phi_api pull --json``: downloading and hashing gigabytes
     never hold up a server's worker), yielding its events; the last is ``{"status": "success", "path": ...}`` or
     ``{"error": ...}``."""
-    process = subprocess.Popen([sys.executable, "-m", "phi_api", "pull", "--json", name], stdout=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-m", "phi_api", "pull", "--json", "--", name], stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True)
     last: dict[str, Any] = {}
     try:

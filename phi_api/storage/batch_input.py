@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phi_api import jsontext
+from phi_api.errors import JSONNumberError
 
 MAX_LINES = 50_000  # lines of one batch, as OpenAI
 MAX_ERRORS = 100
@@ -82,12 +83,23 @@ def endpoint_errors(urls: Iterable[tuple[int, str]], endpoint: str) -> list[dict
 
 def _line_problem(raw: str, seen: set[str]) -> Request | dict[str, Any]:
     """A line's request (numbered 0: the caller numbers it), or what is wrong with it."""
-    try:
-        item = jsontext.loads(raw)
+    try:  # as strict as a request's body (phi_api.web.bodies): what a live request may not send, a line may not
+        item = jsontext.strict_loads(raw)
+        if jsontext.too_deep(item):
+            raise RecursionError
     except RecursionError:
         return _problem("invalid_json_line", f"This line nests more than {jsontext.MAX_DEPTH} levels deep.", None)
+    except JSONNumberError:
+        return _problem("invalid_json_line", "This line holds a number that is not finite (NaN, Infinity, or beyond "
+                        "the range of a double).", None)
+    except UnicodeError:
+        return _problem("invalid_json_line", "This line holds a lone surrogate (\\ud800 to \\udfff), which is not "
+                        "text.", None)
     except ValueError:
         return _problem("invalid_json_line", "This line is not JSON.", None)
+    if jsontext.holds_nul(raw):
+        return _problem("invalid_json_line", "This line holds a NUL character (\\u0000), which text may not contain.",
+                        None)
     if not isinstance(item, dict):
         return _problem("invalid_json_line", "This line is not a JSON object.", None)
     custom_id = item.get("custom_id")

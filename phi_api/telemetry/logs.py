@@ -9,9 +9,10 @@ process, request id, logger and message, and the fields the line carries
 name, never the key; a generation's model, finish reason, tokens and times).
 
 A client's text (a path, a model name, an id, an exception's message) reaches log lines as arguments. In text logs
-every control character of an argument (C0, DEL, C1: a line break, a carriage return, a terminal's escape) is
-written as an escape (``\\n``, ``\\x1b``), and every line of a traceback (``exc_info``, or a traceback's text
-given as ``extra={"traceback": ...}``) is indented: no client can forge a line or drive a terminal.
+every control character of an argument (C0, DEL, C1: a line break, a carriage return, a terminal's escape; the
+Unicode line separators and bidi controls) is written as an escape (``\\n``, ``\\x1b``, ``\\u2028``), and every
+line of a traceback (``exc_info``, or a traceback's text given as ``extra={"traceback": ...}``) is indented: no
+client can forge a line or drive a terminal.
 """
 
 from __future__ import annotations
@@ -36,14 +37,20 @@ class _RequestIdFilter(logging.Filter):
         return True
 
 
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+# C0, DEL and C1; the line and paragraph separators (str.splitlines() and log viewers break lines there); the bidi
+# controls (they reverse how the rest of a line reads)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 TRACEBACK_INDENT = "  "
 
 
 def escape_control(text: str) -> str:
-    """``text`` with each control character (C0, DEL, C1) written as an escape."""
-    return _CONTROL.sub(lambda found: _NAMED.get(found.group(), f"\\x{ord(found.group()):02x}"), text)
+    """``text`` with each control character (C0, DEL, C1, line separators, bidi controls) written as an escape."""
+    return _CONTROL.sub(lambda found: _NAMED.get(found.group(), _escape(ord(found.group()))), text)
+
+
+def _escape(code: int) -> str:
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
 def _escaped(value: object) -> object:
@@ -91,7 +98,9 @@ class JSONFormatter(logging.Formatter):
         trace = _traceback(record, self)
         if trace:
             line["traceback"] = trace
-        return json.dumps(line, ensure_ascii=False, default=str)
+        text = json.dumps(line, ensure_ascii=False, default=str)
+        # JSON may hold the line separators raw; splitlines() and log viewers would break the line there
+        return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
 def configure_logging(level: str, fmt: str = "text") -> None:

@@ -18,7 +18,7 @@ ORDERS = ("asc", "desc")
 def limit_arg(most: int) -> int:
     """The page's ``limit`` (a 400 outside 1 to ``most``)."""
     raw = request.args.get("limit", str(DEFAULT_LIMIT))
-    if not raw.isdigit() or not 1 <= int(raw) <= most:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= most:  # ("²".isdigit(), but int() fails)
         raise InvalidParameterError(f"limit must be an integer from 1 to {most}.", param="limit")
     return int(raw)
 

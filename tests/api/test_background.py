@@ -66,7 +66,7 @@ def test_a_streamed_one_is_replayed_whole_and_after_any_sequence_number(make_app
     assert [event["sequence_number"] for event in told] == list(range(len(told)))
     assert events(app_client, f"/v1/responses/{response_id}?stream=true") == told
     assert events(app_client, f"/v1/responses/{response_id}?stream=true&starting_after=4") == told[5:]
-    for bad in ("x", "-2", "1e3", str(2**63)):
+    for bad in ("x", "-2", "1e3", str(2**63), "%C2%B2"):  # ("²": a digit to isdigit(), not to int())
         refused = app_client.get(f"/v1/responses/{response_id}?stream=true&starting_after={bad}")
         assert refused.status_code == 400 and refused.get_json()["error"]["param"] == "starting_after"
 

@@ -54,3 +54,13 @@ def test_free_disk_space_is_checked_first_naming_what_is_needed_and_free(tmp_pat
 def test_a_name_with_a_path_s_parts_is_refused_before_any_download(name):
     with pytest.raises(PullError, match="not a model name"):
         parse(name)
+
+
+def test_a_name_that_looks_like_an_option_is_pulled_as_a_name(monkeypatch, tmp_path):
+    """The pull's process reads the name after ``--``: '-a/-b' is a (missing) repository, not an option."""
+    from phi_api.models.pull import in_subprocess
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing to reach: the name is read, then not found in the cache
+    last = list(in_subprocess("-a/-b"))[-1]
+    assert "-a/-b" in last["error"] and "exit status" not in last["error"]

@@ -87,6 +87,28 @@ def test_a_file_whose_bytes_do_not_match_its_hash_is_refused_removed_and_named(h
     assert (folder_of(pull(hub, tmp_path, f"{REPO_ID}/{SUBFOLDER}")) / "model.onnx").is_file()
 
 
+@pytest.mark.parametrize("outside", ["absolute", "parent"])
+def test_a_listing_naming_files_outside_the_repository_is_refused_before_any_download(hub, tmp_path, outside):
+    """A file that does not match its hash is removed: a hostile Hub's listing must not make that any file."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    name = str(victim) if outside == "absolute" else f"{SUBFOLDER}/{'../' * 16}{str(victim).lstrip('/')}"
+    hub.repos[REPO_ID].listed_only.append(name)
+    failed = pull(hub, tmp_path / "home", f"{REPO_ID}/{SUBFOLDER}")
+    assert failed.returncode == 1 and "outside the repository" in failed.stderr and "Traceback" not in failed.stderr
+    assert victim.read_text() == "keep me" and not hub.downloads
+
+
+def test_a_hub_sending_more_than_it_declared_is_stopped_near_the_declared_size(hub, tiny_phi3, tmp_path):
+    """The room checked before a pull is what the Hub declares: a file that goes on past its size (here 300 MB more
+    than a ~60 MB model) is cut off, not written whole before the client checks its size."""
+    declared = sum(path.stat().st_size for path in tiny_phi3.iterdir())
+    hub.repos[REPO_ID].padded[f"{SUBFOLDER}/genai_config.json"] = 300 << 20
+    failed = pull(hub, tmp_path, f"{REPO_ID}/{SUBFOLDER}")
+    assert failed.returncode == 1 and "more than" in failed.stderr and "Traceback" not in failed.stderr
+    assert sum(hub.sent.values()) < declared + (100 << 20)  # (what the sockets' buffers held besides)
+
+
 def test_a_repository_without_genai_config_is_refused_before_any_download(hub, tiny_phi3, tmp_path):
     plain = tmp_path / "plain"
     plain.mkdir()

@@ -135,3 +135,9 @@ def test_patterns_of_different_values_are_not_counted_together_and_a_cycle_ends(
     shared = {"$defs": {"p": {"pattern": "^x"}}, "allOf": [{"$ref": "#/$defs/p"}] * 3}  # one pattern met 3 ways
     assert patterns_at_once(shared) == 3
 
+
+
+def test_a_reference_with_a_digit_int_cannot_read_is_refused_not_a_crash():
+    """"²" is a digit to str.isdigit(), not to int(): the reference's walk once raised (a 500)."""
+    with pytest.raises(InvalidParameterError):
+        check_json_schema({"anyOf": [{"type": "string"}], "$ref": "#/anyOf/\u00b2"}, "schema")

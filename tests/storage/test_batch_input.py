@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import tracemalloc
 
+import pytest
+
 from phi_api.storage.batch_input import numbered_lines, read_requests
 
 
@@ -32,3 +34,21 @@ def test_a_line_too_long_to_read_is_a_bad_line_of_the_file():
     assert list(read_requests([(1, None)], errors)) == []
     assert [(error["code"], error["line"], error["param"]) for error in errors] == [("invalid_json_line", 1, None)]
     assert "MAX_REQUEST_SIZE_MB" in errors[0]["message"]
+
+
+@pytest.mark.parametrize("body,why", [
+    ('{"temperature": NaN}', "not finite"), ('{"presence_penalty": -Infinity}', "not finite"),
+    ('{"temperature": 1e999}', "not finite"), ('{"messages": [{"content": "a\\ud800b"}]}', "lone surrogate"),
+    ('{"messages": [{"content": "a\\u0000b"}]}', "NUL"),
+])
+def test_a_line_is_as_strict_as_a_request_s_body(body, why):
+    """What a live request may not send (web.bodies), a batch line may not: a NaN reached the sampler (a 500), a lone
+    surrogate failed the database's insert (a 500 at the batch's creation), and a NUL reached the engine."""
+    good = '{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}'
+    bad = good.replace('"a"', '"b"').replace('{"model": "m"}', body)
+    errors: list = []
+    assert [request.custom_id for request in read_requests([(1, good), (2, bad)], errors)] == ["a"]
+    assert [(error["code"], error["line"]) for error in errors] == [("invalid_json_line", 2)]
+    assert why in errors[0]["message"]
+    escaped = good.replace('{"model": "m"}', '{"model": "m", "text": "\\\\u0000 and \\\\ud800 as written"}')
+    assert [request.custom_id for request in read_requests([(1, escaped)], [])] == ["a"]  # escaped backslashes: text

@@ -32,6 +32,9 @@ class Repo:
     files: dict[str, bytes]
     commit: str = "0" * 40
     corrupt: set[str] = field(default_factory=set)  # served with other bytes than announced
+    # named only in the listing of the branch (phi-api's own look), not in that of its commit (the download's)
+    listed_only: list[str] = field(default_factory=list)
+    padded: dict[str, int] = field(default_factory=dict)  # path -> bytes sent past those announced (not in a HEAD)
 
     def entry(self, path: str) -> dict:
         data = self.files[path]
@@ -54,6 +57,7 @@ class Hub(http.server.ThreadingHTTPServer):
         self.repos: dict[str, Repo] = {}
         self.cuts: Counter[str] = Counter()  # path -> how many more transfers of it to cut midway
         self.downloads: Counter[str] = Counter()
+        self.sent: Counter[str] = Counter()  # path -> bytes written to clients in whole transfers
         super().__init__(("127.0.0.1", 0), _Handler)
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
 
@@ -103,7 +107,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._json(200, {"id": api["repo"], "modelId": api["repo"], "sha": repo.commit, "private": False,
                                     "siblings": [{"rfilename": name} for name in repo.files]}, head)
         if api:
-            return self._json(200, self._tree(repo, (api["path"] or "").strip("/")), head)
+            extra = [{"type": "file", "oid": "0" * 40, "size": 1, "path": path}
+                     for path in repo.listed_only if api["rev"] == "main"]
+            return self._json(200, self._tree(repo, (api["path"] or "").strip("/")) + extra, head)
         return self._file(repo, resolve["path"], head)
 
     def _tree(self, repo: Repo, under: str) -> list[dict]:
@@ -124,7 +130,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         status = 206 if start else 200
         if start:
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-        body = data[start:]
+        body = data[start:] + (b"\0" * repo.padded.get(path, 0) if not head else b"")
         self.send_response(status)
         for name, value in {**headers, "Content-Length": str(len(body)),
                             "Content-Type": "application/octet-stream"}.items():
@@ -140,7 +146,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(2)
             return
-        self.wfile.write(body)
+        for offset in range(0, len(body), 1 << 20):  # what the client takes, counted
+            self.wfile.write(body[offset:offset + (1 << 20)])
+            self.server.sent[path] += len(body[offset:offset + (1 << 20)])
 
     def _json(self, status: int, value: object, head: bool, extra: dict[str, str] | None = None) -> None:
         body = json.dumps(value).encode()

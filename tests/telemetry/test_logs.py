@@ -75,3 +75,14 @@ def test_text_lines_escape_what_a_client_sends_and_indent_tracebacks():
     failed.traceback = "Traceback (most recent call last):\n  File x\nValueError: bad\n2026-01-01 forged"
     lines = formatter.format(failed).splitlines()
     assert lines[0] == "ERROR generation failed" and all(line.startswith("  ") for line in lines[1:])
+
+
+def test_unicode_line_separators_and_bidi_controls_are_escaped_in_both_formats():
+    """splitlines() and log viewers break lines at U+2028 and U+2029; U+202E reverses how the rest of a line reads."""
+    path = "/v1/x\u20282026 INFO phi_api.access: POST /admin 200\u2029\u202egpj.exe"
+    record = logging.LogRecord("phi_api.access", logging.INFO, __file__, 1, "GET %s", (path,), None)
+    text = TextFormatter("%(levelname)s %(message)s").format(record)
+    assert text.splitlines() == [text] and "\\u2028" in text and "\\u202e" in text
+    assert not any(char in text for char in "\u2028\u2029\u202e")
+    line = JSONFormatter().format(record)
+    assert line.splitlines() == [line] and json.loads(line)["message"] == f"GET {path}"
