@@ -26,7 +26,7 @@ from phi_api.web.errors import render_errors
 from phi_api.web.framing import framed
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, NDJSON, operation
 from phi_api.web.resources import get_models
-from phi_api.web.respond import respond
+from phi_api.web.respond import count_request, respond
 
 bp = Blueprint("ollama", __name__)
 render_errors(bp, ollama_body)
@@ -61,6 +61,8 @@ def delete() -> Response:
 def _generation(schema: str, parse: Callable[[dict[str, Any]], Any], *, chat: bool) -> Response:
     started = time.monotonic()
     body = read_request(schema, any_media_type=True)
+    if ollama.only_loads(body, chat):
+        return _load_only(body, chat)
     request = parse(body)
     models, keep = get_models(), _keeping(body)
 
@@ -71,6 +73,20 @@ def _generation(schema: str, parse: Callable[[dict[str, Any]], Any], *, chat: bo
         return ollama.Reply(run, started, chat=chat)
 
     return respond(Reading(request, reply))
+
+
+def _load_only(body: dict[str, Any], chat: bool) -> Response:
+    """A request for the model alone: every served model is loaded already, so it is only checked (404 if not
+    served), kept as ``keep_alive`` asks, or unloaded (keep_alive 0, admins only)."""
+    count_request()
+    models, model = get_models(), ollama.model_id(body["model"])
+    models.engine(model)
+    keep = _keeping(body)
+    if keep:
+        _note_use(models, body, model)
+    else:
+        _unload(models, model)
+    return jsonify(ollama.load_answer(model, chat, unloaded=not keep))
 
 
 def _keeping(body: dict[str, Any]) -> bool:

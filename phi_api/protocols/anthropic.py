@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 from phi_api.engine import Finished
 from phi_api.errors import APIError, InvalidRequestError, UnsupportedParameterError, anthropic_body
 from phi_api.protocols.contract import Framing, given
+from phi_api.service import prompts
 from phi_api.service.choices import Calls, ChoiceResult, Done, Text, Thinking
 from phi_api.service.generation import KEEPALIVE, Run, events
 from phi_api.service.requests import ChatRequest, Sampling
@@ -159,6 +160,7 @@ class MessagesRequest:
                             stop=tuple(given(body, "stop_sequences", ())))
         output_format = given(given(body, "output_config", {}), "format")  # structured output
         messages = chat_messages(body)
+        prompts.check_call_pairs(messages)  # (a tool_result is a tool message, before the user's text)
         chat = ChatRequest(model=body["model"], messages=tuple(messages), sampling=sampling,
                            stream=bool(given(body, "stream", False)), tools=tool_plan(tools, choice, parallel),
                            output_schema=output_format["schema"] if output_format else None,

@@ -35,6 +35,21 @@ def model_id(name: str) -> str:
     return name.removesuffix(":latest")
 
 
+def only_loads(body: dict[str, Any], chat: bool) -> bool:
+    """Whether the body asks for nothing but the model (loaded, or unloaded with ``keep_alive`` 0), as Ollama reads
+    a chat without messages and a generate without a prompt: ``ollama run`` and UIs send it to preload a model."""
+    if chat:
+        return not given(body, "messages")
+    return not given(body, "prompt") and not given(body, "suffix")
+
+
+def load_answer(model: str, chat: bool, unloaded: bool) -> dict[str, Any]:
+    """Ollama's answer to a request that only loads (or unloads) the model."""
+    said = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
+    return {"model": model, "created_at": created_at(), **said, "done": True,
+            "done_reason": "unload" if unloaded else "load"}
+
+
 def keeps_alive(body: dict[str, Any]) -> bool:
     """False when ``keep_alive`` asks for the model to be unloaded after this request (``0``, as ``ollama
     stop`` sends)."""

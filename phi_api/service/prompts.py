@@ -43,6 +43,31 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rendered
 
 
+def check_call_pairs(messages: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> None:
+    """400 unless every tool call of an assistant message is answered by the tool messages right after it, and each
+    tool message answers a call of the assistant message before it: OpenAI's and Anthropic's rule (an agent loop
+    that lost a result would otherwise get an answer made up over the gap). Messages in the chat form."""
+    waiting: list[Any] = []  # the calls of the last assistant message not yet answered
+    for index, message in enumerate(messages):
+        if message.get("role") == "tool":
+            answered = message.get("tool_call_id")
+            if answered not in waiting:
+                raise InvalidMessagesError(f"messages[{index}]: a tool message must answer a tool call of the "
+                                           f"assistant message before it; '{answered}' is none of them.")
+            waiting.remove(answered)
+            continue
+        _check_answered(waiting)
+        if message.get("role") == "assistant":
+            waiting = [call.get("id") for call in message.get("tool_calls") or () if isinstance(call, dict)]
+    _check_answered(waiting)
+
+
+def _check_answered(waiting: list[Any]) -> None:
+    if waiting:
+        raise InvalidMessagesError("An assistant message with tool calls must be followed by a tool message "
+                                   f"answering each; no answer for: {', '.join(map(str, waiting))}.")
+
+
 def _text_content(content: Any, index: int) -> str:
     if content is None:
         return ""

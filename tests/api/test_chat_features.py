@@ -251,3 +251,32 @@ def test_a_forced_call_cut_before_its_name_among_several_tools_stays_text(make_a
     choice = client.post("/v1/chat/completions", json=body).get_json()["choices"][0]
     assert (choice["message"]["content"], choice["finish_reason"]) == ('{"na', "length")
     assert "tool_calls" not in choice["message"]
+
+
+CALL_A = {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+CALL_B = {**CALL_A, "id": "call_b"}
+
+
+@pytest.mark.parametrize("messages,what", [
+    ([{"role": "tool", "tool_call_id": "call_a", "content": "sunny"}], "none of them"),
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL_A, CALL_B]},
+      {"role": "tool", "tool_call_id": "call_a", "content": "sunny"}], "no answer for: call_b"),
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL_A]},
+      {"role": "user", "content": "Go on"}], "no answer for: call_a"),
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL_A]},
+      {"role": "tool", "tool_call_id": "call_a", "content": "sunny"},
+      {"role": "tool", "tool_call_id": "call_a", "content": "again"}], "none of them"),
+])
+def test_tool_calls_and_their_answers_must_pair_up_as_openai_requires(client, messages, what):
+    body = {"model": "test-model", "messages": [{"role": "user", "content": "Weather?"}, *messages]}
+    answer = client.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 400 and what in answer.get_json()["error"]["message"]
+    assert answer.get_json()["error"]["param"] == "messages"
+
+
+def test_calls_answered_in_any_order_are_a_conversation(client):
+    messages = [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [CALL_A, CALL_B]},
+                {"role": "tool", "tool_call_id": "call_b", "content": "rain"},
+                {"role": "tool", "tool_call_id": "call_a", "content": "sunny"}]
+    assert client.post("/v1/chat/completions", json={"model": "test-model", "messages": messages}).status_code == 200

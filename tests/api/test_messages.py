@@ -93,6 +93,20 @@ def test_a_forced_tool_use_then_its_result(make_app):
     assert "sunny" in engine.model.rendered[-1] and "get_weather" in engine.model.rendered[-1]
 
 
+@pytest.mark.parametrize("turns,what", [
+    ([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "sunny"}]}],
+     "none of them"),  # a result of no call
+    ([{"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_a", "name": "get_weather",
+                                         "input": {"city": "Paris"}}]},
+      {"role": "user", "content": "And tomorrow?"}], "no answer for: toolu_a"),  # a call never answered
+])
+def test_tool_uses_and_results_must_pair_up_as_anthropic_requires(make_app, turns, what):
+    client, _ = scripted(make_app, b"ok")
+    answer = create(client, tools=[WEATHER], messages=[{"role": "user", "content": "Weather in Paris?"}, *turns])
+    assert answer.status_code == 400 and answer.get_json()["error"]["type"] == "invalid_request_error"
+    assert what in answer.get_json()["error"]["message"]
+
+
 def test_tool_use_in_a_stream(make_app):
     client, _ = scripted(make_app, CALL.encode())
     events = parse_named_sse(create(client, tools=[WEATHER], tool_choice={"type": "any"}, stream=True)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests.conftest import HELLO_PIECES
 from tests.support.fakes import fake_engine, text_pieces
 
 GENERATE = {"model": "test-model", "prompt": "Say hello"}
@@ -166,7 +167,8 @@ def test_show_and_version(client):
     ("/api/generate", {**GENERATE, "options": {"mirostat": "2"}}, 400),  # the wrong type
     ("/api/chat", {**CHAT, "options": {"num_ctx": "2048"}}, 400),
     ("/api/generate", {**GENERATE, "images": ["aGk="]}, 400),
-    ("/api/chat", {**CHAT, "messages": []}, 400),
+    ("/api/chat", {"model": "llama3", "messages": []}, 404),  # a load of a model not served
+    ("/api/generate", {"model": "llama3"}, 404),
     ("/v1/generate", {**GENERATE, "think": True}, 400),
 ])
 def test_errors_take_ollama_s_shape(client, path, body, status):
@@ -228,3 +230,27 @@ def test_keep_alive_keeps_the_model_at_least_that_long_on_every_worker(make_app)
     with app.app_context():
         keep_file = get_models().keep_alive.path("test-model")
     assert keep_file.stat().st_mtime > time.time() + 7000
+
+
+@pytest.mark.parametrize("path,body,said", [
+    ("/api/generate", {"model": "test-model"}, {"response": ""}),
+    ("/api/generate", {"model": "test-model:latest", "prompt": "", "stream": True}, {"response": ""}),
+    ("/api/chat", {"model": "test-model", "messages": []}, {"message": {"role": "assistant", "content": ""}}),
+    ("/api/chat", {"model": "test-model"}, {"message": {"role": "assistant", "content": ""}}),
+])
+def test_a_request_without_a_prompt_only_loads_the_model_as_ollama_s_does(make_app, path, body, said):
+    """``ollama run`` and UIs preload a model so: one object at once, done_reason "load", nothing generated."""
+    engine = fake_engine([1, 2, 0], HELLO_PIECES)
+    client = make_app(engine).test_client()
+    answer = client.post(path, json=body)
+    assert answer.status_code == 200 and answer.mimetype == "application/json"
+    got = answer.get_json()
+    assert {key: got[key] for key in (*said, "model", "done", "done_reason")} == \
+        {**said, "model": "test-model", "done": True, "done_reason": "load"} and got["created_at"].endswith("Z")
+    assert not engine.model.script.params  # nothing was generated
+
+
+def test_a_load_with_keep_alive_0_unloads_the_model(client):
+    answer = client.post("/api/generate", json={"model": "test-model", "keep_alive": 0}).get_json()
+    assert answer["done_reason"] == "unload" and answer["done"] is True
+    assert client.get("/api/ps").get_json()["models"] == []

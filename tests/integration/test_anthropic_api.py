@@ -131,6 +131,10 @@ def test_errors_in_anthropic_s_shape(claude):
         claude.messages.create(model=MODEL_ID, max_tokens=8, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}])
     assert refused.value.body["type"] == "error" and refused.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.BadRequestError) as unpaired:  # a tool_result of no tool_use
+        claude.messages.create(model=MODEL_ID, max_tokens=8, messages=[{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_nothing", "content": "sunny"}]}])
+    assert "toolu_nothing" in unpaired.value.body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError) as unknown:
         claude.messages.create(model="claude-opus-4", max_tokens=8, messages=QUESTION)
     assert unknown.value.body["error"]["type"] == "not_found_error"

@@ -214,6 +214,10 @@ def test_auto_tools_and_a_tool_conversation(client):
     followup = client.chat.completions.create(model=MODEL_ID, messages=messages, tools=[WEATHER], max_tokens=30,
                                               temperature=0)
     assert followup.choices[0].message.content or followup.choices[0].message.tool_calls
+    with pytest.raises(openai.BadRequestError) as unanswered:  # a call whose result was lost: OpenAI's 400
+        client.chat.completions.create(model=MODEL_ID, messages=[*messages[:2], {"role": "user", "content": "So?"}],
+                                       tools=[WEATHER], max_tokens=8)
+    assert "call_abc" in unanswered.value.body["message"] and unanswered.value.body["param"] == "messages"
 
 
 def test_content_parts_names_and_user(client):

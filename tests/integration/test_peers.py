@@ -45,6 +45,19 @@ def test_the_ollama_client_unchanged(server):
     assert missing.value.status_code == 404
 
 
+def test_the_ollama_client_preloads_a_model_without_generating(server):
+    """A generate without a prompt, a chat without messages: the model only loaded, as ``ollama run`` asks."""
+    client = ollama.Client(host=server.url)
+    loaded = client.generate(model=MODEL_ID)
+    assert loaded.done and loaded.done_reason == "load" and loaded.response == "" and not loaded.eval_count
+    chatted = client.chat(model=MODEL_ID, messages=[])
+    assert chatted.done and chatted.done_reason == "load" and chatted.message.content == ""
+    assert [part.done_reason for part in client.generate(model=MODEL_ID, stream=True)] == ["load"]
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.generate(model="llama3")
+    assert missing.value.status_code == 404
+
+
 def test_open_webui_s_options_through_the_ollama_client_streamed_and_not(server):
     """What Open WebUI forwards when a user sets the chat's "Context Length" (and other options it may send)."""
     client = ollama.Client(host=server.url)

@@ -8,7 +8,7 @@ from typing import Any
 from phi_api.engine.runtime.template import RESERVED
 from phi_api.errors import InvalidParameterError
 from phi_api.protocols.contract import given
-from phi_api.service import features
+from phi_api.service import features, prompts
 from phi_api.service.constraints import constraint_fields
 from phi_api.service.requests import ChatRequest, CompletionRequest, Infill, Sampling
 from phi_api.service.tools import tool_plan
@@ -52,6 +52,7 @@ def _prediction(body: dict[str, Any]) -> str | None:
 def chat_request(body: dict[str, Any], known_fields: set[str]) -> ChatRequest:
     """A schema-valid ``/v1/chat/completions`` body (``known_fields``: its schema's, for the log)."""
     features.check_supported(body, features.CHAT_GATES, known_fields)
+    prompts.check_call_pairs(body["messages"])
     return ChatRequest(
         model=body["model"], messages=tuple(body["messages"]), sampling=sampling(body),
         stream=bool(given(body, "stream", False)), include_usage=_include_usage(body),
