@@ -182,11 +182,13 @@ def count_request(keys: Keys, caller: Caller) -> None:
 
 
 def _count_usage(keys: Keys, metrics: Metrics, key: Key, finished: Finished) -> None:
-    """A choice of ``key``'s request ended: its tokens count (each prompt once, with its first choice)."""
+    """A choice of ``key``'s request ended: its tokens count (each prompt once, with its first choice), and so do the
+    tokens of its prediction that the engine checked and refused (OpenAI bills them as completion tokens)."""
     prompt = finished.prompt_tokens if finished.first_of_prompt else 0
     cached = finished.cached_tokens if finished.first_of_prompt else 0
-    keys.usage.record(key, prompt, cached, finished.completion_tokens)
-    metrics.observe_key(key.name, prompt, cached, finished.completion_tokens, requests=int(finished.index == 0))
+    completion = finished.completion_tokens + finished.predicted_rejected
+    keys.usage.record(key, prompt, cached, completion)
+    metrics.observe_key(key.name, prompt, cached, completion, requests=int(finished.index == 0))
 
 
 class _Slots:

@@ -243,8 +243,11 @@ class Prepared:
 
     @property
     def worst_tokens(self) -> int:
-        """The most tokens it can use: each prompt once, and every choice's ``max_tokens``."""
-        return sum(len(prompt) for prompt in self.plan.prompts) + sum(one.max_tokens for one in self.plan.params)
+        """The most tokens it can use: each prompt once, and every choice's ``max_tokens`` and the prediction's
+        tokens its checks may refuse (at most the prediction's length:
+        :class:`phi_api.engine.sampling.draft.Drafter`)."""
+        return sum(len(prompt) for prompt in self.plan.prompts) + \
+            sum(one.max_tokens + len(one.prediction) for one in self.plan.params)
 
 
 def prepare(services: Services, request: GenerationRequest) -> Prepared:

@@ -139,6 +139,31 @@ def test_a_request_that_could_pass_its_key_s_tokens_is_refused_before_any_work(s
     assert after["now"]["tokens_today"] <= 50
 
 
+def test_a_prediction_s_refused_tokens_are_charged_to_its_key(server):
+    """OpenAI bills the predicted tokens its checks refuse as completion tokens: the engine checked them for the key.
+    The prediction holds each 4-token window of the greedy answer followed by junk: each window matches the answer,
+    and the junk after it is drafted and refused."""
+    f = client(server, TEAM_F)
+    ask = {"model": MODEL_ID, "max_tokens": 48, "temperature": 0, "extra_body": {"ignore_eos": True},
+           "messages": [{"role": "user", "content": "Write a story about a lighthouse."}]}
+    said = f.chat.completions.create(**ask).choices[0].message.content
+
+    def post(route: str, body: dict) -> dict:
+        return requests.post(server.url + route, headers=as_key(TEAM_F), json={"model": MODEL_ID, **body},
+                             timeout=30).json()
+
+    tokens = post("/tokenize", {"prompt": said})["tokens"]
+    prediction = "".join(post("/detokenize", {"tokens": tokens[start - 4:start]})["content"] + " zebra" * 12
+                         for start in range(4, len(tokens), 4))
+    before = usage(server, "team-f")
+    answer = f.chat.completions.create(**ask, prediction={"type": "content", "content": prediction})
+    refused = answer.usage.completion_tokens_details.rejected_prediction_tokens
+    assert 0 < refused <= len(post("/tokenize", {"prompt": prediction})["tokens"])  # its bound, reserved first
+    after = wait_until(lambda: (now := usage(server, "team-f"))["completion_tokens"] > before["completion_tokens"]
+                       and now, 30, message="the request's tokens in its key's usage")
+    assert after["completion_tokens"] - before["completion_tokens"] == answer.usage.completion_tokens + refused
+
+
 def batch_file(made: OpenAI, questions: list[str]):
     lines = [{"custom_id": f"q{index}", "method": "POST", "url": "/v1/chat/completions",
               "body": {"model": MODEL_ID, "max_tokens": 4, "messages": [{"role": "user", "content": question}]}}

@@ -95,8 +95,12 @@ class Drafter:
         self.checks = 0  # drafts checked (each in one step)
         self.checks_beside = 0  # of those, in a batched step beside other rows
         self.extend(tokens)
+        # The prediction's tokens the checks may refuse, in all: the key is charged for them (as OpenAI bills them)
+        # and they are reserved from its budget before the work, so they are bounded by the prediction's length.
+        self.prediction_room = 0
         if prediction is not None and prediction.tokens:
             self._prediction = Lookup(prediction, in_order=True)  # after the prompt: it follows the answer
+            self.prediction_room = len(prediction.tokens)
 
     def extend(self, tokens: list[int]) -> None:
         """Index the sequence's tokens as they come: its prompt, then each token chosen (the pending one too)."""
@@ -120,8 +124,8 @@ class Drafter:
             self._pause -= 1
             return []
         limit = min(room, max(self._limit, min(self.min_tokens, self.max_tokens)))
-        if self._prediction is not None:
-            draft = self._prediction.propose(self._tokens, limit)
+        if self._prediction is not None and self.prediction_room > 0:
+            draft = self._prediction.propose(self._tokens, min(limit, self.prediction_room))
             if draft:
                 self._source = "prediction"
                 return draft
@@ -211,6 +215,8 @@ class Drafter:
         counted = self.sources.setdefault(self._source, Counted())
         counted.checked += drafted
         counted.kept += accepted
+        if self._source == "prediction":
+            self.prediction_room -= drafted - accepted
         lookup = {"prediction": self._prediction, "history": self._history}.get(self._source)
         if lookup is not None:
             lookup.kept(accepted)

@@ -237,3 +237,19 @@ def test_the_draft_model_drafts_where_its_time_pays_by_the_measured_costs():
     always.observe_wide(4, 0.010)
     assert model_draft_cost(always, 3.0, 4, 0.008) is None
     assert model_draft_cost(always, 3.0, 4, 0.001) == pytest.approx(4 / 11)
+
+
+def test_a_prediction_s_refused_tokens_are_bounded_by_its_length():
+    """The key is charged for the prediction's tokens the checks refuse, reserved before the work: at most the
+    prediction's length, however often its n-grams match and its drafts fail (without the bound: 57 of 21)."""
+    from phi_api.engine.sampling.lookup import Index
+
+    prediction = Index([1, 2, 3, 9, 9, 9, 9] * 3)
+    drafter = Drafter([5, 6], max_tokens=8, prediction=prediction)
+    for _ in range(5000):
+        draft = drafter.propose(8)
+        if draft:
+            drafter.record(len(draft), 0)
+        drafter.extend([1, 2, 3])
+    refused = drafter.sources["prediction"]
+    assert refused.kept == 0 and refused.checked == len(prediction.tokens) and drafter.prediction_room == 0
