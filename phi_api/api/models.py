@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, jsonify, request
 
 from phi_api.errors import APIError, InvalidParameterError, ModelLoadingError, PermissionDeniedError, PullError
 from phi_api.models.pull import in_subprocess, parse
@@ -26,20 +26,28 @@ from phi_api.web.resources import get_models, get_settings
 
 bp = Blueprint("models", __name__)
 ADMIN_STATUSES = (400, 401, 403, 404, 405, 413, 415, 500)
+ANTHROPIC_VERSION = "anthropic-version"  # the header every Anthropic client sends
 
 
 @bp.get("/v1/models")
 @operation("List the served models")
 def list_models() -> Response:
-    """Every model this server serves."""
+    """Every model this server serves, in Anthropic's shape for Anthropic's clients (they send
+    ``anthropic-version``, as its SDK's ``models.list`` does), else in OpenAI's."""
+    if ANTHROPIC_VERSION in request.headers:
+        return jsonify(catalog.anthropic_list(get_models().all()))
     return jsonify(catalog.openai_list(get_models().all()))
 
 
 @bp.get("/v1/models/<path:model>")
 @operation("A served model's object (404 model_not_found for any other id)")
 def retrieve_model(model: str) -> Response:
-    """One model object (the SDK's ``models.retrieve``); 404 ``model_not_found`` for any other id."""
-    return jsonify(catalog.openai_model(get_models().served(model)))
+    """One model object (the SDK's ``models.retrieve``, OpenAI's or Anthropic's); 404 ``model_not_found`` for any
+    other id."""
+    served = get_models().served(model)
+    if ANTHROPIC_VERSION in request.headers:
+        return jsonify(catalog.anthropic_model(served))
+    return jsonify(catalog.openai_model(served))
 
 
 def load_checked(model: Any, path: Any, options: Any, param: str = "options",

@@ -1,4 +1,5 @@
-"""What the server says about its models, in each API's vocabulary (OpenAI's, Ollama's, OpenArc's)."""
+"""What the server says about its models, in each API's vocabulary (OpenAI's, Anthropic's, Ollama's,
+OpenArc's)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,19 @@ def openai_model(served: Served) -> dict[str, Any]:
 def openai_list(models: list[Served]) -> dict[str, Any]:
     """OpenAI's model list."""
     return {"object": "list", "data": [openai_model(served) for served in models]}
+
+
+def anthropic_model(served: Served) -> dict[str, Any]:
+    """Anthropic's model object (its SDK's ``ModelInfo``), with its context length."""
+    return {"type": "model", "id": served.spec.id, "display_name": served.spec.id, "created_at": _iso(served.loaded_at),
+            "lifecycle": "active", "max_input_tokens": served.engine.info.context_length}
+
+
+def anthropic_list(models: list[Served]) -> dict[str, Any]:
+    """Anthropic's model list: one page of every model."""
+    data = [anthropic_model(served) for served in models]
+    return {"data": data, "has_more": False, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None}
 
 
 def _details(served: Served) -> dict[str, Any]:

@@ -216,3 +216,18 @@ def test_a_bad_output_config_is_anthropic_s_400(make_app, output_config):
     assert response.status_code == 400, response.get_data(as_text=True)
     error = response.get_json()
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+
+
+def test_anthropic_s_clients_list_models_in_anthropic_s_shape(client):
+    """The anthropic SDK's models.list() and retrieve() send anthropic-version; OpenAI's clients get OpenAI's list."""
+    from anthropic.types import ModelInfo
+
+    listed = client.get("/v1/models", headers=HEADERS).get_json()
+    [model] = [ModelInfo.model_validate(item) for item in listed["data"]]
+    assert (model.type, model.id, model.display_name) == ("model", "test-model", "test-model")
+    assert (listed["has_more"], listed["first_id"], listed["last_id"]) == (False, "test-model", "test-model")
+    assert set(listed["data"][0]) <= set(ModelInfo.model_fields) and model.lifecycle == "active"
+    assert model.max_input_tokens == client.get("/v1/models").get_json()["data"][0]["max_model_len"]
+    retrieved = client.get("/v1/models/test-model", headers=HEADERS).get_json()
+    assert ModelInfo.model_validate(retrieved).id == "test-model"
+    assert client.get("/v1/models").get_json()["data"][0]["object"] == "model"  # no anthropic-version: OpenAI's

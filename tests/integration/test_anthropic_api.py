@@ -126,6 +126,13 @@ def test_count_tokens_is_what_create_counts(claude, reference):
     assert with_tools.input_tokens == prompt_tokens(created.usage)
 
 
+def test_the_sdk_lists_and_retrieves_models(claude):
+    listed = claude.models.list()
+    assert [model.id for model in listed.data] == [MODEL_ID] and listed.data[0].type == "model"
+    assert listed.data[0].created_at.year >= 2025 and listed.data[0].display_name
+    assert claude.models.retrieve(MODEL_ID).id == MODEL_ID
+
+
 def test_errors_in_anthropic_s_shape(claude):
     with pytest.raises(anthropic.BadRequestError) as refused:
         claude.messages.create(model=MODEL_ID, max_tokens=8, messages=[{"role": "user", "content": [
