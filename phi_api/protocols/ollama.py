@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from phi_api.errors import APIError, UnsupportedParameterError, ollama_body
+from phi_api.errors import APIError, InvalidParameterError, UnsupportedParameterError, ollama_body
 from phi_api.protocols.contract import Framing, given
+from phi_api.protocols.openai.shapes import logprob_entry
 from phi_api.service.choices import ChoiceResult, Done, Text, Thinking
 from phi_api.service.generation import KEEPALIVE, Run, events
 from phi_api.service.requests import ChatRequest, CompletionRequest, Infill, Sampling
@@ -128,7 +129,17 @@ def _output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
 
 def _common(body: dict[str, Any]) -> dict[str, Any]:
     return {"model": model_id(body["model"]), "sampling": _sampling(body), "stream": bool(given(body, "stream", True)),
-            "cache_salt": given(body, "cache_salt")}
+            "cache_salt": given(body, "cache_salt"), "logprobs": _logprobs(body)}
+
+
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """Ollama's ``logprobs`` and ``top_logprobs``: the alternatives each token's entry lists, or None (no entries)."""
+    top = given(body, "top_logprobs")
+    if not given(body, "logprobs", False):
+        if top:
+            raise InvalidParameterError("top_logprobs needs logprobs set to true.", param="top_logprobs")
+        return None
+    return top or 0
 
 
 def _thinking(body: dict[str, Any]) -> dict[str, Any]:
@@ -190,19 +201,24 @@ class Reply:
         self._chat = chat  # /api/chat answers with messages; generate with responses, templated or not
         self._started = started
 
-    def part(self, text: str, thinking: str = "") -> dict[str, Any]:
-        """A streamed fragment (of the answer, or of a reasoning model's ``thinking``)."""
+    def part(self, text: str, thinking: str = "", logprobs: Sequence[tuple[str, Any]] = ()) -> dict[str, Any]:
+        """A streamed fragment (of the answer, or of a reasoning model's ``thinking``), with its tokens' entries
+        when the request asked for log-probabilities."""
         body: dict[str, Any] = {"model": self.run.request.model, "created_at": created_at()}
         if self._chat:
             body["message"] = {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {})}
         else:
             body.update({"response": text, **({"thinking": thinking} if thinking else {})})
+        if self.run.request.logprobs is not None:
+            token_bytes = self.run.engine.token_bytes
+            body["logprobs"] = [logprob_entry(token_bytes, token, record) for token, record in logprobs]
         body["done"] = False
         return body
 
-    def final(self, result: ChoiceResult, text: str, thinking: str = "") -> dict[str, Any]:
+    def final(self, result: ChoiceResult, text: str, thinking: str = "",
+              logprobs: Sequence[tuple[str, Any]] = ()) -> dict[str, Any]:
         """The last object: the text it still carries, the tool calls, the reason, the counts and the durations."""
-        body = self.part(text, thinking)
+        body = self.part(text, thinking, logprobs)
         if result.calls and self._chat:
             body["message"]["tool_calls"] = [_call(call) for call in result.calls]
         finished = result.ended.finished
@@ -222,7 +238,8 @@ class Reply:
     def whole(self, results: list[ChoiceResult]) -> dict[str, Any]:
         """The one object of a non-streaming answer."""
         [result] = results
-        return self.final(result, result.text if not result.calls else "", result.reasoning)
+        return self.final(result, result.text if not result.calls else "", result.reasoning,
+                          result.logprobs if not result.calls else ())
 
     def stream(self) -> Iterator[dict[str, Any]]:
         """The objects of a stream: fragments, then the last one."""
@@ -231,8 +248,8 @@ class Reply:
             if event is KEEPALIVE:
                 yield self.part("")  # an empty fragment: the client ignores it, a gone client is noticed
             elif isinstance(event, Text):
-                if event.text:
-                    yield self.part(event.text)
+                if event.text or event.logprobs:
+                    yield self.part(event.text, logprobs=event.logprobs)
             elif isinstance(event, Thinking):
                 yield self.part("", event.text)
             elif isinstance(event, Done):

@@ -254,3 +254,22 @@ def test_a_load_with_keep_alive_0_unloads_the_model(client):
     answer = client.post("/api/generate", json={"model": "test-model", "keep_alive": 0}).get_json()
     assert answer["done_reason"] == "unload" and answer["done"] is True
     assert client.get("/api/ps").get_json()["models"] == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_as_ollama_writes_them(make_app, stream):
+    """Ollama's logprobs (which its Python client sends): each answer token's entry, with top_logprobs alternatives,
+    in the objects that carry its text."""
+    engine = fake_engine([1, 2, 3, 0], text_pieces(b"Hel", b"lo", b"!"))
+    client = make_app(engine).test_client()
+    body = {**CHAT, "stream": stream, "logprobs": True, "top_logprobs": 2}
+    objects = [json.loads(line) for line in client.post("/api/chat", json=body).get_data(as_text=True).splitlines()]
+    entries = [entry for got in objects for entry in got.get("logprobs", [])]
+    assert "".join(got["message"]["content"] for got in objects) == "".join(entry["token"] for entry in entries)
+    assert [entry["token"] for entry in entries] == ["Hel", "lo", "!"]
+    assert all(entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 2 for entry in entries)
+    assert entries[0]["top_logprobs"][0]["logprob"] == entries[0]["logprob"]  # the chosen token: the likeliest
+    plain = json.loads(client.post("/api/chat", json={**CHAT, "stream": False}).get_data(as_text=True))
+    assert "logprobs" not in plain
+    refused = client.post("/api/generate", json={**GENERATE, "top_logprobs": 2})
+    assert refused.status_code == 400 and "logprobs" in refused.get_json()["error"]

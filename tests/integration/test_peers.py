@@ -58,6 +58,18 @@ def test_the_ollama_client_preloads_a_model_without_generating(server):
     assert missing.value.status_code == 404
 
 
+def test_the_ollama_client_gets_log_probabilities(server):
+    client = ollama.Client(host=server.url)
+    asked = {"model": MODEL_ID, "prompt": "Say hello.", "logprobs": True, "top_logprobs": 3,
+             "options": {"num_predict": 8, "temperature": 0}}
+    answer = client.generate(**asked)
+    assert answer.logprobs and "".join(entry.token for entry in answer.logprobs) == answer.response
+    for entry in answer.logprobs:  # greedy: each token is the likeliest of its alternatives
+        assert len(entry.top_logprobs) == 3 and entry.logprob == max(top.logprob for top in entry.top_logprobs)
+    parts = list(client.generate(**asked, stream=True))
+    assert [entry.token for part in parts for entry in part.logprobs or ()] == [e.token for e in answer.logprobs]
+
+
 def test_open_webui_s_options_through_the_ollama_client_streamed_and_not(server):
     """What Open WebUI forwards when a user sets the chat's "Context Length" (and other options it may send)."""
     client = ollama.Client(host=server.url)

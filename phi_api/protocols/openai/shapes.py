@@ -130,14 +130,19 @@ class ChatShape(Shape):
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def _entry(self, text: str, record: TokenLogprob) -> dict[str, Any]:
-        token_bytes = self.token_bytes
-        return {
-            "token": text,
-            "logprob": record.logprob,
-            "bytes": list(token_bytes(record.token)),
-            "top_logprobs": [{"token": _token_text(token_bytes, token), "logprob": logprob,
-                              "bytes": list(token_bytes(token))} for token, logprob in record.top],
-        }
+        return logprob_entry(self.token_bytes, text, record)
+
+
+def logprob_entry(token_bytes: Callable[[int], bytes], text: str, record: TokenLogprob) -> dict[str, Any]:
+    """One token's log-probability entry, as OpenAI's chat and Ollama write it: its text, log-probability and bytes,
+    and its most likely alternatives."""
+    return {
+        "token": text,
+        "logprob": record.logprob,
+        "bytes": list(token_bytes(record.token)),
+        "top_logprobs": [{"token": _token_text(token_bytes, token), "logprob": logprob,
+                          "bytes": list(token_bytes(token))} for token, logprob in record.top],
+    }
 
 
 class CompletionShape(Shape):
