@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,9 @@ from phi_api.errors import PullError
 
 MARKERS = (GENAI_CONFIG, ENCODER_CONFIG)  # what makes a folder a model phi-api serves
 SIZE_SLACK = 1 << 20  # bytes a download may pass what the Hub declared before it is stopped (headers, a resumed block)
+# A download slower than STALL_BYTES in STALL_SECONDS (~1 KB/s) is stopped: a Hub trickling bytes
+STALL_SECONDS = 60
+STALL_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -200,16 +204,19 @@ def _files(api: Any, source: Source) -> list[Any]:
     return files
 
 
-def _bounded(most: int) -> type:
-    """snapshot_download's progress bars, which stop the download once more than ``most`` bytes came: the room
-    checked for is what the Hub declared, and a broken or hostile Hub that sends more (or without end) must not fill
-    the disk. (huggingface_hub checks a file's size only once it has it all.)"""
+def _bounded(most: int, clock: Callable[[], float] = time.monotonic) -> type:
+    """snapshot_download's progress bars, which stop the download once more than ``most`` bytes came, or when less
+    than :data:`STALL_BYTES` came in :data:`STALL_SECONDS`: the room checked for is what the Hub declared, and a
+    broken or hostile Hub that sends more (or without end) must not fill the disk, nor one that trickles bytes hold a
+    pull (and its process) for ever. (huggingface_hub checks a file's size only once it has it all, and its read
+    timeout is met by a byte now and then.)"""
     from huggingface_hub.utils import tqdm as hub_tqdm
 
     class Bounded(hub_tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self.bytes = kwargs.get("unit") == "B"  # (the bar of files counts files)
             self.came = 0.0  # (a disabled bar counts nothing itself)
+            self.window = (clock(), 0.0)  # when the current window of STALL_SECONDS began, and what had come
             super().__init__(*args, **kwargs)
 
         def update(self, n: float | None = 1) -> bool | None:
@@ -217,7 +224,15 @@ def _bounded(most: int) -> type:
                 self.came += n or 0  # a resumed file starts again: n < 0
                 if self.came > most:
                     raise PullError(f"the Hub sent more than the {most / 2**20:.0f} MB it declared; stopped")
+                self._check_pace()
             return super().update(n)
+
+        def _check_pace(self) -> None:
+            began, came = self.window
+            if clock() - began >= STALL_SECONDS:
+                if self.came - came < STALL_BYTES:
+                    raise PullError(f"the Hub sent less than {STALL_BYTES // 1024} KB in {STALL_SECONDS} s; stopped")
+                self.window = (clock(), self.came)
 
     return Bounded
 

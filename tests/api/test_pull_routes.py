@@ -64,3 +64,23 @@ def test_a_name_that_looks_like_an_option_is_pulled_as_a_name(monkeypatch, tmp_p
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing to reach: the name is read, then not found in the cache
     last = list(in_subprocess("-a/-b"))[-1]
     assert "-a/-b" in last["error"] and "exit status" not in last["error"]
+
+
+def test_a_download_that_trickles_or_passes_its_declared_size_is_stopped():
+    """A Hub that sends a byte now and then meets the client's read timeout, and one that sends more than it
+    declared fills the disk: the progress bars snapshot_download is given stop both (through the cache's bars)."""
+    from phi_api.models.pull import STALL_BYTES, STALL_SECONDS, _bounded
+
+    now = [0.0]
+    bar = _bounded(10 << 20, clock=lambda: now[0])(total=0, unit="B", disable=True)
+    for _ in range(20):  # fast enough: a window's worth and more each STALL_SECONDS
+        now[0] += STALL_SECONDS / 4
+        bar.update(STALL_BYTES // 2)
+    with pytest.raises(PullError, match="less than"):
+        for _ in range(8):  # then a trickle
+            now[0] += STALL_SECONDS / 4
+            bar.update(1)
+    files = _bounded(10, clock=lambda: now[0])(total=0, unit="it", disable=True)
+    files.update(100)  # the bar of files is not a count of bytes
+    with pytest.raises(PullError, match="more than"):
+        _bounded(10 << 20, clock=lambda: now[0])(total=0, unit="B", disable=True).update((10 << 20) + 1)
