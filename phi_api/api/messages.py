@@ -39,5 +39,6 @@ def count_tokens() -> Response:
     request = MessagesRequest.from_anthropic({**read_request("messages_count_tokens"), "max_tokens": 1})
     count_request()  # tokenizing is work the server does for the key, as /tokenize's is
     engine = get_models().engine(request.model)
-    tokens = prompts.chat_prompt(engine, list(request.chat.messages), request.chat.tools, must_fit=False)
+    tokens = prompts.chat_prompt(engine, list(request.chat.messages), request.chat.tools, must_fit=False,
+                                 continue_final=request.chat.continue_final)
     return jsonify({"input_tokens": len(tokens)})

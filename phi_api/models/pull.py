@@ -216,7 +216,8 @@ def _bounded(most: int, clock: Callable[[], float] = time.monotonic) -> type:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self.bytes = kwargs.get("unit") == "B"  # (the bar of files counts files)
             self.came = 0.0  # (a disabled bar counts nothing itself)
-            self.window = (clock(), 0.0)  # when the current window of STALL_SECONDS began, and what had come
+            self.window: tuple[float, float] | None = None  # when the current window of STALL_SECONDS began (at
+            # the first bytes: the files' metadata is asked first), and what had come by then
             super().__init__(*args, **kwargs)
 
         def update(self, n: float | None = 1) -> bool | None:
@@ -228,6 +229,8 @@ def _bounded(most: int, clock: Callable[[], float] = time.monotonic) -> type:
             return super().update(n)
 
         def _check_pace(self) -> None:
+            if self.window is None:
+                self.window = (clock(), 0.0)
             began, came = self.window
             if clock() - began >= STALL_SECONDS:
                 if self.came - came < STALL_BYTES:

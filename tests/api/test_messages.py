@@ -166,6 +166,10 @@ def test_a_final_assistant_message_is_the_answer_s_start(make_app):
                                       {"role": "assistant", "content": [{"type": "text", "text": "The answer is"}]}])
     assert answer.status_code == 200 and answer.get_json()["content"][0]["text"] == " 4."
     assert engine.model.rendered[-1] == "<user>What is 2+2?<assistant>The answer is"
+    prefilled = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "The answer is"}]
+    counted = client.post("/v1/messages/count_tokens", headers=HEADERS, json={"model": "test-model",
+                                                                              "messages": prefilled}).get_json()
+    assert counted == {"input_tokens": len("<user>What is 2+2?<assistant>The answer is")}  # as create reads it
     create(client, messages=[{"role": "user", "content": "What is 2+2?"}])
     assert engine.model.rendered[-1] == "<user>What is 2+2?<assistant>"  # no prefill: the turn opened, empty
 

@@ -67,6 +67,9 @@ def test_a_final_assistant_message_is_continued(claude, reference):
     message = create(claude, system=SYSTEM, messages=[*QUESTION, {"role": "assistant", "content": start}],
                      max_tokens=8)
     assert prompt_tokens(message.usage) == reference.continued_tokens(messages, start)
+    counted = claude.messages.count_tokens(model=MODEL_ID, system=SYSTEM,
+                                           messages=[*QUESTION, {"role": "assistant", "content": start}])
+    assert counted.input_tokens == prompt_tokens(message.usage)
     assert prompt_tokens(message.usage) < reference.chat_tokens([*messages, {"role": "assistant", "content": start}])
 
 
