@@ -82,10 +82,7 @@ def _load_only(body: dict[str, Any], chat: bool) -> Response:
     models, model = get_models(), ollama.model_id(body["model"])
     models.engine(model)
     keep = _keeping(body)
-    if keep:
-        _note_use(models, body, model)
-    else:
-        _unload(models, model)
+    _settle(models, body, model, keep)
     return jsonify(ollama.load_answer(model, chat, unloaded=not keep))
 
 
@@ -97,6 +94,14 @@ def _keeping(body: dict[str, Any]) -> bool:
     return keep
 
 
+def _settle(models: Models, body: dict[str, Any], model_id: str, keep: bool) -> None:
+    """After a request that only loads or embeds: the model kept as ``keep_alive`` asks, or unloaded (``0``)."""
+    if keep:
+        _note_use(models, body, model_id)
+    else:
+        _unload(models, model_id)
+
+
 def _note_use(models: Models, body: dict[str, Any], model_id: str) -> None:
     """An ordinary key's keep_alive may keep the model longer, within KEEP_ALIVE_MAX_SECONDS."""
     asked = ollama.keep_alive_seconds(body)
@@ -106,22 +111,20 @@ def _note_use(models: Models, body: dict[str, Any], model_id: str) -> None:
 
 def _embedding(schema: str, legacy: bool) -> Response:
     """Ollama's embed routes: the texts through the one gate (none: the model checked, no embeddings), then the
-    model kept or unloaded as keep_alive says."""
+    model kept or unloaded as keep_alive says (a refused request leaves it as it was)."""
     started = time.monotonic()
     body = read_request(schema, any_media_type=True)
     request = ollama_embed.embed_request(body, legacy)
     models, keep = get_models(), _keeping(body)
-    try:
-        if not request.count:
-            models.encoder(request.model, "embed")
-            return jsonify({"embedding": []} if legacy else {"model": request.model, "embeddings": []})
-        _note_use(models, body, request.model)
-        return respond(EncodeReading(request, lambda run, vectors: ollama_embed.embeddings_answer(vectors) if legacy
-                                     else ollama_embed.embed_answer(request.model, vectors,
-                                                                    sum(len(one) for one in run.inputs), started)))
-    finally:
-        if not keep:
-            _unload(models, request.model)
+    if request.count:
+        answer = respond(EncodeReading(request, lambda run, vectors: ollama_embed.embeddings_answer(vectors) if legacy
+                                       else ollama_embed.embed_answer(request.model, vectors,
+                                                                      sum(len(one) for one in run.inputs), started)))
+    else:
+        models.encoder(request.model, "embed")  # (a 404 if it is not served)
+        answer = jsonify({"embedding": []} if legacy else {"model": request.model, "embeddings": []})
+    _settle(models, body, request.model, keep)
+    return answer
 
 
 @bp.post("/api/embed")

@@ -17,6 +17,7 @@ from phi_api.web.auth import current_tenant
 from phi_api.web.bodies import read_json_object
 from phi_api.web.framing import framed
 from phi_api.web.openapi import GENERATION_STATUSES, JSON, SSE, operation
+from phi_api.web.paging import int_arg
 from phi_api.web.resources import get_background, get_resources, get_settings, get_store
 from phi_api.web.respond import current_caller, needs, respond
 
@@ -100,11 +101,7 @@ def delete_response(response_id: str) -> Response:
 
 
 def _starting_after() -> int:
-    raw = request.args.get("starting_after", "-1").strip()
-    if not ((raw.isascii() and raw.isdigit()) or raw == "-1") or int(raw) > MOST_EVENTS:  # ("²".isdigit())
-        raise InvalidParameterError(f"starting_after must be an event's sequence_number (an integer from -1 to "
-                                    f"{MOST_EVENTS}).", param="starting_after")
-    return int(raw)
+    return int_arg("starting_after", -1, -1, MOST_EVENTS, "an event's sequence_number, an integer")
 
 
 def _not_found(response_id: str) -> ResponseNotFoundError:

@@ -15,12 +15,19 @@ DEFAULT_LIMIT = 20
 ORDERS = ("asc", "desc")
 
 
+def int_arg(name: str, default: int, lowest: int, most: int, meaning: str = "an integer") -> int:
+    """The query's integer ``name`` (``default`` when absent); a 400 naming it when it is not ``meaning`` from
+    ``lowest`` to ``most``. Only ASCII digits count: ``"²".isdigit()`` holds, but ``int()`` fails on it."""
+    raw = request.args.get(name, str(default)).strip()
+    digits = raw.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()) or not lowest <= int(raw) <= most:
+        raise InvalidParameterError(f"{name} must be {meaning} from {lowest} to {most}.", param=name)
+    return int(raw)
+
+
 def limit_arg(most: int) -> int:
     """The page's ``limit`` (a 400 outside 1 to ``most``)."""
-    raw = request.args.get("limit", str(DEFAULT_LIMIT))
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= most:  # ("²".isdigit(), but int() fails)
-        raise InvalidParameterError(f"limit must be an integer from 1 to {most}.", param="limit")
-    return int(raw)
+    return int_arg("limit", DEFAULT_LIMIT, 1, most)
 
 
 def order_arg() -> str:

@@ -63,6 +63,16 @@ def test_a_conversation_and_its_items_through_the_sdk(served):
         api.retrieve(made.id)
 
 
+def test_a_reasoning_item_is_kept_in_the_shape_the_sdk_reads(served):
+    api = client(served).conversations
+    made = api.create(items=[{"type": "reasoning", "summary": [{"type": "summary_text", "text": "Sum two numbers."}]}])
+    [item] = api.items.list(made.id).data
+    assert (item.type, [part.text for part in item.summary]) == ("reasoning", ["Sum two numbers."])
+    with pytest.raises(openai.BadRequestError):
+        api.items.create(made.id, items=[{"type": "reasoning", "summary": [{"type": "summary_text", "text": 4}]}])
+    assert len(api.items.list(made.id).data) == 1
+
+
 def test_three_turns_of_responses_read_and_extend_the_conversation(served):
     sdk = client(served)
     conversation = sdk.conversations.create()
