@@ -19,6 +19,7 @@ from typing import Any
 
 from phi_api.errors import InvalidParameterError, PreviousResponseNotFoundError, UnsupportedParameterError
 from phi_api.protocols.contract import given
+from phi_api.service import prompts
 from phi_api.service.constraints import output_fields
 from phi_api.service.requests import ChatRequest, Sampling
 from phi_api.service.tools import tool_plan
@@ -170,6 +171,8 @@ class ResponsesRequest:
         """The chat the engine is asked for."""
         if not self.conversation(history):
             raise InvalidParameterError("input must not be empty.", param="input")
+        # OpenAI's rule, as for chat: every function_call answered by its output, every output answering a call
+        prompts.check_call_pairs(self.conversation(history), param="input")
         body = {"messages": self.conversation(history), "tools": list(self.tools) or None,
                 "tool_choice": self.tool_choice, "parallel_tool_calls": given(self.body, "parallel_tool_calls", True),
                 "response_format": self.response_format}

@@ -43,34 +43,35 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rendered
 
 
-def check_call_pairs(messages: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> None:
+def check_call_pairs(messages: list[dict[str, Any]] | tuple[dict[str, Any], ...], param: str = "messages") -> None:
     """400 unless every tool call of an assistant message is answered by the tool messages right after it, and each
     tool message answers a call of the assistant message before it: OpenAI's and Anthropic's rule (an agent loop
     that lost a result would otherwise get an answer made up over the gap). Messages in the chat form. Linear in
-    the calls and answers: their ids are counted in a dict, not looked for in a list (that was calls x answers)."""
+    the calls and answers: their ids are counted in a dict, not looked for in a list (that was calls x answers).
+    ``param``: the request's field the messages came from."""
     waiting: dict[Any, int] = {}  # the calls of the last assistant message not yet answered: id -> how many
     for index, message in enumerate(messages):
         if message.get("role") == "tool":
             answered = message.get("tool_call_id")
             if not waiting.get(answered):
                 raise InvalidMessagesError(f"messages[{index}]: a tool message must answer a tool call of the "
-                                           f"assistant message before it; '{answered}' is none of them.")
+                                           f"assistant message before it; '{answered}' is none of them.", param=param)
             waiting[answered] -= 1
             if not waiting[answered]:
                 del waiting[answered]
             continue
-        _check_answered(waiting)
+        _check_answered(waiting, param)
         if message.get("role") == "assistant":
             for call in message.get("tool_calls") or ():
                 if isinstance(call, dict):
                     waiting[call.get("id")] = waiting.get(call.get("id"), 0) + 1
-    _check_answered(waiting)
+    _check_answered(waiting, param)
 
 
-def _check_answered(waiting: dict[Any, int]) -> None:
+def _check_answered(waiting: dict[Any, int], param: str) -> None:
     if waiting:
         raise InvalidMessagesError("An assistant message with tool calls must be followed by a tool message "
-                                   f"answering each; no answer for: {', '.join(map(str, waiting))}.")
+                                   f"answering each; no answer for: {', '.join(map(str, waiting))}.", param=param)
 
 
 def _text_content(content: Any, index: int) -> str:

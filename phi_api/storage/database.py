@@ -154,7 +154,7 @@ class Database:
                                     pool_timeout=self._timeout, connect_args={"connect_timeout": 5})
         path = Path(self.url.removeprefix("sqlite:///"))
         private_folder(path.parent)  # keys' usage, stored conversations: the server's user's alone
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))  # SQLite gives its -wal and -shm files the same mode
+        _create_private(path)  # SQLite gives its -wal and -shm files the same mode
         engine = sa.create_engine(self.url, hide_parameters=True,
                                   connect_args={"timeout": self._timeout, "check_same_thread": False})
         sa.event.listen(engine, "connect", _sqlite_connected)
@@ -181,6 +181,19 @@ def _failure_kind(error: BaseException) -> str:
     web.foreign), ``other`` for the rest."""
     unavailable = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError)
     return "unavailable" if isinstance(error, unavailable) else "other"
+
+
+def _create_private(path: Path) -> None:
+    """Create the database file readable by its owner alone, if it is missing. An existing one is never opened here:
+    closing any descriptor of a file drops every POSIX lock the process holds on it, its SQLite connections' too
+    (another store's, on the same file), and a connection that believes itself the last one then checkpoints and
+    deletes the WAL under the other processes."""
+    if path.exists():
+        return
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:  # another process made it meanwhile
+        pass
 
 
 def private_folder(folder: Path) -> None:

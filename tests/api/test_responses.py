@@ -98,6 +98,45 @@ def test_a_forced_function_call_and_its_output(make_app):
     assert "Weather in Paris?" in rendered and "sunny" in rendered  # the conversation went on
 
 
+def _call(call_id: str = "call_1") -> dict:
+    return {"type": "function_call", "call_id": call_id, "name": "get_weather", "arguments": '{"city": "Paris"}'}
+
+
+def _output(call_id: str = "call_1") -> dict:
+    return {"type": "function_call_output", "call_id": call_id, "output": "sunny"}
+
+
+ASK = {"role": "user", "content": "Weather in Paris?"}
+
+
+@pytest.mark.parametrize("items", [
+    [ASK, _call()],  # a call without its output
+    [ASK, _call(), {"role": "user", "content": "never mind"}],  # a message in the output's place
+    [ASK, _output()],  # an output answering no call
+    [ASK, _call(), _output(), _output()],  # a call answered twice
+    [ASK, _call("call_1"), _output("call_2")],  # the output of another call
+])
+def test_function_calls_and_their_outputs_must_pair_up(make_app, items):
+    client, engine = scripted(make_app, b"ok")
+    refused = create(client, input=items, tools=[WEATHER])
+    assert refused.status_code == 400, refused.get_data(as_text=True)
+    assert (refused.get_json()["error"]["type"], refused.get_json()["error"]["param"]) == \
+        ("invalid_request_error", "input")
+    assert not engine.model.rendered
+    paired = create(client, input=[ASK, _call(), _output()], tools=[WEATHER])
+    assert paired.status_code == 200, paired.get_data(as_text=True)
+
+
+def test_a_follow_up_to_a_call_must_carry_its_output(make_app):
+    client, _ = scripted(make_app, CALL.encode())
+    call = create(client, input="Weather in Paris?", tools=[WEATHER], tool_choice="required").get_json()
+    refused = create(client, previous_response_id=call["id"], tools=[WEATHER], input="never mind")
+    assert refused.status_code == 400 and refused.get_json()["error"]["param"] == "input"
+    conversation = client.post("/v1/conversations", json={"items": [ASK, _call()]}).get_json()["id"]
+    refused = create(client, conversation=conversation, tools=[WEATHER], input="never mind")
+    assert refused.status_code == 400 and refused.get_json()["error"]["param"] == "input"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_call_cut_short_by_the_token_limit_is_incomplete(make_app, stream):
     client, _ = scripted(make_app, b'{"name": "get_weather", ', b'"arguments": {"city": ', b'"Par', b'is"}}')

@@ -119,6 +119,10 @@ def test_a_function_call_then_its_output_by_previous_response_id(client):
     assert follow_up.previous_response_id == first.id
     assert follow_up.usage.input_tokens > first.usage.input_tokens  # the whole conversation, then the output
     assert follow_up.output and follow_up.output[0].type in ("message", "function_call")
+    for stray in ("never mind", [{"type": "function_call_output", "call_id": call.call_id + "x", "output": "?"}]):
+        with pytest.raises(openai.BadRequestError) as unanswered:  # the call left without its output
+            client.responses.create(model=MODEL_ID, previous_response_id=first.id, tools=[WEATHER], input=stray)
+        assert unanswered.value.body["param"] == "input"
 
 
 def test_the_whole_conversation_as_input_items(client):
