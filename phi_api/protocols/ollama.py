@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from phi_api.errors import APIError, InvalidParameterError, UnsupportedParameterError, ollama_body
 from phi_api.protocols.contract import Framing, given
-from phi_api.protocols.openai.shapes import logprob_entry
+from phi_api.protocols.openai.shapes import answer_entries
 from phi_api.service.choices import ChoiceResult, Done, Text, Thinking
 from phi_api.service.generation import KEEPALIVE, Run, events
 from phi_api.service.requests import ChatRequest, CompletionRequest, Infill, Sampling
@@ -210,8 +210,8 @@ class Reply:
         else:
             body.update({"response": text, **({"thinking": thinking} if thinking else {})})
         if self.run.request.logprobs is not None:
-            token_bytes = self.run.engine.token_bytes
-            body["logprobs"] = [logprob_entry(token_bytes, token, record) for token, record in logprobs]
+            engine = self.run.engine
+            body["logprobs"] = answer_entries(engine.token_bytes, engine.info.eos_token_ids, logprobs)
         body["done"] = False
         return body
 

@@ -67,10 +67,12 @@ def test_logprobs_content_matches_the_text(make_app):
     body = client.post("/v1/chat/completions", json={**CHAT, "logprobs": True, "top_logprobs": 3}).get_json()
     choice = body["choices"][0]
     entries = choice["logprobs"]["content"]
-    assert "".join(entry["token"] for entry in entries) == choice["message"]["content"] == "Hello 안!"
-    assert len(entries) == 5  # one per generated token, end-of-sequence excluded
-    assert entries[2]["token"] == "" and entries[3]["token"] == "안"  # a split character goes to its last token
-    assert bytes(entries[2]["bytes"] + entries[3]["bytes"]) == "안".encode()
+    assert choice["message"]["content"] == "Hello 안!"
+    assert len(entries) == 5  # one per generated token, end-of-sequence excluded (it adds nothing to the answer)
+    # each token spelled as itself, part of a character as OpenAI spells raw bytes; its bytes make the text
+    assert [entry["token"] for entry in entries] == ["Hel", "lo ", "bytes:\\xec\\x95", "bytes:\\x88", "!"]
+    assert bytes(byte for entry in entries for byte in entry["bytes"]) == "Hello 안!".encode()
+    assert all(entry["token"] in [top["token"] for top in entry["top_logprobs"]] for entry in entries)
     # the fake model's logits are 0 but for the scripted token's
     scripted_logprob = SCRIPTED_LOGIT - math.log(math.exp(SCRIPTED_LOGIT) + VOCAB - 1)
     assert all(entry["logprob"] == pytest.approx(scripted_logprob, abs=1e-5) for entry in entries)
@@ -91,7 +93,7 @@ def test_logprobs_stop_with_the_text(make_app):
     body = client.post("/v1/chat/completions", json={**CHAT, "logprobs": True, "stop": ["END"]}).get_json()
     choice = body["choices"][0]
     assert choice["message"]["content"] == "one two "
-    assert [entry["token"] for entry in choice["logprobs"]["content"]] == ["one", " two", " "]
+    assert [entry["token"] for entry in choice["logprobs"]["content"]] == ["one", " two", " END"]  # tokens, whole
 
 
 def test_no_logprobs_unless_asked(client):

@@ -17,10 +17,11 @@ def test_logprobs_in_the_completion_format(make_app):
     client = make_app(engine).test_client()
     choice = client.post("/v1/completions", json={**BODY, "logprobs": 2}).get_json()["choices"][0]
     lists = choice["logprobs"]
-    assert lists["tokens"] == ["upon", " a", " time"] and "".join(lists["tokens"]) == choice["text"]
-    assert lists["text_offset"] == [0, 4, 6]
+    # the end of sequence too (the fake's spells as nothing): lm-eval reads the continuation's tokens before it
+    assert lists["tokens"] == ["upon", " a", " time", ""] and "".join(lists["tokens"]) == choice["text"]
+    assert lists["text_offset"] == [0, 4, 6, 11]
     scripted = SCRIPTED_LOGIT - math.log(math.exp(SCRIPTED_LOGIT) + VOCAB - 1)  # 0 but the scripted token's
-    assert lists["token_logprobs"] == pytest.approx([scripted] * 3, abs=1e-5)
+    assert lists["token_logprobs"] == pytest.approx([scripted] * 4, abs=1e-5)
     assert all(len(top) >= 2 and entry in top
                for top, entry in zip(lists["top_logprobs"], lists["tokens"], strict=True))
 
@@ -31,7 +32,7 @@ def test_streamed_logprobs_continue_their_offsets(make_app):
     events = parse_sse(client.post("/v1/completions", json={**BODY, "logprobs": 0, "stream": True})
                        .get_data(as_text=True))[:-1]
     offsets = [offset for event in events for offset in (event["choices"][0]["logprobs"] or {}).get("text_offset", [])]
-    assert offsets == [0, 4, 6]
+    assert offsets == [0, 4, 6, 11]
 
 
 def test_n_completions(client):
@@ -64,6 +65,34 @@ def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_reads_it(make_app):
     again = client.post("/v1/completions", json=body).get_json()
     assert again["choices"][0]["logprobs"]["token_logprobs"] == lists["token_logprobs"]
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_a_continuation_the_model_would_end_keeps_its_last_token_as_lm_eval_slices_it(make_app):
+    """lm-eval reads ``token_logprobs[len(context):-1]``, one entry past the prompt: when the model's next token
+    ends the sequence, that entry is the end's, and the continuation's last token is kept."""
+    engine = fake_engine([0], PIECES)  # the end of sequence first
+    client = make_app(engine).test_client()
+    body = {"model": "test-model", "prompt": [1, 2, 3], "echo": True, "logprobs": 1, "max_tokens": 1}
+    answer = client.post("/v1/completions", json=body).get_json()
+    lists = answer["choices"][0]["logprobs"]
+    assert answer["choices"][0]["finish_reason"] == "stop" and answer["usage"]["completion_tokens"] == 1
+    assert len(lists["token_logprobs"]) == 4 and lists["token_logprobs"][1:3] == lists["token_logprobs"][1:-1]
+    assert lists["tokens"][:3] == ["upon", " a", " time"] and lists["token_logprobs"][-1] is not None
+
+
+def test_tokens_that_split_a_character_are_spelled_as_bytes_and_offsets_point_into_the_text(make_app):
+    engine = fake_engine([1, 2, 3, 4, 0], text_pieces(b"Hi ", "世".encode()[:2], "世".encode()[2:], b"!"))
+    client = make_app(engine).test_client()
+    body = {"model": "test-model", "prompt": [1, 2, 3, 4], "echo": True, "logprobs": 2, "max_tokens": 8}
+    choice = client.post("/v1/completions", json=body).get_json()["choices"][0]
+    lists, text = choice["logprobs"], choice["text"]
+    assert text == "Hi 世!Hi 世!"
+    spelled = ["Hi ", "bytes:\\xe4\\xb8", "bytes:\\x96", "!"]
+    assert lists["tokens"] == spelled + spelled + [""]  # the prompt's and the answer's alike, then the end's
+    # each offset is where its token's text starts: a character split over tokens starts at its first
+    assert lists["text_offset"] == [0, 3, 3, 4, 5, 8, 8, 9, 10]
+    assert all(len(top) == 2 and token in top for token, top in zip(lists["tokens"][1:], lists["top_logprobs"][1:],
+                                                                     strict=True))
 
 
 def test_echo_with_max_tokens_0_only_scores_the_prompt(make_app):

@@ -13,10 +13,12 @@ same reference, within one question."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from openai import OpenAI
 
 from tests.integration.conftest import MODEL_ID
 from tests.support.server import Server
@@ -89,6 +91,26 @@ def test_the_accuracy_is_the_one_onnx_runtime_genai_s_logits_give(evaluation, re
         assert [greedy for _, greedy in got] == [greedy for _, greedy in expected]
         correct += int(np.argmax([loglikelihood for loglikelihood, _ in expected]) == sample["target"])
     assert results["results"]["phi_api_multiple_choice"]["acc,none"] == pytest.approx(correct / len(samples))
+
+
+def test_a_continuation_the_model_would_end_is_scored_whole(onnxruntime_kernels, model_path, reference_model):
+    """lm-eval reads ``token_logprobs[len(context):-1]``: the entry past the prompt is the generated token's, the
+    end of sequence's too (forced here by ``logit_bias``, which leaves log-probabilities raw), so the
+    continuation's last token is scored."""
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    model, tokenizer = reference_model
+    context = [int(token) for token in tokenizer.encode("Question: What is the capital of France?\nAnswer:")]
+    continuation = [int(token) for token in tokenizer.encode(" Paris.")]
+    eos = json.loads((Path(model_path) / "genai_config.json").read_text())["model"]["eos_token_id"]
+    client = OpenAI(base_url=onnxruntime_kernels.url + "/v1", api_key="unused", max_retries=0)
+    answer = client.completions.create(model=MODEL_ID, prompt=context + continuation, echo=True, max_tokens=1,
+                                       logprobs=1, temperature=0,
+                                       logit_bias={str(eos[0] if isinstance(eos, list) else eos): 100})
+    assert answer.choices[0].finish_reason == "stop" and answer.usage.completion_tokens == 1
+    [(loglikelihood, greedy)] = LocalCompletionsAPI.parse_logprobs(answer.model_dump(), ctxlens=[len(context)])
+    expected = reference_scores(model, context, continuation)
+    assert loglikelihood == pytest.approx(expected[0], abs=1e-4) and greedy == expected[1]
 
 
 def test_at_the_server_s_defaults_the_accuracy_is_the_reference_s_within_one_question(server, model_path,

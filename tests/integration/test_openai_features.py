@@ -101,10 +101,24 @@ def test_completion_logprobs(client):
     answer = client.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=8,
                                        temperature=0, logprobs=3)
     lists = answer.choices[0].logprobs
-    assert "".join(lists.tokens) == answer.choices[0].text
+    assert len(lists.tokens) == answer.usage.completion_tokens  # an end of sequence too, last, adding no text
+    said = lists.tokens[:len(lists.tokens) - (answer.choices[0].finish_reason == "stop")]
+    assert "".join(said) == answer.choices[0].text
     assert lists.text_offset == list(np.cumsum([0] + [len(token) for token in lists.tokens[:-1]]))
     assert all(len(top) >= 3 for top in lists.top_logprobs)
     assert all(value <= 0 for value in lists.token_logprobs)
+
+
+def test_an_echoed_prompt_of_split_characters_is_spelled_in_bytes_with_offsets_into_its_text(client):
+    text = "日本語の文章、한국어 문장, und ein Satz auf Deutsch."
+    answer = client.completions.create(model=MODEL_ID, prompt=text, max_tokens=0, echo=True, logprobs=1)
+    lists = answer.choices[0].logprobs
+    assert answer.choices[0].text == text and len(lists.tokens) == answer.usage.prompt_tokens
+    raw = [bytes(int(pair, 16) for pair in token[len("bytes:"):].split("\\x")[1:]) if token.startswith("bytes:")
+           else token.encode() for token in lists.tokens]
+    assert b"".join(raw) == text.encode() and any(token.startswith("bytes:") for token in lists.tokens)
+    # each offset is the length of the text the tokens before it complete
+    assert lists.text_offset == [len(b"".join(raw[:index]).decode(errors="ignore")) for index in range(len(raw))]
 
 
 def test_frequency_penalty_reduces_repetition(client):

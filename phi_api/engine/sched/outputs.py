@@ -76,7 +76,7 @@ class Outputs:
                 self.finish(row, "grammar", f"the grammar cannot continue: {failed}")
                 return False
             if token in self.eos_token_ids:
-                self.finish(row, "stop")
+                self.finish(row, "stop", last=record)
                 return False
             pieces, stopped = row.text.add(token, record)
         except Exception as error:  # one sequence's text or grammar failing ends that sequence only
@@ -99,10 +99,15 @@ class Outputs:
         if text or records:
             row.choice.emit(TextDelta(text, records, row.choice.index))
 
-    def finish(self, row: Sequence, reason: str, error: str | None = None, *, flush: bool = True) -> None:
-        """End a running sequence: its last text, its report, and its row kept for reuse or freed."""
+    def finish(self, row: Sequence, reason: str, error: str | None = None, *, flush: bool = True,
+               last: TokenLogprob | None = None) -> None:
+        """End a running sequence: its last text, its report, and its row kept for reuse or freed. ``last``: the
+        end-of-sequence token's log-probability, which adds no text but is a generated token as usage counts it
+        (lm-eval's loglikelihood reads the continuation's last token before it; vLLM lists it too)."""
         if flush and reason in ("stop", "length"):
             self.emit(row, row.text.finish())
+        if last is not None:
+            row.choice.emit(TextDelta("", (("", last),), row.choice.index))
         row.stream.close()
         row.drafter.close()
         row.phase = Phase.FINISHED

@@ -4,7 +4,8 @@ share."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import codecs
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,22 +123,28 @@ class ChatShape(Shape):
     def _content(self, records: Any) -> dict[str, Any] | None:
         if not self.logprobs:
             return None
-        return {"content": [self._entry(text, record) for text, record in records], "refusal": None}
+        return {"content": answer_entries(self.token_bytes, self.run.engine.info.eos_token_ids, records),
+                "refusal": None}
 
     @staticmethod
     def _chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish_reason: str | None = None
                ) -> dict[str, Any]:
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def _entry(self, text: str, record: TokenLogprob) -> dict[str, Any]:
-        return logprob_entry(self.token_bytes, text, record)
+
+def answer_entries(token_bytes: Callable[[int], bytes], ends: Collection[int],
+                   records: Iterable[tuple[str, TokenLogprob]]) -> list[dict[str, Any]]:
+    """The entries of an answer's tokens as OpenAI's chat and Ollama list them: the end of sequence left out, as it
+    adds nothing to the answer (the legacy completions' lists keep it: lm-eval reads the token before it)."""
+    return [logprob_entry(token_bytes, record) for _, record in records if record.token not in ends]
 
 
-def logprob_entry(token_bytes: Callable[[int], bytes], text: str, record: TokenLogprob) -> dict[str, Any]:
+def logprob_entry(token_bytes: Callable[[int], bytes], record: TokenLogprob) -> dict[str, Any]:
     """One token's log-probability entry, as OpenAI's chat and Ollama write it: its text, log-probability and bytes,
-    and its most likely alternatives."""
+    and its most likely alternatives. A token is spelled as itself (part of a character: ``bytes:\\xe4\\xbd``),
+    as in its alternatives, not as the text it completed: the chosen token is then found among them."""
     return {
-        "token": text,
+        "token": _token_text(token_bytes, record.token),
         "logprob": record.logprob,
         "bytes": list(token_bytes(record.token)),
         "top_logprobs": [{"token": _token_text(token_bytes, token), "logprob": logprob,
@@ -174,9 +181,9 @@ class CompletionShape(Shape):
         made = self._scored_prompts.get(prompt)
         if made is None or made[0] is not records:
             lists: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-            offset = 0
+            offset, text = 0, codecs.getincrementaldecoder("utf-8")("replace")  # what each token adds to the text
             for token, record in records:
-                offset = self._append_at(lists, offset, _token_text(self.token_bytes, token), record)
+                offset = self._append_at(lists, offset, token, len(text.decode(self.token_bytes(token))), record)
             made = self._scored_prompts[prompt] = (records, lists, offset)
         self._offsets[index] = made[2]  # the choice's own tokens follow the prompt's text
         return made[1]
@@ -201,22 +208,23 @@ class CompletionShape(Shape):
             return None
         lists: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for text, record in records:
-            self._append(lists, index, text, record)
+            self._offsets[index] = self._append_at(lists, self._offsets[index], record.token, len(text), record)
         return lists
 
-    def _append(self, lists: dict[str, list[Any]], index: int, text: str, record: TokenLogprob | None) -> None:
-        self._offsets[index] = self._append_at(lists, self._offsets[index], text, record)
-
-    def _append_at(self, lists: dict[str, list[Any]], offset: int, text: str, record: TokenLogprob | None) -> int:
-        """Append a token's entries at text ``offset``; the offset after it."""
+    def _append_at(self, lists: dict[str, list[Any]], offset: int, token: int, adds: int,
+                   record: TokenLogprob | None) -> int:
+        """Append ``token``'s entries at text ``offset`` (the token spelled as itself, as its alternatives are: the
+        chosen one found among them); the offset after the ``adds`` characters it adds to the text (none for part
+        of a character, the whole character with its last byte)."""
+        spelled = _token_text(self.token_bytes, token)
         top = None
         if record is not None:
-            top = {_token_text(self.token_bytes, token): logprob for token, logprob in record.top}
-            top.setdefault(text, record.logprob)
-        for name, value in (("tokens", text), ("token_logprobs", record.logprob if record else None),
+            top = {_token_text(self.token_bytes, other): logprob for other, logprob in record.top}
+            top.setdefault(spelled, record.logprob)
+        for name, value in (("tokens", spelled), ("token_logprobs", record.logprob if record else None),
                             ("top_logprobs", top), ("text_offset", offset)):
             lists[name].append(value)
-        return offset + len(text)
+        return offset + adds
 
     def _choice(self, index: int, text: str, logprobs: Any, finish_reason: str | None) -> dict[str, Any]:
         return {"text": text, "index": index, "logprobs": logprobs if self.logprobs else None,
