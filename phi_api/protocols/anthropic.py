@@ -192,7 +192,7 @@ class MessageRenderer:
         [result] = results
         # a reasoning model's thinking first, as a thinking block (no signature: nothing here checks one)
         content = [{"type": "thinking", "thinking": result.reasoning, "signature": ""}] if result.reasoning else []
-        content += [{"type": "text", "text": result.text}] if result.text and not result.calls else []
+        content += [{"type": "text", "text": result.text}] if result.text else []  # (text around calls too)
         content += [_tool_use(call) for call in result.calls]
         return self.message(content, result.ended)
 

@@ -57,8 +57,9 @@ class ResponseRenderer:
         [result] = results
         status = status_of(result.ended)
         output = [reasoning_item(new_id("rs"), result.reasoning)] if result.reasoning else []
-        output += ([call_item(new_id("fc"), call, status) for call in result.calls] if result.calls else
-                   [message_item(new_id("msg"), result.text, status)])
+        # the text around a family's calls (those that may start anywhere) before them, as a stream tells it
+        output += [message_item(new_id("msg"), result.text, status)] if result.text or not result.calls else []
+        output += [call_item(new_id("fc"), call, status) for call in result.calls]
         response = self.response(status, output, result.ended)
         self.keep(response)
         return response

@@ -161,7 +161,7 @@ class ChoiceAssembler:
 
     def _calls(self, finished: Finished) -> tuple[str, list[ToolCall], str]:
         """The text still to tell around the calls, the calls, and the reason the choice ended."""
-        if self._plan is None:
+        if self._plan is None or self._mode == "text":  # (an answer that did not open with a call: text, all told)
             return "", [], finished.reason
         # a format whose calls start anywhere: the text told already is the answer's; the rest holds the calls
         watched = self._mode == "watching"

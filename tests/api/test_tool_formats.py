@@ -9,7 +9,7 @@ import json
 from phi_api.service.tool_formats import FORMATS
 from phi_api.service.tools import template_messages, tool_plan
 from tests.support.fakes import fake_engine, text_pieces
-from tests.support.sse import parse_sse
+from tests.support.sse import parse_named_sse, parse_sse
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}
@@ -41,6 +41,27 @@ def test_streaming_tells_the_text_then_the_call_and_never_the_markup(make_app):
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
     first_text = next(i for i, delta in enumerate(deltas) if delta.get("content"))
     assert first_text < next(i for i, delta in enumerate(deltas) if delta.get("tool_calls"))
+
+
+def test_the_text_before_a_call_is_kept_whole_and_streamed_in_responses_and_anthropic(make_app):
+    """A whole answer says what its stream tells: the text, then the call."""
+    client = hermes_client(make_app)
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
+    for stream in (False, True):
+        answer = client.post("/v1/responses", json={"model": "test-model", "input": "Weather in Paris?",
+                                                    "tools": [tool], "stream": stream})
+        if stream:
+            events = parse_named_sse(answer.get_data(as_text=True))
+            output = next(data for name, data in events if name == "response.completed")["response"]["output"]
+        else:
+            output = answer.get_json()["output"]
+        assert [item["type"] for item in output] == ["message", "function_call"], stream
+        assert output[0]["content"][0]["text"].strip() == "I will check." and output[1]["name"] == "get_weather"
+    message = client.post("/v1/messages", json={
+        "model": "test-model", "max_tokens": 64, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}]}).get_json()
+    assert [block["type"] for block in message["content"]] == ["text", "tool_use"]
+    assert message["content"][0]["text"].strip() == "I will check." and message["stop_reason"] == "tool_use"
 
 
 def test_text_that_only_looked_like_a_marker_is_told(make_app):

@@ -121,6 +121,31 @@ def test_an_echoed_prompt_of_split_characters_is_spelled_in_bytes_with_offsets_i
     assert lists.text_offset == [len(b"".join(raw[:index]).decode(errors="ignore")) for index in range(len(raw))]
 
 
+def test_an_auto_answer_is_text_or_calls_never_both_and_its_stream_says_the_same(client):
+    """The default model's calls open its answer (the generic format): an answer that opened as text stays text,
+    however much JSON it writes later, streamed or not (one of these conversations wrote text, then a call)."""
+    called = {"role": "assistant", "content": None, "tool_calls": [{"id": "call_x9", "type": "function", "function": {
+        "name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    asks = [[{"role": "user", "content": "What is the weather and time in Paris?"}, called,
+             {"role": "tool", "tool_call_id": "call_x9", "content": "ok"}],
+            [{"role": "user", "content": "What is the weather and time in Rome?"}]]
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+            "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": name, "description": description, "parameters": city,
+                                               "strict": True}}
+             for name, description in (("get_weather", "Get weather"), ("get_time", "Get time"))]
+    for messages in asks:
+        asked = {"model": MODEL_ID, "messages": messages, "tools": tools, "max_tokens": 80, "temperature": 0}
+        whole = client.chat.completions.create(**asked).choices[0]
+        chunks = [chunk.choices[0] for chunk in client.chat.completions.create(**asked, stream=True) if chunk.choices]
+        content = "".join(chunk.delta.content or "" for chunk in chunks)
+        calls = [call for chunk in chunks for call in chunk.delta.tool_calls or ()]
+        assert not (whole.message.content and whole.message.tool_calls), whole.message
+        assert not (content and calls), (content, calls)
+        assert content == (whole.message.content or "") and bool(calls) == bool(whole.message.tool_calls)
+        assert chunks[-1].finish_reason == whole.finish_reason
+
+
 def test_frequency_penalty_reduces_repetition(client):
     def repeats(penalty):
         text = client.completions.create(model=MODEL_ID, prompt="Paris is", max_tokens=60, temperature=0,

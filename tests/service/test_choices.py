@@ -38,6 +38,16 @@ def test_a_call_in_the_answer_is_told_as_calls_with_reason_tool_calls():
     assert calls.calls[0].value == {"city": "Oslo"} and done.reason == "tool_calls"
 
 
+def test_an_answer_that_opened_as_text_stays_text_whatever_json_it_writes_later():
+    """A format whose calls open the answer: text told is never taken back as a call (told and run both)."""
+    assembler = ChoiceAssembler(0, tool_plan([WEATHER], "auto", True))
+    told = assembler.add(TextDelta("The weather in Paris is:\n"))
+    told += assembler.add(TextDelta('{"name": "get_weather", "arguments": {"city": "Paris"}}'))
+    assert "".join(event.text for event in told) == 'The weather in Paris is:\n{"name": "get_weather", ' \
+        '"arguments": {"city": "Paris"}}'
+    assert assembler.close(finished()) == [Done(0, "stop", finished())]
+
+
 def test_a_forced_call_cut_by_max_tokens_is_told_as_far_as_it_got():
     assembler = ChoiceAssembler(0, tool_plan([WEATHER], "required", True))
     assembler.add(TextDelta('{"name": "get_weather", "arguments": {"city": "Os'))
