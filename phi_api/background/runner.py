@@ -35,11 +35,13 @@ GONE = "The server running this background response stopped before it ended."
 class BackgroundRunner:
     """Runs queued background responses with ``run``, ``concurrency`` at a time."""
 
-    def __init__(self, store: BackgroundStore, run: Callable[[Job], Outcome], concurrency: int) -> None:
+    def __init__(self, store: BackgroundStore, run: Callable[[Job], Outcome], concurrency: int,
+                 closed: Callable[[], bool] = lambda: False) -> None:
         self.store = store
         self.run = run
         self.pool = Pool(concurrency)
         self.owner = owner_id()
+        self.closed = closed  # true once the worker shuts down: it claims nothing more (another worker will)
 
     def run_forever(self) -> None:
         recovered_at = 0.0
@@ -56,7 +58,7 @@ class BackgroundRunner:
                                     "failed", recovered.failed)
                     self.store.expire()
                     recovered_at = time.monotonic()
-                job = self.store.claim(self.owner) if self.pool.free_count() else None
+                job = self.next_job()
             except DatabaseError as error:  # down or busy: logged, and tried again a little later
                 log.warning("the background runner could not look at its queue: %s", type(error).__name__)
                 gevent.sleep(RETRY_SECONDS)
@@ -66,6 +68,10 @@ class BackgroundRunner:
                 gevent.sleep(POLL_SECONDS)
                 continue
             self.pool.spawn(self._run, job)
+
+    def next_job(self) -> Job | None:
+        """The next response to run: none while every place is taken, or once the worker shuts down."""
+        return self.store.claim(self.owner) if self.pool.free_count() and not self.closed() else None
 
     def _run(self, job: Job) -> None:
         try:
@@ -77,4 +83,4 @@ class BackgroundRunner:
 def background_runner_of(resources: Resources) -> BackgroundRunner:
     """The background runner of an app's resources (a worker runs its ``run_forever`` in a greenlet)."""
     return BackgroundRunner(resources.background, functools.partial(run_job, resources),
-                            resources.settings.BACKGROUND_CONCURRENCY)
+                            resources.settings.BACKGROUND_CONCURRENCY, closed=resources.draining)

@@ -63,12 +63,13 @@ class BatchRunner:
     """Runs queued batch lines with ``dispatch``, ``concurrency`` at a time."""
 
     def __init__(self, store: BatchStore, dispatch: Dispatch, concurrency: int,
-                 metrics: OperatorMetrics | None = None) -> None:
+                 metrics: OperatorMetrics | None = None, closed: Callable[[], bool] = lambda: False) -> None:
         self.store = store
         self.dispatch = dispatch
         self.pool = Pool(concurrency)
         self.owner = owner_id()
         self.metrics = metrics  # the lines' outcomes and the queue's length, for /metrics
+        self.closed = closed  # true once the worker shuts down: it claims nothing more (another worker will)
 
     def run_forever(self) -> None:
         recovered_at = 0.0
@@ -80,7 +81,7 @@ class BatchRunner:
                     if self.metrics is not None:
                         self.metrics.observe_batch_queue(self.store.queued_lines())
                     recovered_at = time.monotonic()
-                line = self.store.claim(self.owner) if self.pool.free_count() else None
+                line = self.next_line()
             except DatabaseError as error:  # down or busy: logged, and tried again a little later
                 log.warning("the batch runner could not look at its queue: %s", type(error).__name__)
                 gevent.sleep(RETRY_SECONDS)
@@ -92,6 +93,10 @@ class BatchRunner:
                 gevent.sleep(POLL_SECONDS)
                 continue
             self.pool.spawn(self.run_line, line)
+
+    def next_line(self) -> Line | None:
+        """The next line to run: none while every place is taken, or once the worker shuts down."""
+        return self.store.claim(self.owner) if self.pool.free_count() and not self.closed() else None
 
     def run_line(self, line: Line) -> None:
         """Run one line and record its answer (an answer that cannot be had is recorded as an error); a line the
@@ -142,4 +147,5 @@ class BatchRunner:
 def runner_of(resources: Resources) -> BatchRunner:
     """The batch runner of an app's resources (a worker runs its ``run_forever`` in a greenlet)."""
     return BatchRunner(resources.batches, functools.partial(answer_line, resources),
-                       resources.settings.BATCH_CONCURRENCY, resources.metrics.ops)
+                       resources.settings.BATCH_CONCURRENCY, resources.metrics.ops,
+                       closed=resources.draining)

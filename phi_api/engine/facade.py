@@ -243,6 +243,10 @@ class Engine:
         self.draining = True
         self.loop.retire()
 
+    def end_all(self, reason: str) -> None:
+        """End every generation now, each reported with ``reason``."""
+        self.loop.end_all(reason)
+
 
 def log_generation(choice: Choice, finished: Finished, model: str = "") -> None:
     """The one log line of every generation (run on the hub's thread, never the engine's)."""

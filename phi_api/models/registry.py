@@ -324,6 +324,13 @@ def make_room(models: Models, spec: ModelSpec) -> None:
             continue
 
 
+def end_running(models: Models) -> None:
+    """This process exits now: every generation still running ends (``shutdown``), so that what it did is counted
+    and its client told, before the process goes."""
+    for served in models.all():
+        served.engine.end_all("shutdown")
+
+
 def expire_idle(models: Models) -> None:
     """Unload the models loaded at run time whose keep-until time has passed, if no request of this worker waits or
     runs on them (called every second by each worker: the first one unloads it everywhere)."""

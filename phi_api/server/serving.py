@@ -24,7 +24,7 @@ import gevent
 from flask import Flask
 
 from phi_api.errors import ConfigError
-from phi_api.models.registry import expire_idle
+from phi_api.models.registry import end_running, expire_idle
 from phi_api.settings import Settings, load_settings
 from phi_api.telemetry import tracing
 from phi_api.telemetry.logs import startup_error
@@ -43,6 +43,9 @@ RECONCILE_SECONDS = 1.0
 LOAD_SECONDS = 0.25  # how stale the gateway metrics may be
 DATABASE_SECONDS = 5.0  # how often each store's database is checked
 HUB_TICK = 0.05  # how often the hub's lateness is measured (about 1% of a core: cheap enough to keep on)
+# Before gunicorn's graceful_timeout ends a draining worker, what still runs is ended: its usage recorded, its
+# clients told (a 503 error event), before the process goes
+EXIT_MARGIN_SECONDS = 5.0
 # gunicorn's WORKER_BOOT_ERROR: when workers load the model themselves
 # (PRELOAD_MODEL=false), the arbiter then halts instead of respawning them.
 EXIT_MODEL_LOADING_FAILED = 3
@@ -133,10 +136,11 @@ def post_worker_init(worker: Any) -> None:
         from phi_api.background.runner import background_runner_of
 
         gevent.spawn(background_runner_of(resources).run_forever)
+    grace = max(0.0, float(worker.cfg.graceful_timeout) - EXIT_MARGIN_SECONDS)
     for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
         previous = signal.getsignal(signum)
         if callable(previous):
-            signal.signal(signum, _draining_then(models, previous))
+            signal.signal(signum, _draining_then(models, previous, grace if signum == signal.SIGTERM else None))
 
 
 def _watch_hub(metrics: Metrics) -> None:
@@ -199,8 +203,13 @@ def _publish_load(models: Models, metrics: Metrics, memory: ServerMemory, line: 
             log.exception("could not publish the engines' load")
 
 
-def _draining_then(models: Models, handler: Any) -> Any:
+def _draining_then(models: Models, handler: Any, grace: float | None) -> Any:
+    """The signal's handler: drain, then gunicorn's own; generations still running ``grace`` seconds later are
+    ended (None: gunicorn's quick shutdown, which waits for nothing)."""
+
     def on_signal(signum: int, frame: Any) -> None:
+        if grace is not None and not models.draining:
+            gevent.spawn_later(grace, end_running, models)
         models.drain()  # /health answers 503; new generations get 503 while in-flight ones finish
         handler(signum, frame)
 

@@ -84,6 +84,7 @@ def admit(gate: Gate, caller: Caller,
     services = generation.Services(gate.models, Unlimited() if caller.batch else _Slots(gate, caller), gate.settings)
     held = ""
     try:
+        generation.check_open(gate.models.draining)  # before counting: a retry is not a second request
         if caller.key is not None:
             count_request(gate.keys, caller)
         prepared = (encoding.prepare(services, request) if isinstance(request, EncodeRequest)

@@ -24,11 +24,10 @@ from phi_api.errors import (
     InternalError,
     InvalidParameterError,
     RateLimitError,
-    ServiceUnavailableError,
     UnsupportedParameterError,
 )
 from phi_api.limits.slots import Slot
-from phi_api.service.generation import DISCONNECT_POLL_SECONDS, RUN_GRACE_SECONDS, Services
+from phi_api.service.generation import DISCONNECT_POLL_SECONDS, RUN_GRACE_SECONDS, Services, check_open
 from phi_api.service.requests import EmbedRequest, EncodeRequest, ScoreRequest
 
 MAX_INPUTS = 2048  # inputs of one request (OpenAI's limit for /v1/embeddings)
@@ -101,8 +100,7 @@ class EncodeRun:
 def prepare(services: Services, request: EncodeRequest) -> EncodePrepared:
     """Check ``request`` against its model and tokenize its inputs."""
     engine = services.models.encoder(request.model, request.task)
-    if engine.draining:
-        raise ServiceUnavailableError("This server is shutting down; please retry.")
+    check_open(engine.draining)
     if request.count > MAX_INPUTS:
         raise InvalidParameterError(f"At most {MAX_INPUTS} inputs a request ({request.count} given).",
                                     param=request.input_param)

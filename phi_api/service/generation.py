@@ -250,12 +250,17 @@ class Prepared:
             sum(one.max_tokens + len(one.prediction) for one in self.plan.params)
 
 
+def check_open(draining: bool) -> None:
+    """A 503 while this worker shuts down (a client retries, on another)."""
+    if draining:
+        raise ServiceUnavailableError("This server is shutting down; please retry.")
+
+
 def prepare(services: Services, request: GenerationRequest) -> Prepared:
     """Check ``request`` and make its plan (its prompts' tokens, each choice's parameters) on its model's engine;
     refuse one this server could never hold (the engine's CapacityError)."""
     engine, settings = services.models.engine(request.model), services.settings
-    if engine.draining:
-        raise ServiceUnavailableError("This server is shutting down; please retry.")
+    check_open(engine.draining)
     plan = _PLANNERS[type(request)](engine, settings, request)
     # The engine's own exceptions (CapacityError here, ChatTemplateError or GuidanceError on the way) become API
     # errors in one place: phi_api.web.foreign.FOREIGN, applied by the web layer's error handlers.
@@ -354,6 +359,8 @@ def failure(finished: Finished) -> APIError:
     """The error for a generation that ended without an answer."""
     if finished.reason == "timeout":
         return GenerationTimeoutError("The generation took longer than the server's GENERATION_TIMEOUT.")
+    if finished.reason == "shutdown":  # its worker exits (past the drain's grace): another may take it again
+        return ServiceUnavailableError("This server shut down before the answer was finished; please retry.")
     if finished.reason == "capacity":  # the budget shrank (another model loaded, a worker measured) while it waited
         return ContextLengthExceededError("This request needs more key/value memory than this server holds now "
                                           "(MEMORY_LIMIT_MB, KV_CACHE_MB): lower max_tokens or the prompt.",

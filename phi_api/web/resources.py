@@ -52,6 +52,10 @@ class Resources:
     models: Models | None = None  # set last: loading the declared models needs the rest
     document: dict[str, Any] = field(default_factory=dict)  # the OpenAPI document, once the routes are registered
 
+    def draining(self) -> bool:
+        """Whether this worker is shutting down (its runners then claim no more work)."""
+        return self.models is not None and self.models.draining
+
 
 def init_app(app: Flask, resources: Resources) -> None:
     """Keep ``resources`` on ``app``: the accessors reach them there."""

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from phi_api.background.job import run_job
-from phi_api.web.resources import get_background, get_limiter, get_resources
+from phi_api.background.runner import background_runner_of
+from phi_api.web.resources import get_background, get_limiter, get_models, get_resources
 from tests.api.test_responses import create, scripted
 from tests.support.openai_schemas import validate
 from tests.support.server import wait_until
@@ -28,6 +29,16 @@ def events(client, path: str) -> list[dict]:
     for data in found:
         validate("ResponseStreamEvent", data)
     return found
+
+
+def test_a_worker_shutting_down_claims_no_background_response(make_app):
+    app_client, _ = scripted(make_app, b"Hello")
+    app = app_client.application
+    queued = create(app_client, input="Hi", background=True).get_json()
+    runner = background_runner_of(get_resources(app))
+    get_models(app).drain()
+    assert runner.next_job() is None  # (it used to claim, get a 503, queue it again, and claim it again)
+    assert get_background(app).claim("another worker").id == queued["id"]
 
 
 def test_a_background_response_is_queued_then_run_and_polled(make_app):

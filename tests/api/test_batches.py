@@ -19,7 +19,7 @@ from phi_api.batches.lines import Answer
 from phi_api.batches.runner import alive, owner_id, runner_of
 from phi_api.service.admission import BATCH_PRIORITY
 from phi_api.storage.batches import BatchStore
-from phi_api.web.resources import get_batches, get_limiter, get_resources
+from phi_api.web.resources import get_batches, get_limiter, get_models, get_resources
 from tests.support.fakes import fake_engine, text_pieces
 
 CHAT = "/v1/chat/completions"
@@ -287,6 +287,15 @@ def test_a_line_the_server_cannot_take_now_goes_back_to_the_queue(app):
     assert client.get(f"/v1/batches/{batch['id']}").get_json()["request_counts"]["failed"] == 0
     run_all(app)  # the real dispatch now
     assert client.get(f"/v1/batches/{batch['id']}").get_json()["request_counts"]["completed"] == 1
+
+
+def test_a_worker_shutting_down_claims_no_line_and_leaves_them_to_another(app):
+    client = app.test_client()
+    create(client, jsonl(line("a")))
+    work = runner(app)
+    get_models(app).drain()
+    assert work.next_line() is None  # (it used to claim, get a 503, give the line back, and claim it again)
+    assert get_batches(app).claim("another worker") is not None
 
 
 @pytest.mark.parametrize("endpoint,body,kind", [

@@ -54,6 +54,16 @@ def test_a_draining_worker_refuses_new_generations(make_app):
     assert response.status_code == 503 and response.get_json()["error"]["code"] == "unavailable"
 
 
+def test_a_draining_worker_s_refusals_are_not_counted_as_the_key_s_requests(make_app, tmp_path):
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"name": "team-a", "key": "sk-team-a-1", "requests_per_minute": 2}]}))
+    app = make_app(API_KEYS_FILE=str(keys))
+    get_models(app).drain()
+    key = {"Authorization": "Bearer sk-team-a-1"}
+    answers = [app.test_client().post("/v1/chat/completions", json=CHAT, headers=key) for _ in range(3)]
+    assert [answer.status_code for answer in answers] == [503, 503, 503]  # a retry elsewhere, not a 429 here
+
+
 def test_metrics_count_requests_tokens_and_429s(make_app):
     client = make_app(MAX_CONCURRENT_REQUESTS=1).test_client()
     client.post("/v1/chat/completions", json=CHAT).close()

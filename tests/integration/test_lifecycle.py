@@ -7,6 +7,7 @@ import os
 import signal
 from collections import Counter
 
+import openai
 import pytest
 import requests
 
@@ -56,6 +57,33 @@ def test_sigterm_lets_an_in_flight_stream_finish(logs_dir, model_path):
     assert rest[-1] == b"data: [DONE]"
     assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
     assert server.process.wait(timeout=30) == 0
+
+
+def test_a_stream_past_the_graceful_timeout_is_ended_counted_and_told(logs_dir, model_path, tmp_path):
+    """gunicorn kills a worker still busy at its graceful timeout: what runs is ended a little before, so that the
+    key is charged what the engine did, and the client gets an error event (a 503: retry) instead of a cut."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"name": "team-a", "key": "sk-team-a-1"},
+                                         {"name": "ops", "key": "sk-ops-admin", "admin": True}]}))
+    with Server(logs_dir, args=("--graceful-timeout", "8"), MODEL_PATH=model_path, MODEL_ID=MODEL_ID,
+                API_KEYS_FILE=str(keys), DATA_DIR=str(tmp_path / "data")) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-team-a-1", max_retries=0, timeout=60)
+        [worker] = server.worker_pids()
+        stream = client.completions.create(model=MODEL_ID, prompt="Count:", max_tokens=4000, stream=True,
+                                           extra_body={"ignore_eos": True})
+        received = [next(iter(stream)).choices[0].text]
+        os.kill(worker, signal.SIGTERM)
+        with pytest.raises(openai.APIError) as told:
+            received += [chunk.choices[0].text for chunk in stream]
+        assert "shut down" in str(told.value)
+        admin = {"Authorization": "Bearer sk-ops-admin"}
+
+        def charged() -> dict | None:
+            rows = requests.get(server.url + "/v1/usage/keys", headers=admin, timeout=10).json()["data"]
+            return next((row for row in rows if row["name"] == "team-a" and row["completion_tokens"]), None)
+
+        usage = wait_until(charged, timeout=60, message="the key's usage on the next worker")
+        assert len(received) <= usage["completion_tokens"] < 4000
 
 
 def test_recycled_workers_exit_and_lose_no_request(logs_dir, model_path):

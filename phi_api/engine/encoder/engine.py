@@ -131,5 +131,8 @@ class EncoderEngine:
         self.draining = True
         self.loop.retire()
 
+    def end_all(self, reason: str) -> None:
+        """Nothing to end early: an encoder's batches take a fraction of a second, done before the worker exits."""
+
     def report_disk(self) -> None:
         """An encoder keeps nothing on disk."""

@@ -89,6 +89,7 @@ class EngineLoop(ThreadOwner[list[Choice]]):
         self.load = EngineLoad(kv_budget=config.kv_budget_bytes)
         self.batch: ContinuousBatch | None = None  # the engine thread's, for a look from tests
         self.failure: str | None = None  # why the engine thread could not start, for the log
+        self._ending: str | None = None  # set by the hub: end everything, with this reason, at the next iteration
 
     # The hub's side ---------------------------------------------------------------------------------
 
@@ -100,6 +101,12 @@ class EngineLoop(ThreadOwner[list[Choice]]):
         """Queue a request's choices (its choices); they start within one iteration if there is room."""
         self._admit()
         self._push(choices)
+
+    def end_all(self, reason: str) -> None:
+        """End every request now, each reported with ``reason`` (the worker is about to exit: what ran is counted
+        and its clients told, rather than cut); the engine goes on."""
+        self._ending = reason
+        self._signal.set()
 
     def _deliver(self, item: Any) -> None:
         if item is _THREAD_ENDED:
@@ -196,6 +203,9 @@ class EngineLoop(ThreadOwner[list[Choice]]):
             self._arrivals += 1
             batch.waiting.append(Request(self._inbox.popleft(), self._model, self.config.prefill_chunk,
                                          batch.decoder.spec.rope_switch, self._arrivals))
+        ending, self._ending = self._ending, None
+        if ending is not None:
+            batch.endings.cancel_everything(ending)
         worked = batch.iterate(after_admission=lambda: self._observe(batch))
         if self.config.checked:
             batch.check()
