@@ -28,7 +28,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from phi_api.engine import Finished
-from phi_api.errors import APIError, InvalidRequestError, UnsupportedParameterError, anthropic_body
+from phi_api.errors import (
+    APIError,
+    InvalidParameterError,
+    InvalidRequestError,
+    UnsupportedParameterError,
+    anthropic_body,
+)
 from phi_api.protocols.contract import Framing, given
 from phi_api.service import prompts
 from phi_api.service.choices import Calls, ChoiceResult, Done, Text, Thinking
@@ -129,6 +135,8 @@ def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], Any, bool]:
                     "parameters": tool["input_schema"]}
         tools.append({"type": "function", "function": function})
     choice = given(body, "tool_choice", {"type": "auto"})
+    if choice["type"] in ("any", "tool") and not tools:  # a call forced with nothing to call
+        raise InvalidParameterError(f"tool_choice of type '{choice['type']}' needs tools.", param="tool_choice")
     parallel = not choice.get("disable_parallel_tool_use", False)
     chat_choice: Any = {"auto": "auto", "any": "required", "none": "none"}.get(choice["type"])
     if choice["type"] == "tool":

@@ -194,6 +194,15 @@ def test_a_prefill_ending_in_blanks_is_refused_as_anthropic_does(make_app):
     assert answer.status_code == 400 and "trailing whitespace" in answer.get_json()["error"]["message"]
 
 
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
+def test_a_call_forced_without_tools_is_anthropic_s_400(make_app, choice):
+    client, engine = scripted(make_app, b"ok")
+    answer = create(client, tool_choice=choice)
+    assert answer.status_code == 400 and answer.get_json()["error"]["type"] == "invalid_request_error"
+    assert not engine.model.rendered
+    assert create(client, tool_choice={"type": "auto"}).status_code == 200  # nothing forced: nothing to refuse
+
+
 def test_thinking_and_cache_control_are_accepted_without_effect(make_app):
     client, _ = scripted(make_app, b"ok")
     messages = [{"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}]}]

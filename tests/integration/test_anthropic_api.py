@@ -145,6 +145,9 @@ def test_errors_in_anthropic_s_shape(claude):
         claude.messages.create(model=MODEL_ID, max_tokens=8, messages=[{"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_nothing", "content": "sunny"}]}])
     assert "toolu_nothing" in unpaired.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as forced:  # a call forced with no tool to call
+        claude.messages.create(model=MODEL_ID, max_tokens=8, messages=QUESTION, tool_choice={"type": "any"})
+    assert "tool_choice" in forced.value.body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError) as unknown:
         claude.messages.create(model="claude-opus-4", max_tokens=8, messages=QUESTION)
     assert unknown.value.body["error"]["type"] == "not_found_error"
