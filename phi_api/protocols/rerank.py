@@ -24,11 +24,17 @@ def rerank_request(body: dict[str, Any]) -> ScoreRequest:
     if given(body, "rank_fields") is not None:
         raise UnsupportedParameterError("rank_fields is not supported: send each document's text.",
                                         param="rank_fields")
+    if given(body, "raw_scores", False):
+        raise UnsupportedParameterError("raw_scores is not supported: scores are the reranker's activation.",
+                                        param="raw_scores")
     documents, param = _documents(body)
     query = body["query"]
-    cut = given(body, "truncate_prompt_tokens", given(body, "max_tokens_per_doc"))
+    per_document = given(body, "max_tokens_per_doc")
+    # Cohere's documents are cut to max_tokens_per_doc, and a pair still past the model's length is cut to it
+    cut = given(body, "truncate_prompt_tokens", -1 if per_document is not None or given(body, "truncate") else None)
     return ScoreRequest(model=body["model"], pairs=tuple((query, text_of(document)) for document in documents),
-                        input_param=param, truncate=cut, priority=given(body, "priority"))
+                        input_param=param, truncate=cut, priority=given(body, "priority"),
+                        document_tokens=per_document)
 
 
 def _documents(body: dict[str, Any]) -> tuple[list[Any], str]:
@@ -44,13 +50,19 @@ def text_of(document: Any) -> str:
     return document if isinstance(document, str) else str(document["text"])
 
 
-def rerank_answer(body: dict[str, Any], scores: np.ndarray, tokens: int, *, v2: bool) -> dict[str, Any]:
+def rerank_answer(body: dict[str, Any], scores: np.ndarray, tokens: int, *, v2: bool) -> Any:
     """The results, best first, cut to ``top_n``; with each document unless ``return_documents`` is false (on
-    ``/v2/rerank``: only when it is true, as Cohere's v2)."""
-    documents, _ = _documents(body)
+    ``/v2/rerank``: only when it is true, as Cohere's v2). A body naming its documents ``texts`` is answered as
+    TEI (and llama.cpp for such a body) answers: a bare list of ``index`` and ``score``, with ``text`` when
+    ``return_text`` is true."""
+    documents, param = _documents(body)
     top_n = given(body, "top_n", 0) or len(documents)
-    echo = given(body, "return_documents", not v2)
     order = sorted(range(len(documents)), key=lambda index: (-float(scores[index]), index))[:top_n]
+    if param == "texts":
+        text = given(body, "return_text", False)
+        return [{"index": index, "score": float(scores[index]), **({"text": text_of(documents[index])} if text else {})}
+                for index in order]
+    echo = given(body, "return_documents", not v2)
     results = [{"index": index, "relevance_score": float(scores[index]),
                 **({"document": _echoed(documents[index])} if echo else {})} for index in order]
     return {"id": f"rerank-{uuid.uuid4().hex}", "model": body["model"], "object": "list", "results": results,

@@ -108,7 +108,7 @@ def prepare(services: Services, request: EncodeRequest) -> EncodePrepared:
         _check_dimensions(engine, request)
         inputs = _embed_inputs(engine, request)
     else:
-        inputs = engine.pairs(list(request.pairs))
+        inputs = engine.pairs(list(request.pairs), request.document_tokens)
     return EncodePrepared(request, engine, _within_length(engine, request, inputs))
 
 

@@ -240,6 +240,7 @@ class ScoreRequest:
     input_param: str = "documents"
     truncate: int | None = None  # as EmbedRequest's: each pair cut to n tokens (from the document's end)
     priority: int | None = None
+    document_tokens: int | None = None  # each document cut to n tokens, its query kept (Cohere's max_tokens_per_doc)
 
     task: ClassVar[str] = "rerank"
 

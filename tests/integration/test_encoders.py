@@ -204,6 +204,26 @@ def test_cohere_s_shape_is_sorted_and_matches_transformers(served, expected_scor
     assert every["usage"]["prompt_tokens"] > len(DOCUMENTS) * 3
 
 
+def test_max_tokens_per_doc_cuts_each_document_and_keeps_the_query(served, tiny_cross_encoder):
+    """Cohere's max_tokens_per_doc: transformers' scores of the query with each document's first 4 tokens."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    source = tiny_cross_encoder.parent / "hf"
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForSequenceClassification.from_pretrained(source).eval()
+    room = len(tokenizer(QUERY, add_special_tokens=False)["input_ids"]) + 4 + 3  # [CLS] query [SEP] 4 tokens [SEP]
+    encoded = tokenizer([QUERY] * len(DOCUMENTS), DOCUMENTS, padding=True, truncation="only_second", max_length=room,
+                        return_tensors="pt")
+    with torch.no_grad():
+        expected = torch.sigmoid(model(**encoded).logits[:, 0]).numpy().astype(np.float64)
+    answer = requests.post(served.url + "/v1/rerank", timeout=60, json={
+        "model": RERANKER, "query": QUERY, "documents": DOCUMENTS, "max_tokens_per_doc": 4}).json()
+    got = {result["index"]: result["relevance_score"] for result in answer["results"]}
+    assert np.abs(np.array([got[index] for index in range(len(DOCUMENTS))]) - expected).max() <= 1e-4
+    assert answer["usage"]["prompt_tokens"] == int(encoded["attention_mask"].sum())
+
+
 def test_jina_s_objects_and_vllm_s_score_agree(served, expected_scores):
     jina = requests.post(served.url + "/v1/rerank", timeout=60, json={
         "model": RERANKER, "query": QUERY, "documents": [{"text": text, "id": n} for n, text in enumerate(DOCUMENTS)],
@@ -215,9 +235,21 @@ def test_jina_s_objects_and_vllm_s_score_agree(served, expected_scores):
         "model": RERANKER, "text_1": QUERY, "text_2": DOCUMENTS}).json()
     assert [item["index"] for item in scored["data"]] == list(range(len(DOCUMENTS)))
     assert np.abs(np.array([item["score"] for item in scored["data"]]) - expected_scores).max() <= 1e-4
-    llama = requests.post(served.url + "/rerank", timeout=60, json={
+    # texts: TEI's (and llama.cpp's, for such a body) bare list, best first, with the text when asked
+    order = [int(index) for index in np.argsort(-expected_scores, kind="stable")]
+    tei = requests.post(served.url + "/rerank", timeout=60, json={
+        "model": RERANKER, "query": QUERY, "texts": DOCUMENTS, "return_text": True}).json()
+    assert [result["index"] for result in tei] == order
+    for result in tei:
+        assert abs(result["score"] - expected_scores[result["index"]]) <= 1e-4
+        assert result["text"] == DOCUMENTS[result["index"]]
+    plain = requests.post(served.url + "/rerank", timeout=60, json={
         "model": RERANKER, "query": QUERY, "texts": DOCUMENTS[:2]}).json()
-    assert {result["index"] for result in llama["results"]} == {0, 1}
+    assert sorted(plain, key=lambda result: result["index"]) == [
+        {"index": index, "score": pytest.approx(expected_scores[index], abs=1e-4)} for index in (0, 1)]
+    raw = requests.post(served.url + "/rerank", timeout=60, json={
+        "model": RERANKER, "query": QUERY, "texts": DOCUMENTS, "raw_scores": True})
+    assert raw.status_code == 400 and raw.json()["error"]["param"] == "raw_scores"
 
 
 def test_rerank_errors_name_what_is_wrong_in_both_shapes(served):

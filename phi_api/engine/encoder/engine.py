@@ -74,9 +74,9 @@ class EncoderEngine:
         """Each text's tokens (off the hub)."""
         return off_hub(self._tokens().texts, texts)
 
-    def pairs(self, pairs: list[tuple[str, str]]) -> list[Tokens]:
-        """Each (query, document) pair's tokens (off the hub)."""
-        return off_hub(self._tokens().pairs, pairs, self.info.context_length)
+    def pairs(self, pairs: list[tuple[str, str]], document_tokens: int | None = None) -> list[Tokens]:
+        """Each (query, document) pair's tokens (off the hub), each document cut to ``document_tokens``."""
+        return off_hub(self._tokens().pairs, pairs, self.info.context_length, document_tokens)
 
     def token_ids(self, ids: list[int]) -> Tokens:
         """Ids a client gave, as they are."""

@@ -36,11 +36,13 @@ class EncoderTokenizer:
         """Each text's tokens, special tokens included (``[CLS] text [SEP]`` for BERT)."""
         return [Tokens(np.asarray(one.ids, dtype=np.int64)) for one in self._tokenizer.encode_batch(texts)]
 
-    def pairs(self, pairs: list[tuple[str, str]], most: int | None = None) -> list[Tokens]:
+    def pairs(self, pairs: list[tuple[str, str]], most: int | None = None,
+              document_most: int | None = None) -> list[Tokens]:
         """Each (query, document) pair's tokens and types, as a cross-encoder reads them (each side tokenized
         alone, then the two joined with the special tokens, as ``encode`` does a pair), each side cut to ``most``
         tokens (None: not cut): a pair is held to ``most`` (the model's length) afterwards, and what either side
-        holds past it can neither stay in a cut pair nor make a pair fit. A query asked with many documents is
+        holds past it can neither stay in a cut pair nor make a pair fit. ``document_most``: each document cut to
+        that many tokens, its query kept (Cohere's ``max_tokens_per_doc``). A query asked with many documents is
         tokenized once, not once with each (a long query and 2,048 documents were tens of millions of tokens)."""
         queries = list(dict.fromkeys(query for query, _ in pairs))
         sides = dict(zip(queries, self._tokenizer.encode_batch(queries, add_special_tokens=False), strict=True))
@@ -48,6 +50,9 @@ class EncoderTokenizer:
         if most is not None:
             for side in (*sides.values(), *documents):
                 side.truncate(most)
+        if document_most is not None:
+            for document in documents:
+                document.truncate(document_most)
         joined = [self._tokenizer.post_process(sides[query], document)
                   for (query, _), document in zip(pairs, documents, strict=True)]
         return [Tokens(np.asarray(one.ids, dtype=np.int64), np.asarray(one.type_ids, dtype=np.int64))

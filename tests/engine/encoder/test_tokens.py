@@ -47,3 +47,17 @@ def test_a_long_query_with_many_documents_is_held_to_the_length_on_each_side(tok
     query = "word " * 20_000  # 20,000 tokens, asked with each of 2,048 documents
     made = ours.pairs([(query, f"document {index}") for index in range(2048)], 64)
     assert max(len(one) for one in made) <= 64 + 64 + 3  # not 20,000 and more each
+
+
+def test_a_document_cut_to_its_tokens_keeps_its_whole_query(tokenizers):
+    """Cohere's max_tokens_per_doc: the document's first n tokens after the whole query, as the pair of the query
+    and the document's first n tokens reads."""
+    ours, whole = tokenizers
+    chooser = random.Random(11)
+    pairs = [(text(12, chooser), text(chooser.randint(1, 40), chooser)) for _ in range(20)]
+    for made, (query, document) in zip(ours.pairs(pairs, 512, document_most=8), pairs, strict=True):
+        alone = whole.encode(document, add_special_tokens=False)
+        alone.truncate(8)
+        expected = whole.post_process(whole.encode(query, add_special_tokens=False), alone)
+        assert made.ids.tolist() == expected.ids and made.types.tolist() == expected.type_ids
+        assert made.ids.tolist()[:len(whole.encode(query).ids)] == whole.encode(query).ids  # the query whole
