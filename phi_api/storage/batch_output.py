@@ -17,6 +17,7 @@ from phi_api.storage.batch_tables import BATCHES, LINES
 from phi_api.storage.files import FileWriter, Quota, stored
 
 OVER_QUOTA = "over_quota"  # a line's state: its answer, or its run, would have passed its key's quota
+SMALLEST_ANSWER = 512  # bytes: an answer line's envelope (ids, status, the body's own fields) takes about this
 _UNRUN = {
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
     "cancelled": ("batch_cancelled", "This request was not executed: the batch was cancelled."),
@@ -35,6 +36,17 @@ def fits(db: sa.Connection, quota: Quota, owner: str, size: int) -> bool:
     """Whether an answer of ``size`` bytes fits ``owner``'s quota, with its files, uploads in flight and answers held
     (the caller takes the owner's turn first)."""
     return quota.bytes is None or stored(db, owner)[1] + answers_held(db, owner) + size <= quota.bytes
+
+
+def room_for_another(db: sa.Connection, quota: Quota, owner: str, batch_id: str) -> bool:
+    """Whether another answer of ``batch_id`` may still fit ``owner``'s quota: as large as its answers so far on
+    average (``SMALLEST_ANSWER`` before any), checked before a line runs, so that a key at its quota stops running
+    lines whose answers could not be kept (the caller takes the owner's turn first)."""
+    held, answered = db.execute(sa.select(sa.func.coalesce(BATCHES.c.held, 0), sa.func.count(LINES.c.line))
+                                .select_from(BATCHES).outerjoin(LINES, sa.and_(LINES.c.batch_id == BATCHES.c.id,
+                                                                                LINES.c.state == "done"))
+                                .where(BATCHES.c.id == batch_id).group_by(BATCHES.c.id, BATCHES.c.held)).one()
+    return fits(db, quota, owner, max(SMALLEST_ANSWER, int(held) // answered if answered else 0))
 
 
 def answer_text(custom_id: str, status_code: int | None, body: Any, request_id: str | None,

@@ -167,14 +167,14 @@ class BatchStore(FileStore):
             if row is None:
                 return None
             batch_id, number, custom_id, text, key = row
-            db.execute(LINES.update().where(LINES.c.batch_id == batch_id, LINES.c.line == number)
-                       .values(state="running", owner=claimant, lease_until=now + self.lease))
+            self.database.take_turns(db, "files", key)
+            runs = _taken(db, self.quota, (batch_id, number), key, claimant, now + self.lease)
             turn = self.database.upsert(TURNS).values(owner=key, last_claim=now, rest_until=None)
             db.execute(turn.on_conflict_do_update(index_elements=["owner"], set_={"last_claim": now}))
-            batch = _batch_in(db, batch_id)
-            if batch["status"] == "validating":
-                batch.update(status="in_progress", in_progress_at=int(now))
-                _save(db, batch)
+            batch = _started(db, batch_id, now)
+        if not runs:  # its lines are all reported now: the batch ends as its last answer would have ended it
+            self.settle(batch_id)
+            return None
         return Line(batch_id, number, custom_id, batch["endpoint"], json.loads(text), key, claimant)
 
     @off_the_hub
@@ -271,6 +271,30 @@ def _forget_unused_lines(db: sa.Connection, file_id: str) -> None:
                                                 LINES.c.state.in_(("pending", "running"))).limit(1)
     if db.scalar(open_lines) is None:
         db.execute(FILE_LINES.delete().where(FILE_LINES.c.file_id == file_id))
+
+
+def _started(db: sa.Connection, batch_id: str, now: float) -> dict[str, Any]:
+    """The batch of a line just claimed, in progress from now if it was not yet."""
+    batch = _batch_in(db, batch_id)
+    if batch["status"] == "validating":
+        batch.update(status="in_progress", in_progress_at=int(now))
+        _save(db, batch)
+    return batch
+
+
+def _taken(db: sa.Connection, quota: Quota, line: tuple[str, int], owner: str, claimant: str,
+           lease_until: float) -> bool:
+    """The claimed ``line`` (batch id, number) marked running for ``claimant``; or, when an answer would not fit its
+    key's room left, never run: it and its batch's waiting lines are over quota (nothing is run whose answer could
+    not be kept). Whether it runs (the caller holds the key's turn)."""
+    batch_id, number = line
+    runs = batch_output.room_for_another(db, quota, owner, batch_id)
+    if not runs:
+        batch_output.held_or_refused(db, batch_id, None)
+    taken = {"state": "running", "owner": claimant, "lease_until": lease_until} if runs else \
+        {"state": OVER_QUOTA, "owner": None, "lease_until": None}
+    db.execute(LINES.update().where(LINES.c.batch_id == batch_id, LINES.c.line == number).values(**taken))
+    return runs
 
 
 def _held(line: Line) -> Any:

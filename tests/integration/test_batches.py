@@ -90,3 +90,23 @@ def test_live_requests_are_not_refused_because_of_a_batch(model_path, logs_dir, 
             during += running
         assert during >= 1  # (40 lines take far longer than one short answer)
         assert finished(client, batch.id, timeout=300).request_counts.completed == 40
+
+
+def test_lines_whose_answers_would_not_fit_the_key_s_quota_are_not_run(model_path, logs_dir, tmp_path):
+    """Each line's answer held against its key's file quota: once the room left is less than an answer so far, the
+    key's lines stop running, so that no line is generated, and charged, only for its answer to be thrown away."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"name": "team-a", "key": "sk-team-a-1"},
+                                         {"name": "ops", "key": "sk-ops-admin", "admin": True}]}))
+    with Server(logs_dir, MODEL_PATH=model_path, MODEL_ID=MODEL_ID, WEB_CONCURRENCY=1, BATCH_CONCURRENCY=1,
+                FILES_MAX_MB_PER_KEY=0.01, API_KEYS_FILE=str(keys), DATA_DIR=str(tmp_path / "data")) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="sk-team-a-1", max_retries=0, timeout=120)
+        batch = finished(client, start_batch(client, requests_file(12, max_tokens=40)).id)
+        assert batch.status == "completed" and batch.request_counts.failed > 0  # 10 KB: not room for 12 answers
+        kept = results(client, batch.output_file_id)
+        refused = results(client, batch.error_file_id)
+        assert {item["error"]["code"] for item in refused.values()} == {"storage_quota_exceeded"}
+        generated = sum(item["response"]["body"]["usage"]["completion_tokens"] for item in kept.values())
+        admin = OpenAI(base_url=server.url + "/v1", api_key="sk-ops-admin", max_retries=0)
+        usage = next(row for row in admin.get("/usage/keys", cast_to=object)["data"] if row["name"] == "team-a")
+        assert usage["completion_tokens"] == generated  # every line run was kept

@@ -1,5 +1,6 @@
-"""A batch's answers hold room in its key's file quota while it runs, on SQLite and PostgreSQL: answers past the
-room are not kept (nor are the lines not yet run run), and an ended batch's answers live in its files alone."""
+"""A batch's answers hold room in its key's file quota while it runs, on SQLite and PostgreSQL: a line whose answer
+would not fit the room left (as large as the batch's answers so far) is not run, nor are the lines after it; an answer
+past the room anyway is not kept; and an ended batch's answers live in its files alone."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def test_answers_past_the_key_s_room_are_not_kept_and_its_waiting_lines_do_not_r
         if answered == [("team-a", "l0"), ("team-b", "l0"), ("team-a", "l1")]:
             with pytest.raises(QuotaError):  # the running batch's two answers (~840 bytes) hold room too
                 store.reserve_upload("team-a", ROOM - 1200, None)
-    assert [custom for owner, custom in answered if owner == "team-a"] == ["l0", "l1", "l2", "l3"]  # l3 did not fit
+    # l3's answer would not fit (the room left is less than the answers so far): it was never run, nor were the rest
+    assert [custom for owner, custom in answered if owner == "team-a"] == ["l0", "l1", "l2"]
     done = store.batch(batch["id"], "team-a")
     assert done["status"] == "completed" and done["request_counts"] == {"total": 6, "completed": 3, "failed": 3}
     output = [json.loads(line) for line in store.content(done["output_file_id"]).splitlines()]
