@@ -142,8 +142,10 @@ class ConversationStore:
             if after is not None:
                 mark = db.scalar(sa.select(_ITEMS.c.seq).where(_ITEMS.c.id == after,
                                                                _ITEMS.c.conversation_id == conversation_id))
-                if mark is not None:
-                    query = query.where(_ITEMS.c.seq < mark if descending else _ITEMS.c.seq > mark)
+                # gone (deleted meanwhile), or never this conversation's: nothing after it, as the files' and batches'
+                if mark is None:  # lists answer (not the first page again, whose items the client has: duplicates)
+                    return Page([], False)
+                query = query.where(_ITEMS.c.seq < mark if descending else _ITEMS.c.seq > mark)
             query = query.order_by(_ITEMS.c.seq.desc() if descending else _ITEMS.c.seq)
             rows = db.scalars(query.limit(limit + 1) if limit is not None else query).all()
         more = limit is not None and len(rows) > limit

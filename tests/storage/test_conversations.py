@@ -34,6 +34,7 @@ def test_items_in_order_in_pages_both_ways(store):
     rest = store.items("conv_a", "team", after="msg_3", limit=2, descending=True)
     assert ids(rest) == ["msg_2", "msg_1"] and not rest.has_more
     assert ids(store.items("conv_a", "team", after="msg_2")) == ["msg_3", "msg_4"]
+    assert ids(store.items("conv_a", "team", after="msg_gone")) == []  # not the first page again
     assert store.delete_item("conv_a", "msg_2", "team")
     assert ids(store.items("conv_a", "team")) == ["msg_1", "msg_3", "msg_4"]
 
